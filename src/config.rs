@@ -1,0 +1,474 @@
+//! The TOML configuration: every key, its default, and the checks that refuse a bad file at start.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Deserializer};
+
+pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    pub signature: SignatureConfig,
+    #[serde(default)]
+    pub database: DatabaseConfig,
+    /// No `[handler]` section: jobs stay `claimed` for an external consumer.
+    pub handler: Option<HandlerConfig>,
+    #[serde(default)]
+    pub sweeper: SweeperConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub webhook_path: String,
+    pub max_body_bytes: usize,
+    /// How long a client may take to send the request head.
+    #[serde(deserialize_with = "duration")]
+    pub header_read_timeout: Duration,
+    pub max_headers: usize,
+    /// Upper bound of the request head (request line plus headers), in bytes.
+    pub max_header_bytes: usize,
+    /// The longest a delivery waits for its claim to commit before it is answered 503.
+    #[serde(deserialize_with = "duration")]
+    pub claim_timeout: Duration,
+    /// On SIGTERM: how long in-flight requests and running handlers may take to finish.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            webhook_path: "/sume/webhook".into(),
+            max_body_bytes: 1024 * 1024,
+            header_read_timeout: Duration::from_secs(5),
+            max_headers: 64,
+            max_header_bytes: 16 * 1024,
+            claim_timeout: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignatureConfig {
+    #[serde(default)]
+    pub secrets: Vec<Secret>,
+    /// One secret a line; blank lines and `#` comments are skipped. Merged with `secrets`.
+    pub secrets_file: Option<PathBuf>,
+    #[serde(default = "default_tolerance", deserialize_with = "duration")]
+    pub tolerance: Duration,
+}
+
+fn default_tolerance() -> Duration {
+    Duration::from_secs(300)
+}
+
+impl fmt::Debug for SignatureConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SignatureConfig")
+            .field(
+                "secrets",
+                &format_args!("[{} redacted]", self.secrets.len()),
+            )
+            .field("secrets_file", &self.secrets_file)
+            .field("tolerance", &self.tolerance)
+            .finish()
+    }
+}
+
+/// A signing secret. Its Debug form never shows the value, so it cannot leak into a log line.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+}
+
+impl AsRef<[u8]> for Secret {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// fsync the WAL on every commit: an acknowledged claim survives power loss.
+    Full,
+    /// fsync only at checkpoints: survives a process crash, may lose the last commits on power loss.
+    Normal,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    pub path: PathBuf,
+    pub synchronous: Synchronous,
+    /// How long a write waits for a lock held by another process before it gives up (503).
+    #[serde(deserialize_with = "duration")]
+    pub busy_timeout: Duration,
+    /// Most claims and state changes committed in one transaction (group commit). 1 turns group
+    /// commit off, which only the benchmark has reason to do.
+    pub max_batch: usize,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("/var/lib/sume-receiver/ledger.sqlite3"),
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(2),
+            max_batch: 512,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerConfig {
+    /// Program and arguments, run directly (no shell) with the stored body on stdin.
+    pub command: Option<Vec<String>>,
+    /// An `http://` URL the stored body is POSTed to.
+    pub url: Option<String>,
+    #[serde(default = "default_handler_timeout", deserialize_with = "duration")]
+    pub timeout: Duration,
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Delay before the first retry; doubles each attempt, with jitter, up to `max_backoff`.
+    #[serde(default = "default_backoff", deserialize_with = "duration")]
+    pub backoff: Duration,
+    #[serde(default = "default_max_backoff", deserialize_with = "duration")]
+    pub max_backoff: Duration,
+}
+
+fn default_handler_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+fn default_concurrency() -> usize {
+    4
+}
+fn default_max_attempts() -> u32 {
+    5
+}
+fn default_backoff() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_max_backoff() -> Duration {
+    Duration::from_secs(3600)
+}
+
+/// What a handler does with a job, once validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandlerKind {
+    Command(Vec<String>),
+    Url(String),
+}
+
+impl HandlerConfig {
+    pub fn kind(&self) -> HandlerKind {
+        match (&self.command, &self.url) {
+            (Some(command), _) => HandlerKind::Command(command.clone()),
+            (None, Some(url)) => HandlerKind::Url(url.clone()),
+            (None, None) => unreachable!("validated at load: exactly one of command and url"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SweeperConfig {
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// Slack past a running attempt's handler timeout before its lease is presumed dead.
+    #[serde(deserialize_with = "duration")]
+    pub stale_after: Duration,
+}
+
+impl Default for SweeperConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(10),
+            stale_after: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Human durations: "300s", "5m", "30d", "1h 30m".
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    humantime::parse_duration(&text).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "invalid duration {text:?} ({e}); write it like \"300s\", \"5m\" or \"30d\""
+        ))
+    })
+}
+
+impl Config {
+    /// Reads, parses and validates the file; the error names the offending key.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        Self::parse(&text, path.parent().unwrap_or(Path::new(".")))
+            .with_context(|| format!("invalid config file {}", path.display()))
+    }
+
+    /// Parses and validates config text; relative paths in it are taken from `base_dir`.
+    pub fn parse(text: &str, base_dir: &Path) -> anyhow::Result<Self> {
+        let mut config: Config = toml::from_str(text)?;
+        config.resolve_paths(base_dir);
+        config.load_secrets_file()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn resolve_paths(&mut self, base_dir: &Path) {
+        self.database.path = base_dir.join(&self.database.path);
+        if let Some(file) = &mut self.signature.secrets_file {
+            *file = base_dir.join(&*file);
+        }
+    }
+
+    fn load_secrets_file(&mut self) -> anyhow::Result<()> {
+        let Some(file) = &self.signature.secrets_file else {
+            return Ok(());
+        };
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("signature.secrets_file: cannot read {}", file.display()))?;
+        self.signature.secrets.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                .map(Secret::new),
+        );
+        Ok(())
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let signature = &self.signature;
+        if signature.secrets.is_empty() {
+            bail!("signature.secrets: no secret configured (set `secrets` or `secrets_file`)");
+        }
+        if let Some(i) = signature.secrets.iter().position(|s| s.0.trim().is_empty()) {
+            bail!(
+                "signature.secrets[{i}] is empty: an empty secret would accept forged deliveries"
+            );
+        }
+        if signature.tolerance.is_zero() {
+            bail!("signature.tolerance must be greater than zero");
+        }
+        let server = &self.server;
+        if !server.webhook_path.starts_with('/') || server.webhook_path.contains(['?', '#']) {
+            bail!(
+                "server.webhook_path must be a path starting with '/', got {:?}",
+                server.webhook_path
+            );
+        }
+        if crate::server::RESERVED_PATHS.contains(&server.webhook_path.as_str()) {
+            bail!("server.webhook_path {:?} is reserved", server.webhook_path);
+        }
+        if server.max_body_bytes == 0 {
+            bail!("server.max_body_bytes must be greater than zero");
+        }
+        if server.max_headers == 0 {
+            bail!("server.max_headers must be greater than zero");
+        }
+        if server.max_header_bytes < 8192 {
+            bail!("server.max_header_bytes must be at least 8192");
+        }
+        for (key, value) in [
+            ("server.header_read_timeout", server.header_read_timeout),
+            ("server.claim_timeout", server.claim_timeout),
+            ("sweeper.interval", self.sweeper.interval),
+        ] {
+            if value.is_zero() {
+                bail!("{key} must be greater than zero");
+            }
+        }
+        if server.claim_timeout >= Duration::from_secs(10) {
+            bail!("server.claim_timeout must stay under Sume's 10 s delivery timeout");
+        }
+        if self.database.max_batch == 0 {
+            bail!("database.max_batch must be at least 1");
+        }
+        if let Some(handler) = &self.handler {
+            handler.validate()?;
+        }
+        Ok(())
+    }
+}
+
+impl HandlerConfig {
+    fn validate(&self) -> anyhow::Result<()> {
+        match (&self.command, &self.url) {
+            (Some(_), Some(_)) => {
+                bail!("handler: set exactly one of `command` and `url`, not both")
+            }
+            (None, None) => bail!("handler: set one of `command` or `url`"),
+            (Some(command), None) => {
+                if command.first().is_none_or(|program| program.is_empty()) {
+                    bail!("handler.command must name a program");
+                }
+            }
+            (None, Some(url)) => {
+                let uri: hyper::Uri = url
+                    .parse()
+                    .with_context(|| format!("handler.url: invalid URL {url:?}"))?;
+                if uri.scheme_str() != Some("http") || uri.host().is_none() {
+                    bail!("handler.url must be an http:// URL with a host, got {url:?}");
+                }
+            }
+        }
+        if self.timeout.is_zero() {
+            bail!("handler.timeout must be greater than zero");
+        }
+        if self.concurrency == 0 {
+            bail!("handler.concurrency must be at least 1");
+        }
+        if self.max_attempts == 0 {
+            bail!("handler.max_attempts must be at least 1");
+        }
+        if self.backoff.is_zero() || self.max_backoff < self.backoff {
+            bail!("handler.backoff must be greater than zero and no more than handler.max_backoff");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> anyhow::Result<Config> {
+        Config::parse(text, Path::new("/base"))
+    }
+
+    fn error(text: &str) -> String {
+        format!("{:#}", parse(text).unwrap_err())
+    }
+
+    const MINIMAL: &str = "[signature]\nsecrets = [\"whsec_a\"]\n";
+
+    #[test]
+    fn minimal_config_takes_defaults() {
+        let config = parse(MINIMAL).unwrap();
+        assert_eq!(config.server.webhook_path, "/sume/webhook");
+        assert_eq!(config.signature.tolerance, Duration::from_secs(300));
+        assert_eq!(config.database.synchronous, Synchronous::Full);
+        assert!(config.handler.is_none());
+    }
+
+    #[test]
+    fn relative_database_path_is_taken_from_the_config_dir() {
+        let config = parse(&format!("{MINIMAL}[database]\npath = \"ledger.db\"\n")).unwrap();
+        assert_eq!(config.database.path, Path::new("/base/ledger.db"));
+    }
+
+    #[test]
+    fn refuses_missing_or_empty_secret() {
+        assert!(error("[signature]\n").contains("signature.secrets: no secret"));
+        assert!(error("[signature]\nsecrets = [\"a\", \"\"]\n")
+            .contains("signature.secrets[1] is empty"));
+        assert!(error("").contains("signature"));
+    }
+
+    #[test]
+    fn refuses_unreadable_secrets_file() {
+        let e = error("[signature]\nsecrets_file = \"/nonexistent/secrets\"\n");
+        assert!(
+            e.contains("signature.secrets_file: cannot read /nonexistent/secrets"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn secrets_file_lines_are_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("secrets"),
+            "# rotation\nwhsec_new\n\n  whsec_old  \n",
+        )
+        .unwrap();
+        let config =
+            Config::parse("[signature]\nsecrets_file = \"secrets\"\n", dir.path()).unwrap();
+        let secrets: Vec<&[u8]> = config.signature.secrets.iter().map(AsRef::as_ref).collect();
+        assert_eq!(secrets, [b"whsec_new".as_slice(), b"whsec_old".as_slice()]);
+    }
+
+    #[test]
+    fn refuses_unknown_key_naming_it() {
+        let e = error(&format!(
+            "{MINIMAL}[server]\nlisten_addr = \"127.0.0.1:1\"\n"
+        ));
+        assert!(e.contains("listen_addr"), "{e}");
+        let e = error(&format!("{MINIMAL}[srever]\n"));
+        assert!(e.contains("srever"), "{e}");
+    }
+
+    #[test]
+    fn refuses_bad_duration_naming_the_key() {
+        let e = error("[signature]\nsecrets = [\"a\"]\ntolerance = \"5 parsecs\"\n");
+        assert!(
+            e.contains("tolerance") && e.contains("invalid duration"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn durations_are_human() {
+        let config = parse(&format!(
+            "{MINIMAL}[sweeper]\ninterval = \"1m 30s\"\nstale_after = \"30d\"\n"
+        ))
+        .unwrap();
+        assert_eq!(config.sweeper.interval, Duration::from_secs(90));
+        assert_eq!(config.sweeper.stale_after, Duration::from_secs(30 * 86400));
+    }
+
+    #[test]
+    fn handler_needs_exactly_one_target() {
+        assert!(error(&format!("{MINIMAL}[handler]\n")).contains("handler: set one of"));
+        let both =
+            format!("{MINIMAL}[handler]\ncommand = [\"true\"]\nurl = \"http://127.0.0.1:1/\"\n");
+        assert!(error(&both).contains("not both"));
+        let https = format!("{MINIMAL}[handler]\nurl = \"https://example.com/\"\n");
+        assert!(error(&https).contains("http:// URL"));
+        let ok = parse(&format!("{MINIMAL}[handler]\ncommand = [\"true\"]\n")).unwrap();
+        assert_eq!(
+            ok.handler.unwrap().kind(),
+            HandlerKind::Command(vec!["true".into()])
+        );
+    }
+
+    #[test]
+    fn secrets_never_show_in_debug_output() {
+        let config = parse(MINIMAL).unwrap();
+        assert!(!format!("{config:?}").contains("whsec_a"));
+    }
+
+    #[test]
+    fn example_config_is_valid() {
+        let text = include_str!("../config.example.toml");
+        Config::parse(text, Path::new("/base")).unwrap();
+    }
+}

@@ -1,0 +1,198 @@
+//! Handlers: run one attempt of a job as a command (body on stdin) or as an HTTP POST.
+
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::CONTENT_TYPE;
+use hyper::Request;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::HandlerKind;
+use crate::http_client::{self, HttpClient};
+use crate::ledger::Attempt;
+
+/// How much of a failing handler's stderr (or HTTP answer) is kept as the job's last error.
+const ERROR_TAIL_BYTES: usize = 2048;
+/// After the handler exits, how long a grandchild that inherited stderr may keep it open.
+const STDERR_DRAIN: Duration = Duration::from_millis(500);
+
+/// Why an attempt did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptError {
+    /// The handler failed; the text is what the ledger records as `last_error`.
+    Failed(String),
+    /// The receiver is shutting down and stopped the handler: not the job's fault, not counted
+    /// here. The job stays `running` and the next start recovers it.
+    Interrupted,
+}
+
+pub enum Handler {
+    Command(Vec<String>),
+    Http { client: HttpClient, url: hyper::Uri },
+}
+
+impl Handler {
+    pub fn new(kind: HandlerKind) -> anyhow::Result<Self> {
+        Ok(match kind {
+            HandlerKind::Command(argv) => Handler::Command(argv),
+            HandlerKind::Url(url) => Handler::Http {
+                client: http_client::new_client(),
+                url: url.parse()?,
+            },
+        })
+    }
+
+    /// Runs one attempt. `stop` interrupts it (shutdown grace is over); `timeout` fails it.
+    pub async fn run(
+        &self,
+        attempt: &Attempt,
+        timeout: Duration,
+        stop: &CancellationToken,
+    ) -> Result<(), AttemptError> {
+        match self {
+            Handler::Command(argv) => run_command(argv, attempt, timeout, stop).await,
+            Handler::Http { client, url } => {
+                tokio::select! {
+                    result = post(client, url, attempt, timeout) => result.map_err(AttemptError::Failed),
+                    () = stop.cancelled() => Err(AttemptError::Interrupted),
+                }
+            }
+        }
+    }
+}
+
+async fn run_command(
+    argv: &[String],
+    attempt: &Attempt,
+    timeout: Duration,
+    stop: &CancellationToken,
+) -> Result<(), AttemptError> {
+    let mut child = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env("SUME_JOB_ID", &attempt.job_id)
+        .env(
+            "SUME_EVENT_TYPE",
+            attempt.event_type.as_deref().unwrap_or(""),
+        )
+        .env("SUME_ATTEMPT", attempt.number.to_string())
+        .env("SUME_DELIVERY_SOURCE", attempt.source.as_str())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        // Its own process group, so a timeout can kill everything the handler started.
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| AttemptError::Failed(format!("cannot start {:?}: {e}", argv[0])))?;
+    let group = child.id().and_then(|pid| i32::try_from(pid).ok());
+    let stderr_tail = tokio::spawn(read_tail(child.stderr.take()));
+    let mut stdin = child.stdin.take();
+    let body = attempt.body.clone();
+    let feed_stdin = async move {
+        if let Some(stdin) = stdin.as_mut() {
+            // A handler that does not read its stdin is fine: ignore the broken pipe.
+            let _ = stdin.write_all(body.as_bytes()).await;
+        }
+        drop(stdin);
+    };
+    let finished = tokio::select! {
+        result = tokio::time::timeout(timeout, async { tokio::join!(feed_stdin, child.wait()).1 }) => Some(result),
+        () = stop.cancelled() => None,
+    };
+    let outcome = match finished {
+        Some(Ok(Ok(status))) if status.success() => Ok(()),
+        Some(Ok(Ok(status))) => Err(describe_exit(status)),
+        Some(Ok(Err(error))) => Err(format!("waiting for the handler failed: {error}")),
+        Some(Err(_)) => {
+            kill_group(group);
+            Err(format!(
+                "timed out after {}; process group killed",
+                humantime::format_duration(timeout)
+            ))
+        }
+        None => {
+            kill_group(group);
+            let _ = child.wait().await;
+            stderr_tail.abort();
+            return Err(AttemptError::Interrupted);
+        }
+    };
+    let _ = child.wait().await;
+    let tail = match tokio::time::timeout(STDERR_DRAIN, stderr_tail).await {
+        Ok(Ok(tail)) => tail,
+        _ => String::new(),
+    };
+    outcome.map_err(|reason| {
+        AttemptError::Failed(if tail.is_empty() {
+            reason
+        } else {
+            format!("{reason}; stderr: {tail}")
+        })
+    })
+}
+
+fn kill_group(group: Option<i32>) {
+    if let Some(pgid) = group {
+        // SAFETY: killpg has no memory-safety preconditions; the group is the handler's own.
+        unsafe {
+            libc::killpg(pgid, libc::SIGKILL);
+        }
+    }
+}
+
+fn describe_exit(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => format!("ended abnormally ({status})"),
+    }
+}
+
+/// Reads a stream to its end, keeping only its last [`ERROR_TAIL_BYTES`].
+async fn read_tail(stream: Option<impl AsyncRead + Unpin>) -> String {
+    let Some(mut stream) = stream else {
+        return String::new();
+    };
+    let mut tail = Vec::with_capacity(ERROR_TAIL_BYTES * 2);
+    let mut chunk = [0u8; 4096];
+    while let Ok(read) = stream.read(&mut chunk).await {
+        if read == 0 {
+            break;
+        }
+        tail.extend_from_slice(&chunk[..read]);
+        if tail.len() > ERROR_TAIL_BYTES {
+            tail.drain(..tail.len() - ERROR_TAIL_BYTES);
+        }
+    }
+    String::from_utf8_lossy(&tail).trim().to_owned()
+}
+
+async fn post(
+    client: &HttpClient,
+    url: &hyper::Uri,
+    attempt: &Attempt,
+    timeout: Duration,
+) -> Result<(), String> {
+    let request = Request::post(url.clone())
+        .header(CONTENT_TYPE, "application/json")
+        .header("x-sume-job-id", attempt.job_id.as_str())
+        .header("x-sume-attempt", attempt.number)
+        .header("x-sume-delivery-source", attempt.source.as_str())
+        .body(Full::new(Bytes::from(attempt.body.clone())))
+        .map_err(|e| format!("cannot build the request: {e}"))?;
+    let answer = http_client::send(client, request, timeout, ERROR_TAIL_BYTES).await?;
+    if answer.status.is_success() {
+        Ok(())
+    } else {
+        let text = String::from_utf8_lossy(&answer.body);
+        Err(format!(
+            "handler answered {}: {}",
+            answer.status,
+            text.trim()
+        ))
+    }
+}

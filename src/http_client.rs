@@ -1,0 +1,65 @@
+//! A small HTTP/1 client (hyper-util's pooled client) with a deadline and a bounded answer body.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, StatusCode};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn new_client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A completed exchange: the status, headers and the first `max_body` bytes of the answer.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: hyper::HeaderMap,
+    pub body: Bytes,
+}
+
+/// Sends `request` and reads the answer, all within `deadline`. The error says what went wrong.
+pub async fn send(
+    client: &HttpClient,
+    request: Request<Full<Bytes>>,
+    deadline: Duration,
+    max_body: usize,
+) -> Result<Answer, String> {
+    let exchange = async {
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| format!("request failed: {e:#}"))?;
+        let (parts, mut body) = response.into_parts();
+        let mut kept = Vec::new();
+        // Keep the head of the answer; past that, stop reading and let the connection go.
+        while kept.len() < max_body {
+            let Some(frame) = body.frame().await else {
+                break;
+            };
+            let frame = frame.map_err(|e| format!("reading the answer failed: {e}"))?;
+            if let Some(data) = frame.data_ref() {
+                let room = max_body - kept.len();
+                kept.extend_from_slice(&data[..data.len().min(room)]);
+            }
+        }
+        Ok(Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body: Bytes::from(kept),
+        })
+    };
+    tokio::time::timeout(deadline, exchange)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "no answer within {}",
+                humantime::format_duration(deadline)
+            ))
+        })
+}

@@ -1,0 +1,390 @@
+//! The `jobs` table: typed rows and every statement that reads or changes them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    Claimed,
+    Running,
+    Retrying,
+    Done,
+    Dead,
+}
+
+impl State {
+    pub const ALL: [State; 5] = [
+        State::Claimed,
+        State::Running,
+        State::Retrying,
+        State::Done,
+        State::Dead,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Claimed => "claimed",
+            State::Running => "running",
+            State::Retrying => "retrying",
+            State::Done => "done",
+            State::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for State {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        State::ALL.into_iter().find(|state| state.as_str() == text).ok_or_else(|| {
+            format!("unknown state {text:?}; expected one of claimed, running, retrying, done, dead")
+        })
+    }
+}
+
+/// How a job reached the ledger; handlers see it as `SUME_DELIVERY_SOURCE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    Webhook,
+    Poll,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Webhook => "webhook",
+            Source::Poll => "poll",
+        }
+    }
+
+    fn parse(text: &str) -> Source {
+        if text == "poll" {
+            Source::Poll
+        } else {
+            Source::Webhook
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct NewClaim {
+    pub job_id: String,
+    pub event_type: Option<String>,
+    pub body: String,
+    pub source: Source,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    Claimed,
+    Duplicate,
+}
+
+/// Records a job unless its job_id is already known. The one idempotency check there is.
+pub fn insert_claim(
+    conn: &Connection,
+    claim: &NewClaim,
+    now: i64,
+) -> rusqlite::Result<ClaimOutcome> {
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO jobs (job_id, state, source, event_type, body, received_at,
+                               next_attempt_at, updated_at)
+             VALUES (?1, 'claimed', ?2, ?3, ?4, ?5, ?5, ?5)
+             ON CONFLICT (job_id) DO NOTHING",
+        )?
+        .execute(params![
+            claim.job_id,
+            claim.source.as_str(),
+            claim.event_type,
+            claim.body,
+            now
+        ])?;
+    Ok(if inserted == 1 {
+        ClaimOutcome::Claimed
+    } else {
+        ClaimOutcome::Duplicate
+    })
+}
+
+/// What a handler needs to run one attempt of a job.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub job_id: String,
+    /// 1-based number of this attempt.
+    pub number: u32,
+    pub event_type: Option<String>,
+    pub source: Source,
+    pub body: String,
+}
+
+/// Moves a due job to `running` under a lease and counts the attempt. `None` when the job is not
+/// waiting to run (already running, finished, or unknown), so a job is never started twice.
+pub fn start_attempt(
+    conn: &Connection,
+    job_id: &str,
+    now: i64,
+    lease_expires_at: i64,
+) -> rusqlite::Result<Option<Attempt>> {
+    conn.prepare_cached(
+        "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_expires_at = ?2,
+                         next_attempt_at = NULL, updated_at = ?3
+         WHERE job_id = ?1 AND state IN ('claimed', 'retrying') AND body IS NOT NULL
+         RETURNING attempts, event_type, source, body",
+    )?
+    .query_row(params![job_id, lease_expires_at, now], |row| {
+        Ok(Attempt {
+            job_id: job_id.to_owned(),
+            number: row.get(0)?,
+            event_type: row.get(1)?,
+            source: Source::parse(&row.get::<_, String>(2)?),
+            body: row.get(3)?,
+        })
+    })
+    .optional()
+}
+
+/// The end of one attempt, as the worker decided it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptEnd {
+    Done,
+    /// Failed; retry at the given time, or never (`None`: the job is dead).
+    Failed {
+        error: String,
+        retry_at: Option<i64>,
+    },
+}
+
+/// Records how a running attempt ended. Returns the job's new state, or `None` if the job was no
+/// longer running (the sweeper took its lease back in the meantime).
+pub fn finish_attempt(
+    conn: &Connection,
+    job_id: &str,
+    end: &AttemptEnd,
+    now: i64,
+) -> rusqlite::Result<Option<State>> {
+    let (state, error, retry_at) = match end {
+        AttemptEnd::Done => (State::Done, None, None),
+        AttemptEnd::Failed {
+            error,
+            retry_at: Some(at),
+        } => (State::Retrying, Some(error), Some(*at)),
+        AttemptEnd::Failed {
+            error,
+            retry_at: None,
+        } => (State::Dead, Some(error), None),
+    };
+    let finished_at = matches!(state, State::Done | State::Dead).then_some(now);
+    let changed = conn
+        .prepare_cached(
+            "UPDATE jobs SET state = ?2, last_error = coalesce(?3, last_error),
+                             next_attempt_at = ?4, finished_at = ?5, lease_expires_at = NULL,
+                             updated_at = ?6
+             WHERE job_id = ?1 AND state = 'running'",
+        )?
+        .execute(params![
+            job_id,
+            state.as_str(),
+            error,
+            retry_at,
+            finished_at,
+            now
+        ])?;
+    Ok((changed == 1).then_some(state))
+}
+
+/// Takes back the leases of running jobs that expired before `cutoff`: each such attempt counts
+/// as failed with `error`; the job is due again at `now`, or dead if it used its last attempt.
+/// Returns the job_ids that are due again.
+pub fn expire_leases(
+    conn: &Connection,
+    cutoff: i64,
+    now: i64,
+    max_attempts: u32,
+    error: &str,
+) -> rusqlite::Result<Vec<String>> {
+    let mut statement = conn.prepare_cached(
+        "UPDATE jobs SET
+             state = CASE WHEN attempts >= ?3 THEN 'dead' ELSE 'retrying' END,
+             next_attempt_at = CASE WHEN attempts >= ?3 THEN NULL ELSE ?2 END,
+             finished_at = CASE WHEN attempts >= ?3 THEN ?2 ELSE NULL END,
+             lease_expires_at = NULL, last_error = ?4, updated_at = ?2
+         WHERE state = 'running' AND lease_expires_at <= ?1
+         RETURNING job_id, state",
+    )?;
+    let rows = statement.query_map(params![cutoff, now, max_attempts, error], |row| {
+        Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+    })?;
+    let mut due = Vec::new();
+    for row in rows {
+        let (job_id, state) = row?;
+        if state == State::Dead.as_str() {
+            crate::metrics::METRICS.record_attempt_end(State::Dead);
+            tracing::error!(job_id = %job_id, %error, "job dead: its last attempt never finished");
+        } else {
+            due.push(job_id);
+        }
+    }
+    Ok(due)
+}
+
+/// Jobs waiting to run whose time has come, oldest first.
+pub fn due_jobs(conn: &Connection, now: i64, limit: usize) -> rusqlite::Result<Vec<String>> {
+    let mut statement = conn.prepare_cached(
+        "SELECT job_id FROM jobs
+         WHERE state IN ('claimed', 'retrying') AND next_attempt_at <= ?1
+         ORDER BY next_attempt_at LIMIT ?2",
+    )?;
+    let rows = statement.query_map(params![now, limit as i64], |row| row.get(0))?;
+    rows.collect()
+}
+
+/// One row of `jobs list`.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobSummary {
+    pub job_id: String,
+    pub state: String,
+    pub source: String,
+    pub event_type: Option<String>,
+    pub attempts: u32,
+    pub received_at: i64,
+    pub next_attempt_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub last_error: Option<String>,
+}
+
+/// Everything `jobs show` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobDetail {
+    #[serde(flatten)]
+    pub summary: JobSummary,
+    pub lease_expires_at: Option<i64>,
+    pub updated_at: i64,
+    /// `None` once retention purged it.
+    pub body: Option<String>,
+}
+
+const SUMMARY_COLUMNS: &str = "job_id, state, source, event_type, attempts, received_at, \
+                               next_attempt_at, finished_at, last_error";
+
+fn summary_from_row(row: &Row<'_>) -> rusqlite::Result<JobSummary> {
+    Ok(JobSummary {
+        job_id: row.get(0)?,
+        state: row.get(1)?,
+        source: row.get(2)?,
+        event_type: row.get(3)?,
+        attempts: row.get(4)?,
+        received_at: row.get(5)?,
+        next_attempt_at: row.get(6)?,
+        finished_at: row.get(7)?,
+        last_error: row.get(8)?,
+    })
+}
+
+/// The most recently received jobs, optionally in one state.
+pub fn list_jobs(
+    conn: &Connection,
+    state: Option<State>,
+    limit: usize,
+) -> rusqlite::Result<Vec<JobSummary>> {
+    let sql = format!(
+        "SELECT {SUMMARY_COLUMNS} FROM jobs WHERE ?1 IS NULL OR state = ?1
+         ORDER BY received_at DESC, job_id LIMIT ?2"
+    );
+    let mut statement = conn.prepare(&sql)?;
+    let rows = statement.query_map(
+        params![state.map(State::as_str), limit as i64],
+        summary_from_row,
+    )?;
+    rows.collect()
+}
+
+pub fn show_job(conn: &Connection, job_id: &str) -> rusqlite::Result<Option<JobDetail>> {
+    let sql = format!(
+        "SELECT {SUMMARY_COLUMNS}, lease_expires_at, updated_at, body FROM jobs WHERE job_id = ?1"
+    );
+    conn.query_row(&sql, [job_id], |row| {
+        Ok(JobDetail {
+            summary: summary_from_row(row)?,
+            lease_expires_at: row.get(9)?,
+            updated_at: row.get(10)?,
+            body: row.get(11)?,
+        })
+    })
+    .optional()
+}
+
+/// How many jobs wait or run, per state. Reads only the partial indexes of unfinished rows, so a
+/// scrape costs the same however much history the ledger holds.
+pub fn count_unfinished(conn: &Connection) -> rusqlite::Result<Vec<(State, u64)>> {
+    let mut statement = conn.prepare_cached(
+        "SELECT state, count(*) FROM jobs WHERE state IN ('claimed', 'retrying') GROUP BY state
+         UNION ALL
+         SELECT 'running', count(*) FROM jobs WHERE state = 'running'",
+    )?;
+    let rows = statement.query_map([], |row| {
+        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+    })?;
+    let mut counts: Vec<(State, u64)> = [State::Claimed, State::Running, State::Retrying]
+        .map(|state| (state, 0))
+        .to_vec();
+    for row in rows {
+        let (name, count) = row?;
+        if let Some(entry) = counts.iter_mut().find(|(state, _)| state.as_str() == name) {
+            entry.1 = count.unsigned_abs();
+        }
+    }
+    Ok(counts)
+}
+
+/// Why `jobs retry` refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RetryError {
+    #[error("no job {0:?} in the ledger")]
+    Unknown(String),
+    #[error("job {job_id:?} is {state}; only done or dead jobs can be retried")]
+    NotFinished { job_id: String, state: String },
+    #[error("job {0:?} has no stored body any more (retention purged it); it cannot run again")]
+    BodyPurged(String),
+    #[error(transparent)]
+    Storage(#[from] rusqlite::Error),
+}
+
+/// Makes a `done` or `dead` job due again with a fresh set of attempts. The running service picks
+/// it up at its next sweep.
+pub fn retry_job(conn: &Connection, job_id: &str, now: i64) -> Result<(), RetryError> {
+    let changed = conn.execute(
+        "UPDATE jobs SET state = 'claimed', attempts = 0, next_attempt_at = ?2, finished_at = NULL,
+                         updated_at = ?2
+         WHERE job_id = ?1 AND state IN ('done', 'dead') AND body IS NOT NULL",
+        params![job_id, now],
+    )?;
+    if changed == 1 {
+        return Ok(());
+    }
+    let found: Option<(String, bool)> = conn
+        .query_row(
+            "SELECT state, body IS NULL FROM jobs WHERE job_id = ?1",
+            [job_id],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()?;
+    Err(match found {
+        None => RetryError::Unknown(job_id.to_owned()),
+        Some((_, true)) => RetryError::BodyPurged(job_id.to_owned()),
+        Some((state, false)) => RetryError::NotFinished {
+            job_id: job_id.to_owned(),
+            state,
+        },
+    })
+}

@@ -1,0 +1,136 @@
+//! sume-receiver: verified, durable, exactly-once processing of Sume job webhooks.
+//!
+//! The flow of a delivery, one module per step:
+//! [`server`] (HTTP) -> [`ingest`] ([`signature`] check, parse) -> [`ledger`] (durable claim,
+//! group commit) -> [`worker`] (leases, retries) -> [`handler`] (command or HTTP) -> `done`.
+//! Background tasks keep it whole: [`sweeper`] re-runs lost work. [`config`] reads the TOML
+//! file, [`metrics`] counts, [`cli`] is the command line.
+
+pub mod cli;
+pub mod config;
+pub mod handler;
+pub mod http_client;
+pub mod ingest;
+pub mod ledger;
+pub mod metrics;
+pub mod server;
+pub mod signature;
+pub mod sweeper;
+pub mod worker;
+
+use std::fs::File;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::ledger::Ledger;
+use crate::server::App;
+use crate::sweeper::Sweeper;
+use crate::worker::Worker;
+
+/// Runs the receiver on `listener` until `shutdown` resolves, then shuts down gracefully.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let _instance = InstanceLock::acquire(&config.database.path)?;
+    let database = config.database.clone();
+    let ledger = tokio::task::spawn_blocking(move || Ledger::open(&database))
+        .await?
+        .with_context(|| format!("cannot open the ledger {}", config.database.path.display()))?;
+    let stop = CancellationToken::new();
+    let mut tasks = tokio::task::JoinSet::new();
+
+    let queue = match &config.handler {
+        Some(handler) => {
+            let (worker, queue) =
+                Worker::new(ledger.clone(), handler.clone(), config.sweeper.stale_after)?;
+            let sweeper = Sweeper::new(ledger.clone(), queue.clone(), handler.max_attempts);
+            let recovered = sweeper
+                .recover()
+                .await
+                .context("cannot recover unfinished jobs")?;
+            tracing::info!(
+                interrupted = recovered.leases_expired,
+                queued = recovered.queued,
+                "recovered unfinished jobs"
+            );
+            tasks.spawn(worker.run(stop.clone(), config.server.shutdown_grace));
+            tasks.spawn(sweeper.run(config.sweeper.interval, stop.clone()));
+            Some(queue)
+        }
+        None => {
+            tracing::warn!(
+                "no [handler] configured: claimed jobs stay `claimed` for an external consumer"
+            );
+            None
+        }
+    };
+
+    let app = Arc::new(App {
+        webhook_path: config.server.webhook_path.clone(),
+        ingest: ingest::Ingest::new(&config, ledger.clone(), queue),
+        ledger: ledger.clone(),
+    });
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        webhook_path = %config.server.webhook_path,
+        ledger = %ledger.path().display(),
+        "sume-receiver listening"
+    );
+    let server = tokio::spawn({
+        let stop = stop.clone();
+        let server_config = config.server.clone();
+        async move { server::serve(listener, app, &server_config, stop).await }
+    });
+
+    shutdown.await;
+    tracing::info!("shutting down: no new deliveries; finishing in-flight work");
+    stop.cancel();
+    server.await?;
+    while tasks.join_next().await.is_some() {}
+    tokio::task::spawn_blocking(move || ledger.close()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// An exclusive lock on `<database>.lock`: two receivers on one ledger would run jobs twice.
+struct InstanceLock {
+    _file: File,
+}
+
+impl InstanceLock {
+    fn acquire(database: &Path) -> anyhow::Result<Self> {
+        let mut path = PathBuf::from(database).into_os_string();
+        path.push(".lock");
+        let path = PathBuf::from(path);
+        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create database directory {}", dir.display()))?;
+        }
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot open lock file {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Self { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+                "another sume-receiver is already running on {} (it holds {}); \
+                 two receivers on one ledger would run jobs twice",
+                database.display(),
+                path.display()
+            ),
+            Err(std::fs::TryLockError::Error(error)) => {
+                Err(error).with_context(|| format!("cannot lock {}", path.display()))
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The HTTP server: accept loop, hardened hyper settings, routing, graceful shutdown.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ServerConfig;
+use crate::ingest::{json_response, Ingest};
+use crate::ledger::{self, Ledger};
+use crate::metrics::METRICS;
+
+/// Paths the server answers itself; the webhook path may not take one of them.
+pub const RESERVED_PATHS: &[&str] = &["/healthz", "/metrics"];
+
+/// What every connection shares.
+pub struct App {
+    pub webhook_path: String,
+    pub ingest: Ingest,
+    pub ledger: Arc<Ledger>,
+}
+
+impl App {
+    async fn route(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let path = request.uri().path();
+        let method = request.method();
+        if path == self.webhook_path {
+            return if method == Method::POST {
+                self.ingest.handle(request).await
+            } else {
+                let mut response = error_response(StatusCode::METHOD_NOT_ALLOWED, "use POST");
+                response
+                    .headers_mut()
+                    .insert(ALLOW, HeaderValue::from_static("POST"));
+                response
+            };
+        }
+        match (method, path) {
+            (&Method::GET | &Method::HEAD, "/healthz") => {
+                json_response(StatusCode::OK, &serde_json::json!({ "status": "ok" }))
+            }
+            (&Method::GET, "/metrics") => self.metrics().await,
+            _ => error_response(StatusCode::NOT_FOUND, "not found"),
+        }
+    }
+
+    async fn metrics(&self) -> Response<Full<Bytes>> {
+        match self.ledger.read(ledger::count_unfinished).await {
+            Ok(unfinished) => {
+                let mut response =
+                    Response::new(Full::new(Bytes::from(METRICS.render(&unfinished))));
+                response.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                response
+            }
+            Err(error) => error_response(StatusCode::SERVICE_UNAVAILABLE, &error.to_string()),
+        }
+    }
+}
+
+fn error_response(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+    json_response(status, &serde_json::json!({ "error": message }))
+}
+
+/// Serves until `shutdown`, then stops accepting and gives open connections `grace` to finish.
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    config: &ServerConfig,
+    shutdown: CancellationToken,
+) {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.header_read_timeout)
+        .max_headers(config.max_headers)
+        .max_buf_size(config.max_header_bytes)
+        .keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(error) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let service = service_fn(move |request| {
+            let app = app.clone();
+            async move { Ok::<_, Infallible>(app.route(request).await) }
+        });
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(config.shutdown_grace) => {
+            tracing::warn!("connections still open after the shutdown grace; closing them");
+        }
+    }
+}

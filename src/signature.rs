@@ -1,0 +1,268 @@
+//! Sume webhook signature verification: a pure function over the headers, the raw body and a clock.
+//!
+//! Sume signs `{timestamp}.{raw body}` with HMAC-SHA256 once per live secret and sends the digests
+//! as a comma-separated list of `sume-v1=<hex>` entries (see `shared/SUME.md`). A request is
+//! genuine when any entry matches the digest under any secret we hold, and its timestamp is within
+//! the tolerance of our clock.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The scheme prefix of the entries we understand; entries of other schemes are skipped.
+const SCHEME: &str = "sume-v1=";
+/// Sume sends one entry per live secret (two during a rotation); anything past this is noise
+/// that would only cost us HMAC comparisons.
+pub const MAX_ENTRIES: usize = 8;
+/// Unix seconds fit in 12 digits for the next 30,000 years; a longer timestamp is an attack or a bug.
+const MAX_TIMESTAMP_DIGITS: usize = 12;
+const DIGEST_LEN: usize = 32;
+
+/// Why a request was refused. Only logged: the client always sees one generic 401.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    #[error("timestamp header is not a plain integer of at most {MAX_TIMESTAMP_DIGITS} digits")]
+    MalformedTimestamp,
+    #[error("timestamp is outside the tolerance")]
+    StaleTimestamp,
+    #[error("no well-formed sume-v1 entry in the signature header")]
+    NoEntries,
+    #[error("no signature entry matches any configured secret")]
+    Mismatch,
+}
+
+/// Verifies one delivery. `now_unix` is the receiver's clock in Unix seconds.
+pub fn verify<S: AsRef<[u8]>>(
+    secrets: &[S],
+    timestamp: &str,
+    body: &[u8],
+    signature_header: &str,
+    now_unix: i64,
+    tolerance_secs: u64,
+) -> Result<(), SignatureError> {
+    let sent_at = parse_timestamp(timestamp)?;
+    if now_unix.abs_diff(sent_at) > tolerance_secs {
+        return Err(SignatureError::StaleTimestamp);
+    }
+    let entries = parse_entries(signature_header);
+    if entries.is_empty() {
+        return Err(SignatureError::NoEntries);
+    }
+    for secret in secrets {
+        let secret = secret.as_ref();
+        // An empty key would make every digest forgeable; config refuses it, this is belt and braces.
+        if secret.is_empty() {
+            continue;
+        }
+        let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC accepts keys of any length");
+        mac.update(timestamp.as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        // verify_slice compares in constant time.
+        if entries
+            .iter()
+            .any(|entry| mac.clone().verify_slice(entry).is_ok())
+        {
+            return Ok(());
+        }
+    }
+    Err(SignatureError::Mismatch)
+}
+
+/// Computes the header value Sume would send for these secrets (newest first). Used by tests,
+/// the load generator and the Sume simulator.
+pub fn sign<S: AsRef<[u8]>>(secrets: &[S], timestamp: &str, body: &[u8]) -> String {
+    secrets
+        .iter()
+        .map(|secret| {
+            let mut mac = HmacSha256::new_from_slice(secret.as_ref()).expect("any key length");
+            mac.update(timestamp.as_bytes());
+            mac.update(b".");
+            mac.update(body);
+            format!("{SCHEME}{}", hex::encode(mac.finalize().into_bytes()))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn parse_timestamp(timestamp: &str) -> Result<i64, SignatureError> {
+    // Digits only: no sign, no spaces, no fraction. `str::parse` alone would accept "+123".
+    if timestamp.is_empty()
+        || timestamp.len() > MAX_TIMESTAMP_DIGITS
+        || !timestamp.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(SignatureError::MalformedTimestamp);
+    }
+    timestamp
+        .parse()
+        .map_err(|_| SignatureError::MalformedTimestamp)
+}
+
+/// The decoded digests of the well-formed `sume-v1` entries, at most [`MAX_ENTRIES`] of them.
+/// Malformed entries (wrong length, odd or non-hex digits, empty) are skipped, never matched.
+fn parse_entries(header: &str) -> Vec<[u8; DIGEST_LEN]> {
+    header
+        .split(',')
+        .take(MAX_ENTRIES)
+        .filter_map(|entry| entry.trim().strip_prefix(SCHEME))
+        .filter_map(|hex_digest| {
+            let mut digest = [0u8; DIGEST_LEN];
+            hex::decode_to_slice(hex_digest, &mut digest).ok()?;
+            Some(digest)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &str = "whsec_test_secret";
+    const BODY: &[u8] = br#"{"job_id":"job_123","type":"job.completed"}"#;
+    const TS: &str = "1767225600";
+    const NOW: i64 = 1767225600;
+
+    fn check(timestamp: &str, header: &str) -> Result<(), SignatureError> {
+        verify(&[SECRET], timestamp, BODY, header, NOW, 300)
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Vector {
+        name: String,
+        secrets: Vec<String>,
+        timestamp: String,
+        body: String,
+        header: String,
+        now: i64,
+        valid: bool,
+    }
+
+    #[test]
+    fn shared_vectors() {
+        let vectors: Vec<Vector> =
+            serde_json::from_str(include_str!("../tests/data/sume-signature-vectors.json"))
+                .unwrap();
+        assert!(vectors.len() >= 10);
+        for v in vectors {
+            let result = verify(
+                &v.secrets,
+                &v.timestamp,
+                v.body.as_bytes(),
+                &v.header,
+                v.now,
+                300,
+            );
+            assert_eq!(result.is_ok(), v.valid, "vector {:?}: {result:?}", v.name);
+        }
+    }
+
+    #[test]
+    fn sign_matches_the_single_secret_vector() {
+        assert_eq!(
+            sign(&[SECRET], TS, BODY),
+            "sume-v1=77732880b975b9a7a0802bd13d4e81841b4e6aec69358259cc7e67c68c54195b"
+        );
+    }
+
+    #[test]
+    fn empty_entries_never_match() {
+        assert_eq!(check(TS, "sume-v1="), Err(SignatureError::NoEntries));
+        assert_eq!(check(TS, ""), Err(SignatureError::NoEntries));
+        assert_eq!(check(TS, ",,, ,"), Err(SignatureError::NoEntries));
+        assert_eq!(
+            check(TS, "sume-v1=, sume-v1="),
+            Err(SignatureError::NoEntries)
+        );
+    }
+
+    #[test]
+    fn empty_secret_never_matches() {
+        let header = sign(&[""], TS, BODY);
+        assert_eq!(
+            verify(&[""], TS, BODY, &header, NOW, 300),
+            Err(SignatureError::Mismatch)
+        );
+    }
+
+    #[test]
+    fn odd_length_and_non_hex_entries_are_skipped() {
+        let good = sign(&[SECRET], TS, BODY);
+        let odd = format!("{good}0");
+        assert_eq!(check(TS, &odd), Err(SignatureError::NoEntries));
+        let non_hex = good.replace("77", "zz");
+        assert_eq!(check(TS, &non_hex), Err(SignatureError::NoEntries));
+        // A malformed entry next to a good one does not hide the good one.
+        assert_eq!(check(TS, &format!("sume-v1=abc, {good}")), Ok(()));
+    }
+
+    #[test]
+    fn uppercase_hex_is_accepted() {
+        let good = sign(&[SECRET], TS, BODY);
+        let upper = format!("sume-v1={}", good[SCHEME.len()..].to_uppercase());
+        assert_eq!(check(TS, &upper), Ok(()));
+    }
+
+    #[test]
+    fn extra_spaces_around_entries_are_tolerated() {
+        let good = sign(&[SECRET], TS, BODY);
+        assert_eq!(check(TS, &format!("   {good}  ,  sume-v1=00 ")), Ok(()));
+        // A space inside the digest makes the entry malformed.
+        let spaced = good.replacen("=", "= ", 1);
+        assert_eq!(check(TS, &spaced), Err(SignatureError::NoEntries));
+    }
+
+    #[test]
+    fn malformed_timestamps_are_refused() {
+        let long = "1".repeat(400);
+        for ts in [
+            "",
+            "+1767225600",
+            "-1767225600",
+            " 1767225600",
+            "1767225600 ",
+            "1.5e9",
+            &long,
+        ] {
+            let header = sign(&[SECRET], ts, BODY);
+            assert_eq!(
+                check(ts, &header),
+                Err(SignatureError::MalformedTimestamp),
+                "{ts:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn timestamps_far_from_now_are_refused_both_ways() {
+        for ts in ["0", "999999999999", "1767225299", "1767225901"] {
+            let header = sign(&[SECRET], ts, BODY);
+            assert_eq!(
+                check(ts, &header),
+                Err(SignatureError::StaleTimestamp),
+                "{ts:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn entries_past_the_cap_are_ignored() {
+        let good = sign(&[SECRET], TS, BODY);
+        let padding = ["sume-v1=00"; MAX_ENTRIES].join(",");
+        assert_eq!(
+            check(TS, &format!("{padding},{good}")),
+            Err(SignatureError::NoEntries)
+        );
+        let padding = ["sume-v1=00"; MAX_ENTRIES - 1].join(",");
+        assert_eq!(check(TS, &format!("{padding},{good}")), Ok(()));
+    }
+
+    #[test]
+    fn any_configured_secret_may_match() {
+        let header = sign(&["whsec_new"], TS, BODY);
+        assert_eq!(
+            verify(&["whsec_old", "whsec_new"], TS, BODY, &header, NOW, 300),
+            Ok(())
+        );
+    }
+}

@@ -1,0 +1,313 @@
+//! The worker: runs each claimed job's handler outside the request, under a lease, with retries.
+//!
+//! A job_id enters the in-process [`Queue`] when its claim commits (or when the sweeper finds it
+//! due); the worker starts it through the ledger writer (`claimed`/`retrying` -> `running`, which
+//! also stops a second start), runs the handler, and records `done`, `retrying` or `dead`.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::HandlerConfig;
+use crate::handler::{AttemptError, Handler};
+use crate::ledger::{self, duration_ms, now_ms, AttemptEnd, Ledger, State};
+use crate::metrics::METRICS;
+
+/// Jobs waiting in memory for a free worker. Past this, new claims wait in the ledger for the
+/// sweeper instead: memory stays bounded under any backlog.
+const QUEUE_CAPACITY: usize = 10_000;
+
+/// The in-process queue of job_ids to run. It refuses a job_id that is already queued, waiting
+/// for a retry, or running, so the sweeper and the request path can both offer the same job.
+#[derive(Clone)]
+pub struct Queue {
+    sender: mpsc::Sender<String>,
+    held: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Queue {
+    fn new() -> (Queue, mpsc::Receiver<String>) {
+        let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
+        (
+            Queue {
+                sender,
+                held: Arc::default(),
+            },
+            receiver,
+        )
+    }
+
+    /// Offers a job; `true` if it was queued now.
+    pub fn enqueue(&self, job_id: &str) -> bool {
+        let mut held = self.held.lock().expect("not poisoned");
+        if !held.insert(job_id.to_owned()) {
+            return false;
+        }
+        if self.sender.try_send(job_id.to_owned()).is_err() {
+            held.remove(job_id);
+            tracing::debug!(job_id = %job_id, "work queue full; the sweeper will pick the job up");
+            return false;
+        }
+        true
+    }
+
+    /// Whether the job is queued, waiting for a retry, or running in this process.
+    pub fn holds(&self, job_id: &str) -> bool {
+        self.held.lock().expect("not poisoned").contains(job_id)
+    }
+
+    fn release(&self, job_id: &str) {
+        self.held.lock().expect("not poisoned").remove(job_id);
+    }
+}
+
+pub struct Worker {
+    ledger: Arc<Ledger>,
+    handler: Arc<Handler>,
+    config: HandlerConfig,
+    /// Lease slack past the handler timeout (the sweeper's `stale_after`).
+    lease_slack: Duration,
+    queue: Queue,
+    receiver: mpsc::Receiver<String>,
+}
+
+impl Worker {
+    pub fn new(
+        ledger: Arc<Ledger>,
+        config: HandlerConfig,
+        lease_slack: Duration,
+    ) -> anyhow::Result<(Worker, Queue)> {
+        let handler = Arc::new(Handler::new(config.kind())?);
+        let (queue, receiver) = Queue::new();
+        let worker = Worker {
+            ledger,
+            handler,
+            config,
+            lease_slack,
+            queue: queue.clone(),
+            receiver,
+        };
+        Ok((worker, queue))
+    }
+
+    /// Runs jobs until `shutdown`; then lets running handlers finish for up to `grace` before
+    /// stopping them (they stay `running` in the ledger, and the next start recovers them).
+    pub async fn run(mut self, shutdown: CancellationToken, grace: Duration) {
+        let slots = Arc::new(Semaphore::new(self.config.concurrency));
+        let stop_handlers = CancellationToken::new();
+        let mut running = JoinSet::new();
+        loop {
+            let slot = tokio::select! {
+                slot = slots.clone().acquire_owned() => slot.expect("semaphore never closes"),
+                () = shutdown.cancelled() => break,
+            };
+            let job_id = tokio::select! {
+                job_id = self.receiver.recv() => match job_id {
+                    Some(job_id) => job_id,
+                    None => break,
+                },
+                () = shutdown.cancelled() => break,
+            };
+            let job = JobRun {
+                ledger: self.ledger.clone(),
+                handler: self.handler.clone(),
+                config: self.config.clone(),
+                lease_slack: self.lease_slack,
+                queue: self.queue.clone(),
+                stop_handlers: stop_handlers.clone(),
+                shutdown: shutdown.clone(),
+            };
+            running.spawn(async move {
+                job.run(job_id).await;
+                drop(slot);
+            });
+            while running.try_join_next().is_some() {}
+        }
+        while running.try_join_next().is_some() {}
+        if !running.is_empty() {
+            tracing::info!(running = running.len(), grace = ?grace, "waiting for running handlers");
+        }
+        let drained = tokio::time::timeout(grace, async {
+            while running.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                running = running.len(),
+                "shutdown grace over: stopping handlers; their jobs run again at the next start"
+            );
+            stop_handlers.cancel();
+            while running.join_next().await.is_some() {}
+        }
+    }
+}
+
+/// Everything one job's run needs, detached from the worker loop.
+struct JobRun {
+    ledger: Arc<Ledger>,
+    handler: Arc<Handler>,
+    config: HandlerConfig,
+    lease_slack: Duration,
+    queue: Queue,
+    stop_handlers: CancellationToken,
+    shutdown: CancellationToken,
+}
+
+impl JobRun {
+    async fn run(self, job_id: String) {
+        let retry_in = self.attempt(&job_id).await;
+        self.queue.release(&job_id);
+        if let Some(delay) = retry_in {
+            let (queue, shutdown) = (self.queue.clone(), self.shutdown.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => { queue.enqueue(&job_id); }
+                    // The ledger keeps the due time; the next start or a sweep picks it up.
+                    () = shutdown.cancelled() => {}
+                }
+            });
+        }
+    }
+
+    /// Runs one attempt; returns the delay before the next one when the job is to be retried.
+    async fn attempt(&self, job_id: &str) -> Option<Duration> {
+        let timeout = self.config.timeout;
+        let now = now_ms();
+        let lease_until = now + duration_ms(timeout + self.lease_slack);
+        let id = job_id.to_owned();
+        let attempt = match self
+            .ledger
+            .write(move |conn| ledger::start_attempt(conn, &id, now, lease_until))
+            .await
+        {
+            Ok(Some(attempt)) => attempt,
+            // Already started, finished, or purged: nothing to do.
+            Ok(None) => return None,
+            Err(error) => {
+                tracing::warn!(job_id = %job_id, %error, "could not start the job; the sweeper retries");
+                return None;
+            }
+        };
+        let started = std::time::Instant::now();
+        tracing::info!(job_id = %job_id, attempt = attempt.number, "running handler");
+        let (end, retry_in) = match self
+            .handler
+            .run(&attempt, timeout, &self.stop_handlers)
+            .await
+        {
+            Ok(()) => (AttemptEnd::Done, None),
+            Err(AttemptError::Interrupted) => {
+                tracing::warn!(job_id = %job_id, "handler stopped by shutdown; the job runs again at the next start");
+                return None;
+            }
+            Err(AttemptError::Failed(error)) if attempt.number < self.config.max_attempts => {
+                let delay = backoff(&self.config, attempt.number);
+                let retry_at = now_ms() + duration_ms(delay);
+                (
+                    AttemptEnd::Failed {
+                        error,
+                        retry_at: Some(retry_at),
+                    },
+                    Some(delay),
+                )
+            }
+            Err(AttemptError::Failed(error)) => (
+                AttemptEnd::Failed {
+                    error,
+                    retry_at: None,
+                },
+                None,
+            ),
+        };
+        let id = job_id.to_owned();
+        let recorded = end.clone();
+        match self
+            .ledger
+            .write(move |conn| ledger::finish_attempt(conn, &id, &recorded, now_ms()))
+            .await
+        {
+            Ok(Some(state)) => {
+                METRICS.record_attempt_end(state);
+                let elapsed_ms = started.elapsed().as_millis() as u64;
+                match (&end, state) {
+                    (_, State::Done) => {
+                        tracing::info!(job_id = %job_id, attempt = attempt.number, elapsed_ms, "job done")
+                    }
+                    (AttemptEnd::Failed { error, .. }, State::Dead) => {
+                        tracing::error!(job_id = %job_id, attempt = attempt.number, %error, "job dead: out of attempts")
+                    }
+                    (AttemptEnd::Failed { error, .. }, _) => {
+                        tracing::warn!(job_id = %job_id, attempt = attempt.number, %error, retry_in = ?retry_in, "attempt failed; will retry")
+                    }
+                    _ => {}
+                }
+                retry_in.filter(|_| state == State::Retrying)
+            }
+            Ok(None) => {
+                tracing::warn!(job_id = %job_id, "job was no longer running when its attempt ended (lease expired)");
+                None
+            }
+            Err(error) => {
+                // The row stays `running`; when its lease expires the sweeper runs it again.
+                tracing::error!(job_id = %job_id, %error, "could not record the attempt's end");
+                None
+            }
+        }
+    }
+}
+
+/// The delay before retry number `attempt` (1-based count of failures so far): `backoff`
+/// doubled per failure, capped at `max_backoff`, then jittered by +-20% so a burst of failures
+/// does not retry in lockstep.
+fn backoff(config: &HandlerConfig, failures: u32) -> Duration {
+    let doubled = config
+        .backoff
+        .saturating_mul(1u32 << (failures - 1).min(30));
+    let capped = doubled.min(config.max_backoff);
+    capped.mul_f64(0.8 + 0.4 * fastrand::f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> HandlerConfig {
+        HandlerConfig {
+            command: Some(vec!["true".into()]),
+            url: None,
+            timeout: Duration::from_secs(1),
+            concurrency: 1,
+            max_attempts: 5,
+            backoff: Duration::from_secs(10),
+            max_backoff: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_is_capped() {
+        let config = config();
+        for _ in 0..100 {
+            let first = backoff(&config, 1).as_secs_f64();
+            assert!((8.0..=12.0).contains(&first), "{first}");
+            let third = backoff(&config, 3).as_secs_f64();
+            assert!((32.0..=48.0).contains(&third), "{third}");
+            let late = backoff(&config, 40).as_secs_f64();
+            assert!((48.0..=72.0).contains(&late), "{late}");
+        }
+    }
+
+    #[test]
+    fn queue_refuses_a_job_it_already_holds() {
+        let (queue, mut receiver) = Queue::new();
+        assert!(queue.enqueue("a"));
+        assert!(!queue.enqueue("a"));
+        assert!(queue.holds("a"));
+        assert_eq!(receiver.try_recv().unwrap(), "a");
+        queue.release("a");
+        assert!(queue.enqueue("a"));
+    }
+}
