@@ -34,23 +34,28 @@ fn serve(config: Config) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
+        // Installed before anything else: a SIGTERM during startup must still shut down cleanly.
+        let shutdown = shutdown_signal()?;
         let listener = tokio::net::TcpListener::bind(config.server.listen)
             .await
             .with_context(|| {
                 format!("cannot listen on {} (server.listen)", config.server.listen)
             })?;
-        sume_receiver::run(config, listener, shutdown_signal()).await
+        sume_receiver::run(config, listener, shutdown).await
     })
 }
 
 /// Resolves on SIGTERM (systemd stop) or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut terminate = signal(SignalKind::terminate()).expect("can install a SIGTERM handler");
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    })
 }
 
 fn init_tracing(default_level: &str) {

@@ -82,10 +82,10 @@ impl Sweeper {
             .filter(|job_id| self.queue.enqueue(job_id))
             .count();
         let report = SweepReport {
-            leases_expired: expired.len(),
+            leases_expired: expired,
             queued,
         };
-        if queued > 0 || !expired.is_empty() {
+        if queued > 0 || expired > 0 {
             METRICS.record_swept(queued);
             tracing::info!(
                 leases_expired = report.leases_expired,

@@ -205,14 +205,14 @@ pub fn finish_attempt(
 
 /// Takes back the leases of running jobs that expired before `cutoff`: each such attempt counts
 /// as failed with `error`; the job is due again at `now`, or dead if it used its last attempt.
-/// Returns the job_ids that are due again.
+/// Returns how many leases it took back.
 pub fn expire_leases(
     conn: &Connection,
     cutoff: i64,
     now: i64,
     max_attempts: u32,
     error: &str,
-) -> rusqlite::Result<Vec<String>> {
+) -> rusqlite::Result<usize> {
     let mut statement = conn.prepare_cached(
         "UPDATE jobs SET
              state = CASE WHEN attempts >= ?3 THEN 'dead' ELSE 'retrying' END,
@@ -225,17 +225,16 @@ pub fn expire_leases(
     let rows = statement.query_map(params![cutoff, now, max_attempts, error], |row| {
         Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
     })?;
-    let mut due = Vec::new();
+    let mut expired = 0;
     for row in rows {
         let (job_id, state) = row?;
+        expired += 1;
         if state == State::Dead.as_str() {
             crate::metrics::METRICS.record_attempt_end(State::Dead);
             tracing::error!(job_id = %job_id, %error, "job dead: its last attempt never finished");
-        } else {
-            due.push(job_id);
         }
     }
-    Ok(due)
+    Ok(expired)
 }
 
 /// Jobs waiting to run whose time has come, oldest first.

@@ -1,0 +1,497 @@
+//! The real binary as a child process: kill -9 at random moments, SIGTERM, and the CLI.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_sume-receiver");
+
+/// A config file for the binary in `dir`, on `port`, with `extra` sections.
+fn write_config(dir: &Path, port: u16, extra: &str) -> PathBuf {
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n\n{}",
+        config_text(dir, extra)
+    );
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn cli(config: &Path, args: &[&str]) -> Output {
+    Command::new(BINARY)
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The binary running `serve`, its log appended to `service.log` in the test directory.
+struct Service {
+    child: Child,
+    config: PathBuf,
+}
+
+impl Service {
+    async fn start(config: &Path, port: u16) -> Service {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(config.with_file_name("service.log"))
+            .unwrap();
+        let child = Command::new(BINARY)
+            .args(["serve", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut service = Service {
+            child,
+            config: config.to_owned(),
+        };
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = service.child.try_wait().unwrap() {
+                let log = std::fs::read_to_string(config.with_file_name("service.log")).unwrap();
+                panic!("service exited with {status} at start:\n{log}");
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "service never listened"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        service
+    }
+
+    fn kill_9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn terminate(&self) {
+        // SAFETY: sending a signal to our own child has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
+    /// Waits for the exit; a failed exit shows the service's log.
+    async fn wait_exit(mut self, within: Duration) -> std::process::ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                if !status.success() {
+                    let log = std::fs::read_to_string(self.config.with_file_name("service.log"));
+                    eprintln!(
+                        "service exited with {status}; its log:\n{}",
+                        log.unwrap_or_default()
+                    );
+                }
+                return status;
+            }
+            assert!(
+                started.elapsed() < within,
+                "service did not exit within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Signs and POSTs deliveries to a receiver that may be down: retries until it answers 200.
+struct Sender {
+    port: u16,
+    client: sume_receiver::http_client::HttpClient,
+}
+
+impl Sender {
+    async fn deliver_until_acknowledged(&self, job_id: &str) -> bool {
+        let body = job_body(job_id);
+        for _ in 0..2000 {
+            let timestamp = unix_now().to_string();
+            let request =
+                hyper::Request::post(format!("http://127.0.0.1:{}{WEBHOOK_PATH}", self.port))
+                    .header(sume_receiver::ingest::TIMESTAMP_HEADER, &timestamp)
+                    .header(
+                        sume_receiver::ingest::SIGNATURE_HEADER,
+                        sume_receiver::signature::sign(&[SECRET], &timestamp, body.as_bytes()),
+                    )
+                    .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
+                    .unwrap();
+            match sume_receiver::http_client::send(
+                &self.client,
+                request,
+                Duration::from_secs(10),
+                4096,
+            )
+            .await
+            {
+                Ok(answer) if answer.status == 200 => {
+                    let duplicate: serde_json::Value =
+                        serde_json::from_slice(&answer.body).unwrap();
+                    return duplicate["duplicate"].as_bool().unwrap();
+                }
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+        panic!("{job_id} was never acknowledged");
+    }
+}
+
+fn ledger_rows(db: &Path) -> HashMap<String, (String, i64)> {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let mut statement = conn
+        .prepare("SELECT job_id, state, attempts FROM jobs")
+        .unwrap();
+    let rows = statement
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                (r.get::<_, String>(1)?, r.get::<_, i64>(2)?),
+            ))
+        })
+        .unwrap();
+    rows.map(Result::unwrap).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_at_random_moments_loses_no_acknowledged_job() {
+    const JOBS: usize = 200;
+    const DUPLICATES: usize = 100; // a third of the 300 deliveries
+    const SENDERS: usize = 4;
+    const KILLS: usize = 6;
+    const CONCURRENCY: usize = 4;
+
+    let dir = tempfile::tempdir().unwrap();
+    let runs_log = dir.path().join("runs.log");
+    let port = free_port();
+    let script = format!(
+        "echo \"$SUME_JOB_ID\" >> {}; sleep 0.02",
+        runs_log.display()
+    );
+    let handler = format!(
+        "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nconcurrency = {CONCURRENCY}\nmax_attempts = 20\nbackoff = \"50ms\"\n\n[sweeper]\ninterval = \"200ms\"\n"
+    );
+    let config = write_config(dir.path(), port, &handler);
+
+    // 300 deliveries: every job once, and the first 100 jobs a second time.
+    let deliveries: Vec<String> = (0..JOBS)
+        .chain(0..DUPLICATES)
+        .map(|i| format!("crash-job-{i:04}"))
+        .collect();
+    let next = Arc::new(Mutex::new(deliveries.into_iter()));
+    let acknowledged = Arc::new(Mutex::new(HashSet::new()));
+    let sender = Arc::new(Sender {
+        port,
+        client: sume_receiver::http_client::new_client(),
+    });
+
+    let mut service = Service::start(&config, port).await;
+    let mut senders = tokio::task::JoinSet::new();
+    for _ in 0..SENDERS {
+        let (next, acknowledged, sender) = (next.clone(), acknowledged.clone(), sender.clone());
+        senders.spawn(async move {
+            let mut duplicates = 0;
+            loop {
+                let Some(job_id) = next.lock().unwrap().next() else {
+                    return duplicates;
+                };
+                if sender.deliver_until_acknowledged(&job_id).await {
+                    duplicates += 1;
+                }
+                acknowledged.lock().unwrap().insert(job_id);
+                // Paced so that the kills land while deliveries are still coming in.
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(5..25))).await;
+            }
+        });
+    }
+    for _ in 0..KILLS {
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(50..350))).await;
+        service.kill_9();
+        service = Service::start(&config, port).await;
+    }
+    let mut duplicate_answers = 0;
+    while let Some(duplicates) = senders.join_next().await {
+        duplicate_answers += duplicates.unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    assert_eq!(acknowledged.len(), JOBS);
+    assert!(
+        duplicate_answers >= DUPLICATES,
+        "every second delivery of a job is a duplicate"
+    );
+
+    let db = dir.path().join("ledger.sqlite3");
+    let all_done = eventually(Duration::from_secs(30), || {
+        let rows = ledger_rows(&db);
+        acknowledged
+            .iter()
+            .all(|job_id| rows.get(job_id).is_some_and(|(state, _)| state == "done"))
+    })
+    .await;
+    service.terminate();
+    assert!(service.wait_exit(Duration::from_secs(10)).await.success());
+    let rows = ledger_rows(&db);
+    assert!(all_done, "not every acknowledged job is done: {rows:?}");
+    assert_eq!(rows.len(), JOBS, "one row per job, no more");
+
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for line in std::fs::read_to_string(&runs_log).unwrap().lines() {
+        *runs.entry(line.to_owned()).or_default() += 1;
+    }
+    let mut reran = 0;
+    for job_id in &acknowledged {
+        let count = runs.get(job_id).copied().unwrap_or(0);
+        let attempts = rows[job_id].1;
+        assert!(count >= 1, "{job_id} is done but its handler never ran");
+        // The handler never fails here, so a second attempt means the first was interrupted by
+        // a kill; a run without such an attempt would be a double run.
+        assert!(
+            count as i64 <= attempts,
+            "{job_id} ran {count} times in {attempts} attempts"
+        );
+        if count > 1 {
+            reran += 1;
+        }
+    }
+    assert!(
+        reran <= KILLS * CONCURRENCY,
+        "{reran} jobs ran twice; at most {} were in flight at kills",
+        KILLS * CONCURRENCY
+    );
+    println!(
+        "crash test: {} deliveries ({duplicate_answers} answered duplicate), {KILLS} kills, {} jobs done, lost 0, re-run {reran}",
+        JOBS + DUPLICATES,
+        acknowledged.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_lets_a_running_handler_finish_within_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let handler = "[handler]\ncommand = [\"sh\", \"-c\", \"sleep 1\"]\n";
+    let config = write_config(dir.path(), port, &format!("{handler}\n"));
+    let service = Service::start(&config, port).await;
+    let sender = Sender {
+        port,
+        client: sume_receiver::http_client::new_client(),
+    };
+    sender.deliver_until_acknowledged("job-graceful").await;
+    let db = dir.path().join("ledger.sqlite3");
+    assert!(
+        eventually(Duration::from_secs(5), || ledger_rows(&db)["job-graceful"]
+            .0
+            == "running")
+        .await
+    );
+    let started = Instant::now();
+    service.terminate();
+    let status = service.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(ledger_rows(&db)["job-graceful"].0, "done");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_past_the_grace_stops_the_handler_and_the_next_start_finishes_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let release = dir.path().join("release");
+    let script = format!("[ -e {} ] || sleep 30", release.display());
+    let extra = format!(
+        "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\n\n[server]\nshutdown_grace = \"300ms\"\n"
+    );
+    // [server] is already in write_config's text; put shutdown_grace there instead.
+    let config = write_config(
+        dir.path(),
+        port,
+        &extra.replace("\n[server]\nshutdown_grace = \"300ms\"\n", ""),
+    );
+    let text = std::fs::read_to_string(&config).unwrap().replacen(
+        "[server]\n",
+        "[server]\nshutdown_grace = \"300ms\"\n",
+        1,
+    );
+    std::fs::write(&config, text).unwrap();
+
+    let service = Service::start(&config, port).await;
+    let sender = Sender {
+        port,
+        client: sume_receiver::http_client::new_client(),
+    };
+    sender.deliver_until_acknowledged("job-long").await;
+    let db = dir.path().join("ledger.sqlite3");
+    assert!(
+        eventually(Duration::from_secs(5), || ledger_rows(&db)["job-long"].0
+            == "running")
+        .await
+    );
+    let started = Instant::now();
+    service.terminate();
+    let status = service.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        ledger_rows(&db)["job-long"].0,
+        "running",
+        "left for the next start"
+    );
+
+    std::fs::write(&release, "").unwrap();
+    let service = Service::start(&config, port).await;
+    assert!(
+        eventually(Duration::from_secs(10), || ledger_rows(&db)["job-long"].0
+            == "done")
+        .await
+    );
+    assert_eq!(
+        ledger_rows(&db)["job-long"].1,
+        2,
+        "the interrupted attempt counts"
+    );
+    service.terminate();
+    assert!(service.wait_exit(Duration::from_secs(10)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_lists_shows_and_retries_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let runs_log = dir.path().join("runs.log");
+    let script = format!(
+        "echo \"$SUME_JOB_ID $SUME_ATTEMPT\" >> {}; echo 'no luck' >&2; exit 1",
+        runs_log.display()
+    );
+    let extra = format!(
+        "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nmax_attempts = 1\n\n[sweeper]\ninterval = \"100ms\"\n"
+    );
+    let config = write_config(dir.path(), port, &extra);
+    let db = dir.path().join("ledger.sqlite3");
+
+    let missing = cli(&config, &["jobs", "list"]);
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("no ledger at"),
+        "{missing:?}"
+    );
+
+    let service = Service::start(&config, port).await;
+    let sender = Sender {
+        port,
+        client: sume_receiver::http_client::new_client(),
+    };
+    sender.deliver_until_acknowledged("job-cli").await;
+    assert!(
+        eventually(Duration::from_secs(5), || ledger_rows(&db)["job-cli"].0
+            == "dead")
+        .await
+    );
+
+    let list = cli(&config, &["jobs", "list", "--state", "dead"]);
+    assert!(list.status.success(), "{list:?}");
+    let table = String::from_utf8(list.stdout).unwrap();
+    assert!(
+        table.starts_with("JOB_ID") && table.contains("job-cli") && table.contains("no luck"),
+        "{table}"
+    );
+
+    let list = cli(&config, &["jobs", "list", "--state", "done", "--json"]);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&list.stdout).unwrap(),
+        serde_json::json!([])
+    );
+
+    let show = cli(&config, &["jobs", "show", "job-cli", "--json"]);
+    let job: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(job["state"], "dead");
+    assert_eq!(job["attempts"], 1);
+    assert_eq!(job["body"], job_body("job-cli"));
+    assert!(job["last_error"]
+        .as_str()
+        .unwrap()
+        .contains("exited with status 1"));
+
+    let retry = cli(&config, &["jobs", "retry", "job-cli"]);
+    assert!(retry.status.success(), "{retry:?}");
+    let ran_twice = eventually(Duration::from_secs(5), || {
+        std::fs::read_to_string(&runs_log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+            == 2
+    })
+    .await;
+    assert!(ran_twice, "the retried job did not run again");
+    assert!(
+        eventually(Duration::from_secs(5), || ledger_rows(&db)["job-cli"].0
+            == "dead")
+        .await
+    );
+
+    let unknown = cli(&config, &["jobs", "show", "nope"]);
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no job \"nope\""));
+    let unknown = cli(&config, &["jobs", "retry", "nope"]);
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no job \"nope\""));
+    let bad_state = cli(&config, &["jobs", "list", "--state", "sleeping"]);
+    assert!(String::from_utf8_lossy(&bad_state.stderr).contains("unknown state"));
+
+    service.terminate();
+    assert!(service.wait_exit(Duration::from_secs(10)).await.success());
+}
+
+#[test]
+fn check_config_names_the_bad_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[signature]\nsecrets = [\"a\"]\ntolerance = \"soon\"\n",
+    )
+    .unwrap();
+    let output = cli(&config, &["check-config"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("tolerance") && stderr.contains("invalid duration"),
+        "{stderr}"
+    );
+
+    std::fs::write(&config, "[signature]\nsecrets = [\"a\"]\n").unwrap();
+    let output = cli(&config, &["check-config"]);
+    assert!(output.status.success(), "{output:?}");
+}
+
+/// Regression: the SIGTERM handler used to be installed only after startup, so a stop right
+/// after the port opened killed the process with the default action (exit by signal).
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_right_after_the_port_opens_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), port, "[handler]\ncommand = [\"true\"]\n");
+    for _ in 0..3 {
+        let service = Service::start(&config, port).await;
+        service.terminate();
+        let status = service.wait_exit(Duration::from_secs(10)).await;
+        assert!(status.success(), "{status}");
+    }
+}

@@ -1,0 +1,328 @@
+//! Running the work: handlers, retries, dead letter, timeouts, the sweeper.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use sume_receiver::config::HandlerConfig;
+use sume_receiver::ledger::{self, Ledger, NewClaim, Source};
+use sume_receiver::sweeper::{SweepReport, Sweeper};
+use sume_receiver::worker::Worker;
+
+/// A `[handler]` section running `script` with sh, with fast retries for tests.
+fn command_handler(script: &str, extra: &str) -> String {
+    format!(
+        "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nbackoff = \"50ms\"\nmax_backoff = \"200ms\"\n{extra}\n"
+    )
+}
+
+async fn wait_for_state(server: &TestServer, job_id: &str, state: &str) {
+    let reached = eventually(Duration::from_secs(20), || {
+        server.state_of(job_id).as_deref() == Some(state)
+    })
+    .await;
+    assert!(
+        reached,
+        "{job_id} never reached {state}; it is {:?}",
+        server.state_of(job_id)
+    );
+}
+
+fn attempts_and_error(server: &TestServer, job_id: &str) -> (i64, Option<String>) {
+    server
+        .db()
+        .query_row(
+            "SELECT attempts, last_error FROM jobs WHERE job_id = ?1",
+            [job_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handler_gets_body_and_environment_and_job_is_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let script = format!(
+        "cat > {out}.body; echo \"$SUME_JOB_ID|$SUME_EVENT_TYPE|$SUME_ATTEMPT|$SUME_DELIVERY_SOURCE\" > {out}.env",
+        out = out.display()
+    );
+    let server = TestServer::start_in(dir, &command_handler(&script, "")).await;
+    let body = job_body("job-env");
+    assert_eq!(server.deliver(&body).await.status, 200);
+    wait_for_state(&server, "job-env", "done").await;
+    assert_eq!(
+        std::fs::read_to_string(out.with_extension("body")).unwrap(),
+        body
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.with_extension("env"))
+            .unwrap()
+            .trim(),
+        "job-env|job.completed|1|webhook"
+    );
+    let finished: Option<i64> = server
+        .db()
+        .query_row(
+            "SELECT finished_at FROM jobs WHERE job_id = 'job-env'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(finished.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handler_failing_twice_then_succeeding_is_done_after_three_attempts() {
+    let script =
+        "if [ \"$SUME_ATTEMPT\" -lt 3 ]; then echo \"flaky $SUME_ATTEMPT\" >&2; exit 1; fi";
+    let server = TestServer::start(&command_handler(script, "")).await;
+    server.deliver(&job_body("job-flaky")).await;
+    wait_for_state(&server, "job-flaky", "done").await;
+    let (attempts, error) = attempts_and_error(&server, "job-flaky");
+    assert_eq!(attempts, 3);
+    assert!(
+        error.unwrap().contains("flaky 2"),
+        "the last failure is kept"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handler_always_failing_is_dead_after_max_attempts() {
+    let script = "echo 'boom: cannot reach the warehouse' >&2; exit 3";
+    let server = TestServer::start(&command_handler(script, "max_attempts = 3")).await;
+    server.deliver(&job_body("job-doomed")).await;
+    wait_for_state(&server, "job-doomed", "dead").await;
+    let (attempts, error) = attempts_and_error(&server, "job-doomed");
+    assert_eq!(attempts, 3);
+    let error = error.unwrap();
+    assert!(
+        error.contains("exited with status 3") && error.contains("boom: cannot reach"),
+        "{error}"
+    );
+    // It stays dead: no fourth attempt.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(attempts_and_error(&server, "job-doomed").0, 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hanging_handler_is_killed_with_its_process_group_at_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("grandchild.pid");
+    // The grandchild would outlive a kill of `sh` alone.
+    let script = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
+    let handler = command_handler(&script, "timeout = \"300ms\"\nmax_attempts = 1");
+    let server = TestServer::start_in(dir, &handler).await;
+    server.deliver(&job_body("job-hang")).await;
+    wait_for_state(&server, "job-hang", "dead").await;
+    let (attempts, error) = attempts_and_error(&server, "job-hang");
+    assert_eq!(attempts, 1);
+    assert!(error.unwrap().contains("timed out after 300ms"));
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let gone = eventually(Duration::from_secs(5), || {
+        // SAFETY: signal 0 only checks whether the process exists.
+        let exists = unsafe { libc::kill(pid, 0) == 0 };
+        !exists
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z "))
+    })
+    .await;
+    assert!(gone, "the handler's grandchild {pid} survived the timeout");
+}
+
+/// A local HTTP handler: fails the first request, then accepts; records what it received.
+async fn start_http_handler() -> (String, Arc<Mutex<Vec<(String, String, String)>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<Vec<(String, String, String)>>> = Arc::default();
+    let recorded = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let seen = recorded.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let seen = seen.clone();
+                    async move {
+                        let header = |name: &str| {
+                            request
+                                .headers()
+                                .get(name)
+                                .map(|v| v.to_str().unwrap().to_owned())
+                                .unwrap_or_default()
+                        };
+                        let entry = (
+                            header("x-sume-job-id"),
+                            header("x-sume-attempt"),
+                            header("content-type"),
+                        );
+                        let body = request.into_body().collect().await.unwrap().to_bytes();
+                        assert!(body.starts_with(b"{\"job_id\""));
+                        let mut seen = seen.lock().unwrap();
+                        seen.push(entry);
+                        let status = if seen.len() == 1 { 500 } else { 204 };
+                        let mut response =
+                            Response::new(Full::new(Bytes::from_static(b"try later")));
+                        *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}/jobs"), seen)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_handler_retries_a_5xx_then_is_done() {
+    let (url, seen) = start_http_handler().await;
+    let handler = format!("[handler]\nurl = \"{url}\"\nbackoff = \"50ms\"\n");
+    let server = TestServer::start(&handler).await;
+    server.deliver(&job_body("job-http")).await;
+    wait_for_state(&server, "job-http", "done").await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            ("job-http".into(), "1".into(), "application/json".into()),
+            ("job-http".into(), "2".into(), "application/json".into())
+        ]
+    );
+    let (attempts, error) = attempts_and_error(&server, "job-http");
+    assert_eq!(attempts, 2);
+    assert!(error.unwrap().contains("500"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_handler_jobs_stay_claimed() {
+    let server = TestServer::start("").await;
+    server.deliver(&job_body("job-external")).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.state_of("job-external").as_deref(), Some("claimed"));
+}
+
+/// The sweeper on its own: a ledger, a worker queue, and rows put there by hand.
+#[tokio::test(flavor = "multi_thread")]
+async fn sweep_once_takes_back_expired_leases_and_queues_due_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        sume_receiver::config::Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+    let ledger = Ledger::open(&config.database).unwrap();
+    let handler = HandlerConfig {
+        command: Some(vec!["true".into()]),
+        url: None,
+        timeout: Duration::from_secs(1),
+        concurrency: 1,
+        max_attempts: 2,
+        backoff: Duration::from_secs(1),
+        max_backoff: Duration::from_secs(1),
+    };
+    let (_worker, queue) = Worker::new(ledger.clone(), handler, Duration::from_secs(1)).unwrap();
+    let sweeper = Sweeper::new(ledger.clone(), queue.clone(), 2);
+    for job_id in [
+        "lost-claim",
+        "expired-lease",
+        "last-lease",
+        "live-lease",
+        "future-retry",
+    ] {
+        let claim = NewClaim {
+            job_id: job_id.into(),
+            event_type: None,
+            body: job_body(job_id),
+            source: Source::Webhook,
+        };
+        ledger.claim(claim).await.unwrap();
+    }
+    let now = ledger::now_ms();
+    ledger
+        .write(move |conn| {
+            conn.execute_batch(&format!(
+                "UPDATE jobs SET state = 'running', attempts = 1, lease_expires_at = {expired} WHERE job_id = 'expired-lease';
+                 UPDATE jobs SET state = 'running', attempts = 2, lease_expires_at = {expired} WHERE job_id = 'last-lease';
+                 UPDATE jobs SET state = 'running', attempts = 1, lease_expires_at = {live} WHERE job_id = 'live-lease';
+                 UPDATE jobs SET state = 'retrying', attempts = 1, next_attempt_at = {live} WHERE job_id = 'future-retry';",
+                expired = now - 1000,
+                live = now + 60_000,
+            ))
+        })
+        .await
+        .unwrap();
+
+    let report = sweeper.sweep_once().await.unwrap();
+    assert_eq!(
+        report,
+        SweepReport {
+            leases_expired: 2,
+            queued: 2
+        }
+    );
+    assert!(queue.holds("lost-claim") && queue.holds("expired-lease"));
+    assert!(!queue.holds("future-retry") && !queue.holds("live-lease"));
+    let state = |job_id: &str| {
+        let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+        conn.query_row("SELECT state FROM jobs WHERE job_id = ?1", [job_id], |r| {
+            r.get::<_, String>(0)
+        })
+        .unwrap()
+    };
+    assert_eq!(state("expired-lease"), "retrying");
+    assert_eq!(
+        state("last-lease"),
+        "dead",
+        "its lease expired on its last attempt"
+    );
+    assert_eq!(state("live-lease"), "running");
+
+    // Nothing changed: a second sweep finds the queued jobs already held.
+    assert_eq!(
+        sweeper.sweep_once().await.unwrap(),
+        SweepReport {
+            leases_expired: 0,
+            queued: 0
+        }
+    );
+
+    // At start, every running row is taken back at once, live lease or not.
+    let recovered = sweeper.recover().await.unwrap();
+    assert_eq!(recovered.leases_expired, 1);
+    assert_eq!(state("live-lease"), "retrying");
+    ledger.close();
+}
+
+#[test]
+fn sweeper_queries_use_the_partial_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        sume_receiver::config::Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+    let ledger = Ledger::open(&config.database).unwrap();
+    ledger.close();
+    let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+    let plan = |sql: &str| -> String {
+        let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = statement.query_map([], |r| r.get::<_, String>(3)).unwrap();
+        rows.map(Result::unwrap).collect::<Vec<_>>().join("; ")
+    };
+    let due = plan("SELECT job_id FROM jobs WHERE state IN ('claimed', 'retrying') AND next_attempt_at <= 5 ORDER BY next_attempt_at LIMIT 10");
+    assert!(due.contains("USING INDEX jobs_due"), "{due}");
+    let leases = plan(
+        "UPDATE jobs SET state = 'retrying' WHERE state = 'running' AND lease_expires_at <= 5",
+    );
+    assert!(leases.contains("USING INDEX jobs_leased"), "{leases}");
+}
