@@ -32,6 +32,8 @@ pub enum Command {
     /// Inspect and retry jobs in the ledger (works while the service runs).
     #[command(subcommand)]
     Jobs(JobsCommand),
+    /// Benchmark a running receiver: send signed deliveries, report, check its ledger.
+    Loadgen(crate::loadgen::LoadgenArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -72,6 +74,17 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Jobs(jobs) => execute_jobs(jobs, config),
+        Command::Loadgen(args) => {
+            let json = args.json;
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let report = runtime.block_on(crate::loadgen::run(args, config.clone()))?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                report.print();
+            }
+            Ok(())
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! [`server`] (HTTP) -> [`ingest`] ([`signature`] check, parse) -> [`ledger`] (durable claim,
 //! group commit) -> [`worker`] (leases, retries) -> [`handler`] (command or HTTP) -> `done`.
 //! Background tasks keep it whole: [`sweeper`] re-runs lost work. [`config`] reads the TOML
-//! file, [`metrics`] counts, [`cli`] is the command line.
+//! file, [`metrics`] counts, [`cli`] is the command line, [`loadgen`] the benchmark client.
 
 pub mod cli;
 pub mod config;
@@ -12,6 +12,7 @@ pub mod handler;
 pub mod http_client;
 pub mod ingest;
 pub mod ledger;
+pub mod loadgen;
 pub mod metrics;
 pub mod server;
 pub mod signature;

@@ -1,0 +1,321 @@
+//! The load generator: signed deliveries over keep-alive connections, then a ledger check.
+//!
+//! `sume-receiver loadgen` sends deliveries the way Sume does (fresh timestamp and signature per
+//! request; a duplicate re-sends an earlier job_id, as a Redeliver does), reports throughput,
+//! latency percentiles and status counts, and then checks that the ledger holds exactly the
+//! job_ids that were acknowledged.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1;
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::ingest::{SIGNATURE_HEADER, TIMESTAMP_HEADER};
+use crate::signature;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadgenArgs {
+    /// Deliveries to send (the run also stops at --duration).
+    #[arg(long, short = 'n', default_value_t = 10_000)]
+    pub requests: usize,
+    /// Stop after this long even if --requests are not all sent ("15s").
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Concurrent keep-alive connections.
+    #[arg(long, default_value_t = 64)]
+    pub connections: usize,
+    /// Share of deliveries that re-send an earlier job_id (0.0 to 1.0).
+    #[arg(long, short = 'd', default_value_t = 0.3)]
+    pub dup_ratio: f64,
+    /// Approximate body size in bytes.
+    #[arg(long, short = 'b', default_value_t = 1024)]
+    pub body_bytes: usize,
+    /// Tag of this run's job_ids (`<random hex>-<tag>`); reuse a tag with --existing to send
+    /// duplicates of an earlier run.
+    #[arg(long)]
+    pub tag: Option<String>,
+    /// The first K job_ids of --tag are already claimed: duplicates may pick them, new job_ids
+    /// start after them.
+    #[arg(long, default_value_t = 0)]
+    pub existing: usize,
+    /// Send `GET /healthz` instead of deliveries: the HTTP stack alone, no ledger.
+    #[arg(long)]
+    pub healthz: bool,
+    /// Skip the ledger check (for a receiver on another machine).
+    #[arg(long)]
+    pub no_check: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub tag: String,
+    pub sent: usize,
+    pub seconds: f64,
+    pub per_second: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub statuses: BTreeMap<String, usize>,
+    pub acknowledged_new: usize,
+    pub acknowledged_duplicate: usize,
+    /// Distinct job_ids of this tag known to the receiver after the run (existing + new).
+    pub unique_job_ids: usize,
+    pub ledger_check: String,
+}
+
+/// Shared state of the connections of one run.
+struct Run {
+    args: LoadgenArgs,
+    config: Config,
+    tag: String,
+    seed: u64,
+    padding: String,
+    issued: AtomicUsize,
+    unique: AtomicUsize,
+    deadline: Option<Instant>,
+    acknowledged: Mutex<HashSet<usize>>,
+}
+
+/// Per-connection tallies, merged at the end.
+#[derive(Default)]
+struct Tally {
+    latencies_us: Vec<u32>,
+    statuses: BTreeMap<String, usize>,
+    new: usize,
+    duplicate: usize,
+}
+
+pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
+    if !(0.0..=1.0).contains(&args.dup_ratio) {
+        bail!("--dup-ratio must be between 0 and 1");
+    }
+    if args.connections == 0 {
+        bail!("--connections must be at least 1");
+    }
+    if args.dup_ratio >= 1.0 && args.existing == 0 {
+        bail!("--dup-ratio 1 needs --existing: there is nothing to duplicate");
+    }
+    let tag = args.tag.clone().unwrap_or_else(|| format!("lg{:x}", fastrand::u32(..)));
+    let run = Arc::new(Run {
+        seed: seed_of(&tag),
+        padding: "x".repeat(args.body_bytes.saturating_sub(110)),
+        issued: AtomicUsize::new(0),
+        unique: AtomicUsize::new(args.existing),
+        deadline: args.duration.map(|d| Instant::now() + d),
+        acknowledged: Mutex::new(HashSet::new()),
+        tag,
+        config,
+        args,
+    });
+    let started = Instant::now();
+    let mut connections = tokio::task::JoinSet::new();
+    for _ in 0..run.args.connections {
+        connections.spawn(run.clone().connection());
+    }
+    let mut total = Tally::default();
+    while let Some(tally) = connections.join_next().await {
+        let tally = tally??;
+        total.latencies_us.extend(tally.latencies_us);
+        for (status, count) in tally.statuses {
+            *total.statuses.entry(status).or_default() += count;
+        }
+        total.new += tally.new;
+        total.duplicate += tally.duplicate;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    total.latencies_us.sort_unstable();
+    let percentile = |p: f64| -> f64 {
+        let sorted = &total.latencies_us;
+        if sorted.is_empty() {
+            return 0.0;
+        }
+        let index = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+        f64::from(sorted[index]) / 1000.0
+    };
+    let sent = total.latencies_us.len();
+    let unique_job_ids = run.unique.load(Ordering::Relaxed);
+    let ledger_check = if run.args.healthz || run.args.no_check {
+        "skipped".to_owned()
+    } else {
+        check_ledger(&run)?
+    };
+    Ok(Report {
+        tag: run.tag.clone(),
+        sent,
+        seconds,
+        per_second: sent as f64 / seconds,
+        p50_ms: percentile(0.50),
+        p90_ms: percentile(0.90),
+        p99_ms: percentile(0.99),
+        max_ms: percentile(1.0),
+        statuses: total.statuses,
+        acknowledged_new: total.new,
+        acknowledged_duplicate: total.duplicate,
+        unique_job_ids,
+        ledger_check,
+    })
+}
+
+fn seed_of(tag: &str) -> u64 {
+    tag.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// A well-mixed 64-bit hash, so job_ids land all over the ledger's index like real ones.
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+impl Run {
+    fn job_id(&self, index: usize) -> String {
+        format!("{:016x}-{}", splitmix64(self.seed ^ index as u64), self.tag)
+    }
+
+    /// The job index of the next delivery, or `None` when the run is over.
+    fn next_delivery(&self) -> Option<usize> {
+        if self.issued.fetch_add(1, Ordering::Relaxed) >= self.args.requests
+            || self.deadline.is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            return None;
+        }
+        let known = self.unique.load(Ordering::Relaxed);
+        if known > 0 && fastrand::f64() < self.args.dup_ratio {
+            Some(fastrand::usize(..known))
+        } else {
+            Some(self.unique.fetch_add(1, Ordering::Relaxed))
+        }
+    }
+
+    fn request(&self, index: Option<usize>) -> anyhow::Result<Request<Full<Bytes>>> {
+        let server = &self.config.server;
+        let host = server.listen.to_string();
+        let Some(index) = index else {
+            return Ok(Request::get("/healthz").header("host", host).body(Full::default())?);
+        };
+        let body = format!(
+            r#"{{"job_id":"{}","type":"job.completed","status":"completed","result":{{"pad":"{}"}}}}"#,
+            self.job_id(index),
+            self.padding
+        );
+        let timestamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs().to_string();
+        let signature = signature::sign(&self.config.signature.secrets[..1], &timestamp, body.as_bytes());
+        Ok(Request::builder()
+            .method(Method::POST)
+            .uri(server.webhook_path.as_str())
+            .header("host", host)
+            .header("content-type", "application/json")
+            .header(TIMESTAMP_HEADER, timestamp)
+            .header(SIGNATURE_HEADER, signature)
+            .body(Full::new(Bytes::from(body)))?)
+    }
+
+    async fn connection(self: Arc<Self>) -> anyhow::Result<Tally> {
+        let address = self.config.server.listen;
+        let stream = tokio::net::TcpStream::connect(address)
+            .await
+            .with_context(|| format!("cannot connect to {address}"))?;
+        stream.set_nodelay(true)?;
+        let (mut sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        let mut tally = Tally::default();
+        loop {
+            let index = if self.args.healthz {
+                if self.issued.fetch_add(1, Ordering::Relaxed) >= self.args.requests
+                    || self.deadline.is_some_and(|deadline| Instant::now() >= deadline)
+                {
+                    break;
+                }
+                None
+            } else {
+                match self.next_delivery() {
+                    Some(index) => Some(index),
+                    None => break,
+                }
+            };
+            let request = self.request(index)?;
+            sender.ready().await.context("connection closed by the receiver")?;
+            let started = Instant::now();
+            let response = sender.send_request(request).await.context("request failed")?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            tally.latencies_us.push(started.elapsed().as_micros().min(u32::MAX as u128) as u32);
+            *tally.statuses.entry(status.as_u16().to_string()).or_default() += 1;
+            if let (Some(index), true) = (index, status.is_success()) {
+                let answer: serde_json::Value = serde_json::from_slice(&body)?;
+                if answer["duplicate"] == true {
+                    tally.duplicate += 1;
+                } else {
+                    tally.new += 1;
+                }
+                self.acknowledged.lock().expect("not poisoned").insert(index);
+            }
+        }
+        Ok(tally)
+    }
+}
+
+/// The ledger must hold exactly the acknowledged job_ids of this run's tag: none lost, none extra.
+fn check_ledger(run: &Run) -> anyhow::Result<String> {
+    let conn = crate::ledger::open_existing(&run.config.database)?;
+    let mut statement = conn.prepare("SELECT job_id FROM jobs WHERE job_id LIKE ?1")?;
+    let stored: HashSet<String> = statement
+        .query_map([format!("%-{}", run.tag)], |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    let acknowledged = run.acknowledged.lock().expect("not poisoned");
+    let mut expected: HashSet<String> = acknowledged.iter().map(|&i| run.job_id(i)).collect();
+    expected.extend((0..run.args.existing).map(|i| run.job_id(i)));
+    let lost = expected.difference(&stored).count();
+    let extra = stored.difference(&expected).count();
+    if lost > 0 || extra > 0 {
+        bail!("ledger check FAILED: {lost} acknowledged job_ids missing, {extra} unexpected ones");
+    }
+    Ok(format!("ok: {} job_ids, all acknowledged, none missing", stored.len()))
+}
+
+impl Report {
+    pub fn print(&self) {
+        println!(
+            "tag {}: {} requests in {:.2}s = {:.0}/s; latency ms p50 {:.2} p90 {:.2} p99 {:.2} max {:.2}",
+            self.tag, self.sent, self.seconds, self.per_second, self.p50_ms, self.p90_ms, self.p99_ms, self.max_ms
+        );
+        let statuses: Vec<String> = self.statuses.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+        println!(
+            "statuses {{{}}}; new {}, duplicate {}; unique job_ids {}; ledger check {}",
+            statuses.join(", "),
+            self.acknowledged_new,
+            self.acknowledged_duplicate,
+            self.unique_job_ids,
+            self.ledger_check
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids_are_stable_per_tag_and_spread_over_the_key_space() {
+        let seed = seed_of("t1");
+        assert_eq!(splitmix64(seed), splitmix64(seed_of("t1")));
+        assert_ne!(seed_of("t1"), seed_of("t2"));
+        let leading: HashSet<u64> = (0..1000).map(|i| splitmix64(seed ^ i) >> 60).collect();
+        assert_eq!(leading.len(), 16, "sequential indexes map all over the index");
+    }
+}
