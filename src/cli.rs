@@ -76,7 +76,9 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
         Command::Jobs(jobs) => execute_jobs(jobs, config),
         Command::Loadgen(args) => {
             let json = args.json;
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
             let report = runtime.block_on(crate::loadgen::run(args, config.clone()))?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);

@@ -189,7 +189,7 @@ impl Ingest {
             .await
             .map_err(|_| IngestError::ClaimTimeout(self.claim_timeout))??;
         if outcome == ClaimOutcome::Claimed {
-            tracing::info!(job_id = %job_id, "job claimed");
+            tracing::debug!(job_id = %job_id, "job claimed");
             if let Some(queue) = &self.queue {
                 queue.enqueue(&job_id);
             }

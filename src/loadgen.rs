@@ -109,7 +109,10 @@ pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
     if args.dup_ratio >= 1.0 && args.existing == 0 {
         bail!("--dup-ratio 1 needs --existing: there is nothing to duplicate");
     }
-    let tag = args.tag.clone().unwrap_or_else(|| format!("lg{:x}", fastrand::u32(..)));
+    let tag = args
+        .tag
+        .clone()
+        .unwrap_or_else(|| format!("lg{:x}", fastrand::u32(..)));
     let run = Arc::new(Run {
         seed: seed_of(&tag),
         padding: "x".repeat(args.body_bytes.saturating_sub(110)),
@@ -171,7 +174,9 @@ pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
 }
 
 fn seed_of(tag: &str) -> u64 {
-    tag.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3))
+    tag.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// A well-mixed 64-bit hash, so job_ids land all over the ledger's index like real ones.
@@ -190,7 +195,9 @@ impl Run {
     /// The job index of the next delivery, or `None` when the run is over.
     fn next_delivery(&self) -> Option<usize> {
         if self.issued.fetch_add(1, Ordering::Relaxed) >= self.args.requests
-            || self.deadline.is_some_and(|deadline| Instant::now() >= deadline)
+            || self
+                .deadline
+                .is_some_and(|deadline| Instant::now() >= deadline)
         {
             return None;
         }
@@ -206,15 +213,24 @@ impl Run {
         let server = &self.config.server;
         let host = server.listen.to_string();
         let Some(index) = index else {
-            return Ok(Request::get("/healthz").header("host", host).body(Full::default())?);
+            return Ok(Request::get("/healthz")
+                .header("host", host)
+                .body(Full::default())?);
         };
         let body = format!(
             r#"{{"job_id":"{}","type":"job.completed","status":"completed","result":{{"pad":"{}"}}}}"#,
             self.job_id(index),
             self.padding
         );
-        let timestamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs().to_string();
-        let signature = signature::sign(&self.config.signature.secrets[..1], &timestamp, body.as_bytes());
+        let timestamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)?
+            .as_secs()
+            .to_string();
+        let signature = signature::sign(
+            &self.config.signature.secrets[..1],
+            &timestamp,
+            body.as_bytes(),
+        );
         Ok(Request::builder()
             .method(Method::POST)
             .uri(server.webhook_path.as_str())
@@ -237,7 +253,9 @@ impl Run {
         loop {
             let index = if self.args.healthz {
                 if self.issued.fetch_add(1, Ordering::Relaxed) >= self.args.requests
-                    || self.deadline.is_some_and(|deadline| Instant::now() >= deadline)
+                    || self
+                        .deadline
+                        .is_some_and(|deadline| Instant::now() >= deadline)
                 {
                     break;
                 }
@@ -249,13 +267,24 @@ impl Run {
                 }
             };
             let request = self.request(index)?;
-            sender.ready().await.context("connection closed by the receiver")?;
+            sender
+                .ready()
+                .await
+                .context("connection closed by the receiver")?;
             let started = Instant::now();
-            let response = sender.send_request(request).await.context("request failed")?;
+            let response = sender
+                .send_request(request)
+                .await
+                .context("request failed")?;
             let status = response.status();
             let body = response.into_body().collect().await?.to_bytes();
-            tally.latencies_us.push(started.elapsed().as_micros().min(u32::MAX as u128) as u32);
-            *tally.statuses.entry(status.as_u16().to_string()).or_default() += 1;
+            tally
+                .latencies_us
+                .push(started.elapsed().as_micros().min(u32::MAX as u128) as u32);
+            *tally
+                .statuses
+                .entry(status.as_u16().to_string())
+                .or_default() += 1;
             if let (Some(index), true) = (index, status.is_success()) {
                 let answer: serde_json::Value = serde_json::from_slice(&body)?;
                 if answer["duplicate"] == true {
@@ -263,7 +292,10 @@ impl Run {
                 } else {
                     tally.new += 1;
                 }
-                self.acknowledged.lock().expect("not poisoned").insert(index);
+                self.acknowledged
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(index);
             }
         }
         Ok(tally)
@@ -285,7 +317,10 @@ fn check_ledger(run: &Run) -> anyhow::Result<String> {
     if lost > 0 || extra > 0 {
         bail!("ledger check FAILED: {lost} acknowledged job_ids missing, {extra} unexpected ones");
     }
-    Ok(format!("ok: {} job_ids, all acknowledged, none missing", stored.len()))
+    Ok(format!(
+        "ok: {} job_ids, all acknowledged, none missing",
+        stored.len()
+    ))
 }
 
 impl Report {
@@ -294,7 +329,11 @@ impl Report {
             "tag {}: {} requests in {:.2}s = {:.0}/s; latency ms p50 {:.2} p90 {:.2} p99 {:.2} max {:.2}",
             self.tag, self.sent, self.seconds, self.per_second, self.p50_ms, self.p90_ms, self.p99_ms, self.max_ms
         );
-        let statuses: Vec<String> = self.statuses.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+        let statuses: Vec<String> = self
+            .statuses
+            .iter()
+            .map(|(s, n)| format!("{s}: {n}"))
+            .collect();
         println!(
             "statuses {{{}}}; new {}, duplicate {}; unique job_ids {}; ledger check {}",
             statuses.join(", "),
@@ -316,6 +355,10 @@ mod tests {
         assert_eq!(splitmix64(seed), splitmix64(seed_of("t1")));
         assert_ne!(seed_of("t1"), seed_of("t2"));
         let leading: HashSet<u64> = (0..1000).map(|i| splitmix64(seed ^ i) >> 60).collect();
-        assert_eq!(leading.len(), 16, "sequential indexes map all over the index");
+        assert_eq!(
+            leading.len(),
+            16,
+            "sequential indexes map all over the index"
+        );
     }
 }

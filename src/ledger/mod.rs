@@ -1,5 +1,6 @@
 //! The SQLite ledger: opening with pragmas, schema migrations, the writer thread and the reader pool.
 
+mod checkpoint;
 mod jobs;
 mod writer;
 
@@ -13,6 +14,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use crate::config::{DatabaseConfig, Synchronous};
 
+use checkpoint::Checkpointer;
 pub use jobs::*;
 use writer::Writer;
 
@@ -20,6 +22,11 @@ use writer::Writer;
 const MIGRATIONS: &[&str] = &[include_str!("../../migrations/0001_jobs.sql")];
 
 const READER_POOL_SIZE: u32 = 4;
+/// The writer's own checkpoint threshold, in pages; the checkpointer thread copies frames long
+/// before the WAL gets this long (see checkpoint.rs).
+const WRITER_AUTOCHECKPOINT_PAGES: u32 = 8192;
+/// The WAL file is truncated back to this size after it rewinds.
+const WAL_SIZE_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Why a ledger operation failed. Cheap to clone: one failed group commit fails every waiter.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,6 +72,7 @@ pub struct Ledger {
     readers: r2d2::Pool<SqliteConnectionManager>,
     path: PathBuf,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    checkpointer: Mutex<Option<Checkpointer>>,
 }
 
 impl Ledger {
@@ -88,12 +96,19 @@ impl Ledger {
                     .with_init(move |conn| apply_pragmas(conn, &settings)),
             )
             .context("cannot open the reader pool")?;
+        conn.execute_batch(&format!(
+            "PRAGMA wal_autocheckpoint = {WRITER_AUTOCHECKPOINT_PAGES};
+             PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES};"
+        ))?;
+        let checkpointer =
+            Checkpointer::start(open_connection(&config.path, config, OpenFlags::default())?)?;
         let (writer, thread) = Writer::start(conn, config.max_batch)?;
         Ok(Arc::new(Ledger {
             writer,
             readers,
             path: config.path.clone(),
             writer_thread: Mutex::new(Some(thread)),
+            checkpointer: Mutex::new(Some(checkpointer)),
         }))
     }
 
@@ -135,6 +150,9 @@ impl Ledger {
         self.writer.stop();
         if let Some(thread) = self.writer_thread.lock().expect("not poisoned").take() {
             let _ = thread.join();
+        }
+        if let Some(checkpointer) = self.checkpointer.lock().expect("not poisoned").take() {
+            checkpointer.stop();
         }
     }
 }

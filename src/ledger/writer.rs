@@ -70,10 +70,11 @@ fn run_in_savepoint<T>(
     conn: &Connection,
     op: impl FnOnce(&Connection) -> rusqlite::Result<T>,
 ) -> Result<T, StorageError> {
-    conn.execute_batch("SAVEPOINT item")?;
+    // Cached statements: parsing these per item would cost more than the item's own insert.
+    conn.prepare_cached("SAVEPOINT item")?.execute([])?;
     match op(conn) {
         Ok(value) => {
-            conn.execute_batch("RELEASE item")?;
+            conn.prepare_cached("RELEASE item")?.execute([])?;
             Ok(value)
         }
         Err(error) => {
@@ -110,10 +111,17 @@ fn run(conn: Connection, inbox: mpsc::Receiver<Message>, max_batch: usize) {
 
 fn commit_batch(conn: &Connection, batch: impl ExactSizeIterator<Item = BatchItem>) {
     let size = batch.len();
-    let outcome = match conn.execute_batch("BEGIN IMMEDIATE") {
-        Ok(()) => {
+    let begin = conn
+        .prepare_cached("BEGIN IMMEDIATE")
+        .and_then(|mut s| s.execute([]));
+    let outcome = match begin {
+        Ok(_) => {
             let completions: Vec<Completion> = batch.map(|item| item(Some(conn))).collect();
-            let committed = conn.execute_batch("COMMIT").map_err(StorageError::from);
+            let committed = conn
+                .prepare_cached("COMMIT")
+                .and_then(|mut s| s.execute([]))
+                .map(drop)
+                .map_err(StorageError::from);
             if committed.is_err() {
                 let _ = conn.execute_batch("ROLLBACK");
             }

@@ -1,0 +1,43 @@
+//! The WAL checkpointer: copies committed WAL frames back into the database file off the writer.
+//!
+//! Copying frames is most of a checkpoint's cost, and SQLite's automatic checkpoint does it inside
+//! the committing connection, stalling every claim queued behind it. This thread does the copying
+//! concurrently (a PASSIVE checkpoint never blocks the writer); the writer keeps a rarely reached
+//! automatic checkpoint, which then finds almost nothing left to copy and lets the next commit
+//! rewind the WAL to its start, so the file stays bounded under any load.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+/// How often committed frames are copied back: cheap when idle, frequent enough to keep up.
+const INTERVAL: Duration = Duration::from_millis(50);
+
+pub(super) struct Checkpointer {
+    stop: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Checkpointer {
+    pub(super) fn start(conn: Connection) -> std::io::Result<Checkpointer> {
+        let (stop, stopped) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("ledger-checkpoint".into())
+            .spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(INTERVAL) {
+                    if let Err(error) =
+                        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                    {
+                        tracing::warn!(%error, "WAL checkpoint failed; retrying next interval");
+                    }
+                }
+            })?;
+        Ok(Checkpointer { stop, thread })
+    }
+
+    pub(super) fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}
