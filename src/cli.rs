@@ -1,13 +1,14 @@
-//! The command line: `serve`, `check-config`, and `jobs list|show|retry` against the ledger.
+//! The command line: `serve`, `check-config`, `vacuum`, `loadgen`, and `jobs ...` on the ledger.
 
 use std::path::PathBuf;
 use std::time::{Duration, UNIX_EPOCH};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
 use crate::config::{self, Config};
 use crate::ledger::{self, JobDetail, JobSummary, State};
+use crate::vacuum::Vacuum;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,6 +33,8 @@ pub enum Command {
     /// Inspect and retry jobs in the ledger (works while the service runs).
     #[command(subcommand)]
     Jobs(JobsCommand),
+    /// Apply retention now (purge old bodies, forget old job_ids); safe while the service runs.
+    Vacuum,
     /// Benchmark a running receiver: send signed deliveries, report, check its ledger.
     Loadgen(crate::loadgen::LoadgenArgs),
 }
@@ -56,6 +59,18 @@ pub enum JobsCommand {
     },
     /// Run a `done` or `dead` job again from its stored body.
     Retry { job_id: String },
+    /// Register a job the application submitted to Sume: if its webhook never arrives, the
+    /// service polls Sume for it. Idempotent.
+    Expect { job_id: String },
+    /// List registered expected jobs and what polling found.
+    Expected {
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask Sume to send the job's webhook again (POST /v1/jobs/{job_id}/webhook/redeliver).
+    Redeliver { job_id: String },
 }
 
 impl clap::builder::ValueParserFactory for State {
@@ -73,7 +88,27 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
             println!("configuration is valid");
             Ok(())
         }
+        Command::Jobs(JobsCommand::Redeliver { job_id }) => redeliver(&job_id, config),
         Command::Jobs(jobs) => execute_jobs(jobs, config),
+        Command::Vacuum => {
+            ledger::open_existing(&config.database)?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let report = runtime.block_on(async {
+                let ledger = ledger::Ledger::open(&config.database)?;
+                let report = Vacuum::new(ledger.clone(), config.retention.clone())
+                    .vacuum_once()
+                    .await;
+                ledger.close();
+                anyhow::Ok(report?)
+            })?;
+            println!(
+                "purged {} bodies, forgot {} jobs and {} expectations",
+                report.bodies_purged, report.jobs_forgotten, report.expectations_forgotten
+            );
+            Ok(())
+        }
         Command::Loadgen(args) => {
             let json = args.json;
             let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -115,6 +150,56 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             ledger::retry_job(&conn, &job_id, ledger::now_ms())?;
             println!("job {job_id} is queued to run again (the running service picks it up at its next sweep)");
         }
+        JobsCommand::Expect { job_id } => {
+            crate::admin::validate_job_id(&job_id).map_err(anyhow::Error::msg)?;
+            let reconcile_after = config
+                .sume_api
+                .as_ref()
+                .map_or(config::SumeApiConfig::DEFAULT_RECONCILE_AFTER, |api| {
+                    api.reconcile_after
+                });
+            let now = ledger::now_ms();
+            let first_poll = now + ledger::duration_ms(reconcile_after);
+            let registered = ledger::expect_job(&conn, &job_id, now, first_poll)?;
+            let when = humantime::format_duration(reconcile_after);
+            match (registered, config.sume_api.is_some()) {
+                (false, _) => println!("job {job_id} was already expected"),
+                (true, true) => println!("job {job_id} is expected; Sume is polled for it if no webhook arrives within {when}"),
+                (true, false) => println!("job {job_id} is expected; note: no [sume_api] configured, so nothing polls for it"),
+            }
+        }
+        JobsCommand::Expected { limit, json } => {
+            let rows = ledger::list_expectations(&conn, limit)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                let header = [
+                    "JOB_ID",
+                    "STATE",
+                    "EXPECTED",
+                    "NEXT_POLL",
+                    "POLLS",
+                    "LAST_STATUS",
+                    "LAST_ERROR",
+                ];
+                let cells: Vec<Vec<String>> = rows
+                    .iter()
+                    .map(|row| {
+                        vec![
+                            row.job_id.clone(),
+                            row.state.clone(),
+                            format_time(Some(row.expected_at)),
+                            format_time(Some(row.next_poll_at)),
+                            row.polls.to_string(),
+                            row.last_status.clone().unwrap_or_else(|| "-".into()),
+                            short(row.last_error.as_deref(), 60),
+                        ]
+                    })
+                    .collect();
+                print!("{}", table(&header, &cells, "(no expected jobs)"));
+            }
+        }
+        JobsCommand::Redeliver { .. } => unreachable!("handled before opening the ledger"),
     }
     Ok(())
 }
@@ -147,12 +232,11 @@ fn jobs_table(jobs: &[JobSummary]) -> String {
         "EVENT",
         "RECEIVED",
         "LAST_ERROR",
-    ]
-    .map(String::from);
-    let rows: Vec<[String; 7]> = jobs
+    ];
+    let rows: Vec<Vec<String>> = jobs
         .iter()
         .map(|job| {
-            [
+            vec![
                 job.job_id.clone(),
                 job.state.clone(),
                 job.attempts.to_string(),
@@ -163,26 +247,67 @@ fn jobs_table(jobs: &[JobSummary]) -> String {
             ]
         })
         .collect();
-    let mut widths = header.clone().map(|cell| cell.chars().count());
-    for row in &rows {
+    table(&header, &rows, "(no jobs)")
+}
+
+/// Left-aligned columns, two spaces apart, sized to their widest cell.
+fn table(header: &[&str], rows: &[Vec<String>], when_empty: &str) -> String {
+    let header: Vec<String> = header.iter().map(|cell| (*cell).to_owned()).collect();
+    let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
+    for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for row in std::iter::once(&header).chain(&rows) {
+    for row in std::iter::once(&header).chain(rows) {
         let cells: Vec<String> = row
             .iter()
-            .zip(widths)
+            .zip(&widths)
             .map(|(cell, width)| format!("{cell:<width$}"))
             .collect();
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
     }
     if rows.is_empty() {
-        out.push_str("(no jobs)\n");
+        out.push_str(when_empty);
+        out.push('\n');
     }
     out
+}
+
+/// Asks Sume to send a job's webhook again.
+fn redeliver(job_id: &str, config: &Config) -> anyhow::Result<()> {
+    let api = config
+        .sume_api
+        .as_ref()
+        .context("`jobs redeliver` needs a [sume_api] section (base_url, api_key_file)")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let answer = runtime
+        .block_on(crate::reconcile::call_sume(
+            &crate::http_client::new_client(),
+            api,
+            job_id,
+            "webhook/redeliver",
+            hyper::Method::POST,
+        ))
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("cannot reach Sume at {}", api.base_url))?;
+    let text = String::from_utf8_lossy(&answer.body);
+    if !answer.status.is_success() {
+        bail!(
+            "Sume refused the redelivery of {job_id}: {} {}",
+            answer.status,
+            text.trim()
+        );
+    }
+    println!(
+        "Sume accepted the redelivery of {job_id} ({}); the webhook follows",
+        answer.status
+    );
+    Ok(())
 }
 
 fn job_details(job: &JobDetail) -> String {

@@ -22,6 +22,12 @@ pub struct Config {
     pub handler: Option<HandlerConfig>,
     #[serde(default)]
     pub sweeper: SweeperConfig,
+    #[serde(default)]
+    pub retention: RetentionConfig,
+    /// No `[sume_api]` section: no reconciliation, no `jobs redeliver`.
+    pub sume_api: Option<SumeApiConfig>,
+    /// No `[admin]` section (or no token): no admin listener.
+    pub admin: Option<AdminConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -96,6 +102,39 @@ impl Secret {
     pub fn new(value: impl Into<String>) -> Self {
         Self(value.into())
     }
+
+    fn empty() -> Self {
+        Self(String::new())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Compares in constant time, for bearer tokens.
+    pub fn matches(&self, candidate: &str) -> bool {
+        use sha2::Digest;
+        // Comparing digests keeps the time independent of where the strings first differ.
+        let (a, b) = (
+            sha2::Sha256::digest(&self.0),
+            sha2::Sha256::digest(candidate),
+        );
+        a.iter()
+            .zip(b.iter())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+    }
+}
+
+/// Reads a file holding one secret (surrounding whitespace dropped); `key` names it in errors.
+fn read_secret_file(key: &str, path: &Path) -> anyhow::Result<Secret> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{key}: cannot read {}", path.display()))?;
+    let value = text.trim();
+    if value.is_empty() {
+        bail!("{key}: {} is empty", path.display());
+    }
+    Ok(Secret::new(value))
 }
 
 impl AsRef<[u8]> for Secret {
@@ -215,6 +254,104 @@ impl Default for SweeperConfig {
     }
 }
 
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Finished jobs keep their body this long after finishing; then only a tombstone remains.
+    #[serde(deserialize_with = "duration")]
+    pub ttl: Duration,
+    /// A tombstone (job_id, state, times) is kept this long after finishing, so that a late
+    /// Redeliver is still recognised as a duplicate. After it, the job_id is forgotten.
+    #[serde(deserialize_with = "duration")]
+    pub dedupe_ttl: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(30 * DAY_SECS),
+            dedupe_ttl: Duration::from_secs(365 * DAY_SECS),
+            interval: Duration::from_secs(3600),
+        }
+    }
+}
+
+const DAY_SECS: u64 = 86_400;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SumeApiConfig {
+    pub base_url: String,
+    pub api_key_file: PathBuf,
+    /// Read from `api_key_file` at load.
+    #[serde(skip, default = "Secret::empty")]
+    pub api_key: Secret,
+    /// Poll an expected job that has no claim this long after it was registered.
+    #[serde(default = "default_reconcile_after", deserialize_with = "duration")]
+    pub reconcile_after: Duration,
+    /// Stop polling a job this long after it was registered.
+    #[serde(default = "default_give_up_after", deserialize_with = "duration")]
+    pub give_up_after: Duration,
+    #[serde(default = "default_max_rps")]
+    pub max_requests_per_second: f64,
+    #[serde(default = "default_terminal_statuses")]
+    pub terminal_statuses: Vec<String>,
+    /// Deadline of one call to Sume's API.
+    #[serde(default = "default_request_timeout", deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// Delay before polling a job again after a non-terminal answer; doubles up to the max.
+    #[serde(default = "default_poll_backoff", deserialize_with = "duration")]
+    pub poll_backoff: Duration,
+    #[serde(default = "default_max_poll_backoff", deserialize_with = "duration")]
+    pub max_poll_backoff: Duration,
+}
+
+impl SumeApiConfig {
+    pub const DEFAULT_RECONCILE_AFTER: Duration = Duration::from_secs(15 * 60);
+}
+
+fn default_reconcile_after() -> Duration {
+    SumeApiConfig::DEFAULT_RECONCILE_AFTER
+}
+fn default_give_up_after() -> Duration {
+    Duration::from_secs(7 * DAY_SECS)
+}
+fn default_max_rps() -> f64 {
+    5.0
+}
+fn default_terminal_statuses() -> Vec<String> {
+    ["completed", "failed", "canceled", "expired"]
+        .map(String::from)
+        .to_vec()
+}
+fn default_request_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_poll_backoff() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_max_poll_backoff() -> Duration {
+    Duration::from_secs(3600)
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    #[serde(default = "default_admin_listen")]
+    pub listen: SocketAddr,
+    /// The bearer token clients of the admin listener must send; no file, no listener.
+    pub token_file: Option<PathBuf>,
+    /// Read from `token_file` at load.
+    #[serde(skip)]
+    pub token: Option<Secret>,
+}
+
+fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8081))
+}
+
 /// Human durations: "300s", "5m", "30d", "1h 30m".
 fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(deserializer)?;
@@ -239,13 +376,55 @@ impl Config {
         let mut config: Config = toml::from_str(text)?;
         config.resolve_paths(base_dir);
         config.load_secrets_file()?;
+        config.load_credential_files()?;
         config.validate()?;
         Ok(config)
     }
 
+    /// Problems worth a warning at start, not a refusal.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.retention.dedupe_ttl < Duration::from_secs(7 * DAY_SECS) {
+            warnings.push(format!(
+                "retention.dedupe_ttl is {}: a Redeliver of a job older than that runs it again",
+                humantime::format_duration(self.retention.dedupe_ttl)
+            ));
+        }
+        if let Some(admin) = &self.admin {
+            if admin.token.is_none() {
+                warnings.push("[admin] has no token_file: the admin listener is off".into());
+            } else if !admin.listen.ip().is_loopback() {
+                warnings.push(format!(
+                    "admin.listen {} is not a loopback address",
+                    admin.listen
+                ));
+            }
+        }
+        warnings
+    }
+
+    fn load_credential_files(&mut self) -> anyhow::Result<()> {
+        if let Some(api) = &mut self.sume_api {
+            api.api_key = read_secret_file("sume_api.api_key_file", &api.api_key_file)?;
+        }
+        if let Some(admin) = &mut self.admin {
+            if let Some(file) = &admin.token_file {
+                admin.token = Some(read_secret_file("admin.token_file", file)?);
+            }
+        }
+        Ok(())
+    }
+
     fn resolve_paths(&mut self, base_dir: &Path) {
         self.database.path = base_dir.join(&self.database.path);
-        if let Some(file) = &mut self.signature.secrets_file {
+        let files = [
+            self.signature.secrets_file.as_mut(),
+            self.sume_api.as_mut().map(|api| &mut api.api_key_file),
+            self.admin
+                .as_mut()
+                .and_then(|admin| admin.token_file.as_mut()),
+        ];
+        for file in files.into_iter().flatten() {
             *file = base_dir.join(&*file);
         }
     }
@@ -315,7 +494,74 @@ impl Config {
         if let Some(handler) = &self.handler {
             handler.validate()?;
         }
+        let retention = &self.retention;
+        if retention.ttl.is_zero() || retention.interval.is_zero() {
+            bail!("retention.ttl and retention.interval must be greater than zero");
+        }
+        if retention.dedupe_ttl < retention.ttl {
+            bail!(
+                "retention.dedupe_ttl ({}) must be at least retention.ttl ({}): a job's body \
+                 cannot outlive the memory of its job_id",
+                humantime::format_duration(retention.dedupe_ttl),
+                humantime::format_duration(retention.ttl)
+            );
+        }
+        if let Some(api) = &self.sume_api {
+            api.validate()?;
+        }
         Ok(())
+    }
+}
+
+impl SumeApiConfig {
+    fn validate(&self) -> anyhow::Result<()> {
+        let uri: hyper::Uri = self
+            .base_url
+            .parse()
+            .with_context(|| format!("sume_api.base_url: invalid URL {:?}", self.base_url))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            bail!(
+                "sume_api.base_url must be an http(s):// URL with a host, got {:?}",
+                self.base_url
+            );
+        }
+        if !(self.max_requests_per_second > 0.0 && self.max_requests_per_second.is_finite()) {
+            bail!("sume_api.max_requests_per_second must be a positive number");
+        }
+        if self.terminal_statuses.is_empty() {
+            bail!("sume_api.terminal_statuses must list at least one status");
+        }
+        if self.give_up_after <= self.reconcile_after {
+            bail!("sume_api.give_up_after must be longer than sume_api.reconcile_after");
+        }
+        for (key, value) in [
+            ("sume_api.request_timeout", self.request_timeout),
+            ("sume_api.poll_backoff", self.poll_backoff),
+        ] {
+            if value.is_zero() {
+                bail!("{key} must be greater than zero");
+            }
+        }
+        if self.max_poll_backoff < self.poll_backoff {
+            bail!("sume_api.max_poll_backoff must be at least sume_api.poll_backoff");
+        }
+        Ok(())
+    }
+
+    /// `{base_url}/v1/jobs/{job_id}/{action}`, with the job_id percent-encoded.
+    pub fn job_url(&self, job_id: &str, action: &str) -> String {
+        let mut encoded = String::with_capacity(job_id.len());
+        for byte in job_id.bytes() {
+            if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+                encoded.push(char::from(byte));
+            } else {
+                encoded.push_str(&format!("%{byte:02X}"));
+            }
+        }
+        format!(
+            "{}/v1/jobs/{encoded}/{action}",
+            self.base_url.trim_end_matches('/')
+        )
     }
 }
 
@@ -464,6 +710,60 @@ mod tests {
     fn secrets_never_show_in_debug_output() {
         let config = parse(MINIMAL).unwrap();
         assert!(!format!("{config:?}").contains("whsec_a"));
+    }
+
+    #[test]
+    fn dedupe_ttl_must_cover_ttl_and_short_ones_warn() {
+        let e = error(&format!(
+            "{MINIMAL}[retention]\nttl = \"30d\"\ndedupe_ttl = \"1d\"\n"
+        ));
+        assert!(
+            e.contains("retention.dedupe_ttl (1day) must be at least retention.ttl"),
+            "{e}"
+        );
+        let config = parse(&format!(
+            "{MINIMAL}[retention]\nttl = \"1d\"\ndedupe_ttl = \"2d\"\n"
+        ))
+        .unwrap();
+        assert!(config.warnings()[0].contains("retention.dedupe_ttl is 2days"));
+        assert!(parse(MINIMAL).unwrap().warnings().is_empty());
+    }
+
+    #[test]
+    fn sume_api_reads_its_key_file_and_checks_the_url() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("key"), "sk_live_123\n").unwrap();
+        let section = |url: &str| {
+            format!("{MINIMAL}[sume_api]\nbase_url = \"{url}\"\napi_key_file = \"key\"\n")
+        };
+        let config = Config::parse(&section("https://api.sume.example/"), dir.path()).unwrap();
+        let api = config.sume_api.unwrap();
+        assert_eq!(api.api_key.expose(), "sk_live_123");
+        assert_eq!(
+            api.job_url("job 1/x", "status"),
+            "https://api.sume.example/v1/jobs/job%201%2Fx/status"
+        );
+        let e = format!(
+            "{:#}",
+            Config::parse(&section("ftp://x"), dir.path()).unwrap_err()
+        );
+        assert!(e.contains("sume_api.base_url"), "{e}");
+        std::fs::write(dir.path().join("key"), "  \n").unwrap();
+        let e = format!(
+            "{:#}",
+            Config::parse(&section("https://x"), dir.path()).unwrap_err()
+        );
+        assert!(
+            e.contains("sume_api.api_key_file") && e.contains("is empty"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn secret_matches_only_itself() {
+        let token = Secret::new("t0ken");
+        assert!(token.matches("t0ken"));
+        assert!(!token.matches("t0ke") && !token.matches("t0ken ") && !token.matches(""));
     }
 
     #[test]

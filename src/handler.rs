@@ -31,7 +31,10 @@ pub enum AttemptError {
 
 pub enum Handler {
     Command(Vec<String>),
-    Http { client: HttpClient, url: hyper::Uri },
+    Http {
+        client: Box<HttpClient>,
+        url: hyper::Uri,
+    },
 }
 
 impl Handler {
@@ -39,7 +42,7 @@ impl Handler {
         Ok(match kind {
             HandlerKind::Command(argv) => Handler::Command(argv),
             HandlerKind::Url(url) => Handler::Http {
-                client: http_client::new_client(),
+                client: Box::new(http_client::new_client()),
                 url: url.parse()?,
             },
         })

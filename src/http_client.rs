@@ -1,18 +1,30 @@
-//! A small HTTP/1 client (hyper-util's pooled client) with a deadline and a bounded answer body.
+//! A small HTTP/1 client (hyper-util's pooled client, http and https) with a deadline and a
+//! bounded answer body.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, StatusCode};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
+/// A client for `http://` and `https://` URLs; https trusts the system's CA certificates.
 pub fn new_client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
+    let tls = HttpsConnectorBuilder::new()
+        .with_native_roots()
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, "no system CA certificates found; https requests will fail");
+            let empty = rustls::ClientConfig::builder()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth();
+            HttpsConnectorBuilder::new().with_tls_config(empty)
+        });
+    Client::builder(TokioExecutor::new()).build(tls.https_or_http().enable_http1().build())
 }
 
 /// A completed exchange: the status, headers and the first `max_body` bytes of the answer.

@@ -3,9 +3,12 @@
 //! The flow of a delivery, one module per step:
 //! [`server`] (HTTP) -> [`ingest`] ([`signature`] check, parse) -> [`ledger`] (durable claim,
 //! group commit) -> [`worker`] (leases, retries) -> [`handler`] (command or HTTP) -> `done`.
-//! Background tasks keep it whole: [`sweeper`] re-runs lost work. [`config`] reads the TOML
-//! file, [`metrics`] counts, [`cli`] is the command line, [`loadgen`] the benchmark client.
+//! Background tasks keep it whole: [`sweeper`] re-runs lost work, [`vacuum`] applies retention,
+//! [`reconcile`] polls Sume for expected jobs whose webhook never arrived (registered through
+//! [`admin`] or the CLI). [`config`] reads the TOML file, [`metrics`] counts, [`cli`] is the
+//! command line, [`loadgen`] the benchmark client.
 
+pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod handler;
@@ -14,9 +17,11 @@ pub mod ingest;
 pub mod ledger;
 pub mod loadgen;
 pub mod metrics;
+pub mod reconcile;
 pub mod server;
 pub mod signature;
 pub mod sweeper;
+pub mod vacuum;
 pub mod worker;
 
 use std::fs::File;
@@ -28,10 +33,13 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::Admin;
 use crate::config::Config;
 use crate::ledger::Ledger;
+use crate::reconcile::Reconciler;
 use crate::server::App;
 use crate::sweeper::Sweeper;
+use crate::vacuum::Vacuum;
 use crate::worker::Worker;
 
 /// Runs the receiver on `listener` until `shutdown` resolves, then shuts down gracefully.
@@ -41,6 +49,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let _instance = InstanceLock::acquire(&config.database.path)?;
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let database = config.database.clone();
     let ledger = tokio::task::spawn_blocking(move || Ledger::open(&database))
         .await?
@@ -48,7 +59,7 @@ pub async fn run(
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 
-    let queue = match &config.handler {
+    let queue: Option<worker::Queue> = match &config.handler {
         Some(handler) => {
             let (worker, queue) =
                 Worker::new(ledger.clone(), handler.clone(), config.sweeper.stale_after)?;
@@ -73,6 +84,44 @@ pub async fn run(
             None
         }
     };
+
+    tasks.spawn(
+        Vacuum::new(ledger.clone(), config.retention.clone())
+            .run(config.retention.interval, stop.clone()),
+    );
+    match &config.sume_api {
+        Some(api) => {
+            let reconciler = Reconciler::new(ledger.clone(), api.clone(), queue.clone());
+            tasks.spawn(reconciler.run(stop.clone()));
+            tracing::info!(base_url = %api.base_url, "reconciliation on: expected jobs without a webhook are polled");
+        }
+        None => tracing::warn!("no [sume_api] configured: reconciliation is off (a job whose webhook never arrives is not polled)"),
+    }
+    if let Some(token) = config.admin.as_ref().and_then(|admin| admin.token.clone()) {
+        let address = config
+            .admin
+            .as_ref()
+            .map(|admin| admin.listen)
+            .expect("token implies [admin]");
+        let admin_listener = TcpListener::bind(address)
+            .await
+            .with_context(|| format!("cannot listen on {address} (admin.listen)"))?;
+        let reconcile_after = config
+            .sume_api
+            .as_ref()
+            .map_or(config::SumeApiConfig::DEFAULT_RECONCILE_AFTER, |api| {
+                api.reconcile_after
+            });
+        let admin = Arc::new(Admin {
+            ledger: ledger.clone(),
+            token,
+            reconcile_after,
+        });
+        tracing::info!(listen = %address, "admin listener on");
+        let (server_config, stop) = (config.server.clone(), stop.clone());
+        tasks
+            .spawn(async move { server::serve(admin_listener, admin, &server_config, stop).await });
+    }
 
     let app = Arc::new(App {
         webhook_path: config.server.webhook_path.clone(),

@@ -50,6 +50,12 @@ pub struct Metrics {
     attempts_failed: AtomicU64,
     jobs_dead: AtomicU64,
     swept: AtomicU64,
+    bodies_purged: AtomicU64,
+    jobs_forgotten: AtomicU64,
+    polls: AtomicU64,
+    polls_failed: AtomicU64,
+    jobs_recovered: AtomicU64,
+    expectations_given_up: AtomicU64,
 }
 
 impl Metrics {
@@ -63,6 +69,12 @@ impl Metrics {
             attempts_failed: AtomicU64::new(0),
             jobs_dead: AtomicU64::new(0),
             swept: AtomicU64::new(0),
+            bodies_purged: AtomicU64::new(0),
+            jobs_forgotten: AtomicU64::new(0),
+            polls: AtomicU64::new(0),
+            polls_failed: AtomicU64::new(0),
+            jobs_recovered: AtomicU64::new(0),
+            expectations_given_up: AtomicU64::new(0),
         }
     }
 
@@ -93,6 +105,29 @@ impl Metrics {
 
     pub fn record_swept(&self, count: usize) {
         self.swept.fetch_add(count as u64, Relaxed);
+    }
+
+    pub fn record_vacuum(&self, report: &crate::vacuum::VacuumReport) {
+        self.bodies_purged
+            .fetch_add(report.bodies_purged as u64, Relaxed);
+        self.jobs_forgotten
+            .fetch_add(report.jobs_forgotten as u64, Relaxed);
+    }
+
+    /// One call to Sume's status endpoint, and whether it got an answer.
+    pub fn record_poll(&self, answered: bool) {
+        self.polls.fetch_add(1, Relaxed);
+        if !answered {
+            self.polls_failed.fetch_add(1, Relaxed);
+        }
+    }
+
+    pub fn record_recovered(&self) {
+        self.jobs_recovered.fetch_add(1, Relaxed);
+    }
+
+    pub fn record_given_up(&self) {
+        self.expectations_given_up.fetch_add(1, Relaxed);
     }
 
     /// The Prometheus text exposition, with the current unfinished-job counts from the ledger.

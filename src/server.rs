@@ -31,7 +31,15 @@ pub struct App {
     pub ledger: Arc<Ledger>,
 }
 
-impl App {
+/// Answers the requests of one listener.
+pub trait Router: Send + Sync + 'static {
+    fn route(
+        &self,
+        request: Request<Incoming>,
+    ) -> impl std::future::Future<Output = Response<Full<Bytes>>> + Send;
+}
+
+impl Router for App {
     async fn route(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
         let path = request.uri().path();
         let method = request.method();
@@ -54,7 +62,9 @@ impl App {
             _ => error_response(StatusCode::NOT_FOUND, "not found"),
         }
     }
+}
 
+impl App {
     async fn metrics(&self) -> Response<Full<Bytes>> {
         match self.ledger.read(ledger::count_unfinished).await {
             Ok(unfinished) => {
@@ -71,14 +81,14 @@ impl App {
     }
 }
 
-fn error_response(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+pub fn error_response(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
     json_response(status, &serde_json::json!({ "error": message }))
 }
 
 /// Serves until `shutdown`, then stops accepting and gives open connections `grace` to finish.
-pub async fn serve(
+pub async fn serve<R: Router>(
     listener: TcpListener,
-    app: Arc<App>,
+    app: Arc<R>,
     config: &ServerConfig,
     shutdown: CancellationToken,
 ) {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use sume_receiver::config::Config;
-use sume_receiver::ledger::{ClaimOutcome, Ledger, NewClaim, Source};
+use sume_receiver::ledger::{self, ClaimOutcome, Ledger, NewClaim, Source};
 
 fn claim(job_id: String) -> NewClaim {
     NewClaim {
@@ -80,4 +80,39 @@ async fn a_batch_with_a_failing_item_commits_the_others() {
     assert_eq!(rows, 1);
     drop(conn);
     ledger.close();
+}
+
+/// The sweeper's, the reconciler's and retention's statements read only the partial index of
+/// the rows they look for: their cost does not grow with finished history.
+#[test]
+fn background_statements_read_only_their_partial_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+    Ledger::open(&config.database).unwrap().close();
+    let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+    for (sql, index) in [
+        (ledger::DUE_JOBS_SQL, "jobs_due"),
+        (ledger::EXPIRE_LEASES_SQL, "jobs_leased"),
+        (ledger::PURGE_BODIES_SQL, "jobs_finished_with_body"),
+        (ledger::DELETE_FINISHED_SQL, "jobs_finished"),
+        (ledger::DUE_EXPECTATIONS_SQL, "expected_jobs_due"),
+        (ledger::DELETE_RESOLVED_SQL, "expected_jobs_resolved"),
+    ] {
+        let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        // raw_query: the plan does not depend on the (unbound, NULL) parameters.
+        let mut rows = statement.raw_query();
+        let mut steps = Vec::new();
+        while let Some(row) = rows.next().unwrap() {
+            steps.push(row.get::<_, String>(3).unwrap());
+        }
+        let plan = steps.join("; ");
+        assert!(
+            plan.contains(&format!("INDEX {index} ")) || plan.ends_with(&format!("INDEX {index}")),
+            "{sql}\n=> {plan}"
+        );
+        assert!(
+            !plan.contains("SCAN jobs") && !plan.contains("SCAN expected_jobs"),
+            "{sql}\n=> {plan}"
+        );
+    }
 }

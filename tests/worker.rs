@@ -305,24 +305,3 @@ async fn sweep_once_takes_back_expired_leases_and_queues_due_jobs() {
     assert_eq!(state("live-lease"), "retrying");
     ledger.close();
 }
-
-#[test]
-fn sweeper_queries_use_the_partial_indexes() {
-    let dir = tempfile::tempdir().unwrap();
-    let config =
-        sume_receiver::config::Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
-    let ledger = Ledger::open(&config.database).unwrap();
-    ledger.close();
-    let conn = rusqlite::Connection::open(&config.database.path).unwrap();
-    let plan = |sql: &str| -> String {
-        let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-        let rows = statement.query_map([], |r| r.get::<_, String>(3)).unwrap();
-        rows.map(Result::unwrap).collect::<Vec<_>>().join("; ")
-    };
-    let due = plan("SELECT job_id FROM jobs WHERE state IN ('claimed', 'retrying') AND next_attempt_at <= 5 ORDER BY next_attempt_at LIMIT 10");
-    assert!(due.contains("USING INDEX jobs_due"), "{due}");
-    let leases = plan(
-        "UPDATE jobs SET state = 'retrying' WHERE state = 'running' AND lease_expires_at <= 5",
-    );
-    assert!(leases.contains("USING INDEX jobs_leased"), "{leases}");
-}

@@ -1,6 +1,7 @@
 //! The SQLite ledger: opening with pragmas, schema migrations, the writer thread and the reader pool.
 
 mod checkpoint;
+mod expected;
 mod jobs;
 mod writer;
 
@@ -15,11 +16,15 @@ use rusqlite::{Connection, ErrorCode, OpenFlags};
 use crate::config::{DatabaseConfig, Synchronous};
 
 use checkpoint::Checkpointer;
+pub use expected::*;
 pub use jobs::*;
 use writer::Writer;
 
 /// Schema migrations, applied in order; `PRAGMA user_version` counts how many have run.
-const MIGRATIONS: &[&str] = &[include_str!("../../migrations/0001_jobs.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/0001_jobs.sql"),
+    include_str!("../../migrations/0002_expected_jobs.sql"),
+];
 
 const READER_POOL_SIZE: u32 = 4;
 /// The writer's own checkpoint threshold, in pages; the checkpointer thread copies frames long
@@ -140,6 +145,16 @@ impl Ledger {
         .map_err(|_| StorageError::Closed)?
     }
 
+    /// Returns unused pages to the file system, at most `pages` of them; `true` if some remain.
+    pub async fn release_free_pages(&self, pages: usize) -> Result<bool, StorageError> {
+        self.write(move |conn| {
+            conn.execute_batch(&format!("PRAGMA incremental_vacuum({pages})"))?;
+            conn.query_row("PRAGMA freelist_count", [], |row| row.get::<_, i64>(0))
+        })
+        .await
+        .map(|left| left > 0)
+    }
+
     pub async fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
         self.write(move |conn| insert_claim(conn, &claim, now_ms()))
             .await
@@ -225,6 +240,11 @@ fn migrate(conn: &mut Connection, path: &Path) -> anyhow::Result<()> {
             MIGRATIONS.len()
         );
     }
+    if version == 0 {
+        // Lets retention give freed pages back to the file system (PRAGMA incremental_vacuum)
+        // instead of keeping the file at its peak. The VACUUM applies it to the still empty file.
+        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")?;
+    }
     for (index, sql) in MIGRATIONS.iter().enumerate().skip(version) {
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         tx.execute_batch(sql)
@@ -259,6 +279,18 @@ mod tests {
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .unwrap();
         assert_eq!(mode, "wal");
+    }
+
+    #[test]
+    fn new_ledgers_use_incremental_auto_vacuum() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = test_config(dir.path());
+        let mut conn = open_connection(&config.path, &config, OpenFlags::default()).unwrap();
+        migrate(&mut conn, &config.path).unwrap();
+        let mode: i64 = conn
+            .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, 2, "2 = incremental");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Shared test helpers: start the real server on 127.0.0.1:0 with a temp ledger, sign deliveries.
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
 
+pub mod sume;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -49,8 +51,17 @@ impl TestServer {
 
     /// Starts on an existing directory (a restart keeps the ledger).
     pub async fn start_in(dir: TempDir, extra_config: &str) -> TestServer {
-        let config = Config::parse(&config_text(dir.path(), extra_config), dir.path()).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_with(dir, extra_config, listener).await
+    }
+
+    /// Starts on a listener the test bound itself (to know the port before the server runs).
+    pub async fn start_with(
+        dir: TempDir,
+        extra_config: &str,
+        listener: tokio::net::TcpListener,
+    ) -> TestServer {
+        let config = Config::parse(&config_text(dir.path(), extra_config), dir.path()).unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(sume_receiver::run(config.clone(), listener, async {
@@ -94,6 +105,10 @@ impl TestServer {
         self.db()
             .query_row("SELECT count(*) FROM jobs", [], |row| row.get(0))
             .unwrap()
+    }
+
+    pub fn webhook_url(&self) -> String {
+        format!("http://{}{WEBHOOK_PATH}", self.addr)
     }
 
     pub fn state_of(&self, job_id: &str) -> Option<String> {

@@ -1,0 +1,301 @@
+//! The reconciler: polls Sume's status endpoint for expected jobs whose webhook never arrived.
+//!
+//! An expected job with no claim `reconcile_after` after it was registered is polled, at most
+//! `max_requests_per_second` calls in all. A terminal status is claimed exactly like a webhook
+//! (same ledger, same `ON CONFLICT DO NOTHING`), with the status answer as the stored body and
+//! `SUME_DELIVERY_SOURCE=poll`; anything else is polled again later, with backoff, until
+//! `give_up_after`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{AUTHORIZATION, RETRY_AFTER};
+use hyper::{Request, StatusCode};
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::SumeApiConfig;
+use crate::http_client::{self, Answer, HttpClient};
+use crate::ledger::{
+    self, duration_ms, now_ms, ClaimOutcome, DueExpectation, Ledger, NewClaim, PollResult, Source,
+    StorageError,
+};
+use crate::metrics::METRICS;
+use crate::worker::Queue;
+
+/// Largest status answer kept (it becomes the job's stored body).
+const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+/// How often the reconciler looks for due polls.
+const TICK: Duration = Duration::from_secs(1);
+
+/// What one reconcile pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// Due expectations whose webhook had arrived: resolved without a call.
+    pub arrived: usize,
+    pub polled: usize,
+    pub recovered: usize,
+    pub given_up: usize,
+}
+
+pub struct Reconciler {
+    ledger: Arc<Ledger>,
+    api: SumeApiConfig,
+    client: HttpClient,
+    queue: Option<Queue>,
+    terminal: HashSet<String>,
+    /// Earliest moment for the next call (the rate limit).
+    next_call: Instant,
+    /// Set after 401/403 or 429/5xx: no calls at all before then.
+    paused_until: Option<Instant>,
+    /// Consecutive refusals of our API key, for the back-off and to log the problem once.
+    auth_refusals: u32,
+}
+
+impl Reconciler {
+    pub fn new(ledger: Arc<Ledger>, api: SumeApiConfig, queue: Option<Queue>) -> Self {
+        let terminal = api.terminal_statuses.iter().cloned().collect();
+        Self {
+            ledger,
+            api,
+            client: http_client::new_client(),
+            queue,
+            terminal,
+            next_call: Instant::now(),
+            paused_until: None,
+            auth_refusals: 0,
+        }
+    }
+
+    pub async fn reconcile_once(&mut self) -> Result<ReconcileReport, StorageError> {
+        let now = now_ms();
+        let mut report = ReconcileReport {
+            arrived: self
+                .ledger
+                .write(move |conn| ledger::resolve_arrived(conn, now))
+                .await?,
+            ..ReconcileReport::default()
+        };
+        if self
+            .paused_until
+            .is_some_and(|until| Instant::now() < until)
+        {
+            return Ok(report);
+        }
+        // One tick's worth of calls at the configured rate (at least one).
+        let budget = (self.api.max_requests_per_second * TICK.as_secs_f64())
+            .ceil()
+            .max(1.0) as usize;
+        let due = self
+            .ledger
+            .read(move |conn| ledger::due_expectations(conn, now, budget))
+            .await?;
+        for expectation in due {
+            if self
+                .paused_until
+                .is_some_and(|until| Instant::now() < until)
+            {
+                break;
+            }
+            let result = if now >= expectation.expected_at + duration_ms(self.api.give_up_after) {
+                let error = "no terminal status within give_up_after".to_owned();
+                tracing::warn!(job_id = %expectation.job_id, polls = expectation.polls, "giving up on an expected job: its webhook never arrived and Sume never reported it terminal");
+                METRICS.record_given_up();
+                PollResult::GivenUp { error: Some(error) }
+            } else {
+                report.polled += 1;
+                self.poll(&expectation).await?
+            };
+            match &result {
+                PollResult::Recovered { .. } => report.recovered += 1,
+                PollResult::Arrived { .. } => report.arrived += 1,
+                PollResult::GivenUp { .. } => report.given_up += 1,
+                PollResult::Again { .. } => {}
+            }
+            let job_id = expectation.job_id.clone();
+            self.ledger
+                .write(move |conn| ledger::record_poll(conn, &job_id, &result, now_ms()))
+                .await?;
+        }
+        Ok(report)
+    }
+
+    /// Calls the status endpoint once (rate limited) and decides what the answer means.
+    async fn poll(&mut self, expectation: &DueExpectation) -> Result<PollResult, StorageError> {
+        tokio::time::sleep_until(self.next_call).await;
+        self.next_call =
+            Instant::now() + Duration::from_secs_f64(1.0 / self.api.max_requests_per_second);
+        let job_id = &expectation.job_id;
+        let next_poll_at = now_ms() + duration_ms(self.poll_backoff(expectation.polls));
+        let again = |status: Option<String>, error: Option<String>| PollResult::Again {
+            status,
+            error,
+            next_poll_at,
+        };
+        let answer = match self.call(job_id, "status", hyper::Method::GET).await {
+            Ok(answer) => answer,
+            Err(error) => {
+                tracing::warn!(job_id = %job_id, %error, "polling Sume failed; will retry");
+                METRICS.record_poll(false);
+                return Ok(again(None, Some(error)));
+            }
+        };
+        METRICS.record_poll(true);
+        let status = answer.status;
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            self.auth_refused(status);
+            return Ok(again(None, Some(format!("Sume answered {status}"))));
+        }
+        self.auth_refusals = 0;
+        if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+            let wait = retry_after(&answer).unwrap_or(self.api.poll_backoff);
+            tracing::warn!(%status, wait = ?wait, "Sume asks us to slow down; pausing polls");
+            self.paused_until = Some(Instant::now() + wait);
+            return Ok(PollResult::Again {
+                status: None,
+                error: Some(format!("Sume answered {status}")),
+                next_poll_at: now_ms() + duration_ms(wait),
+            });
+        }
+        if !status.is_success() {
+            return Ok(again(None, Some(format!("Sume answered {status}"))));
+        }
+        let Some((job_status, event_type)) = parse_status(&answer.body) else {
+            return Ok(again(
+                None,
+                Some("status answer is not a JSON object with a string `status`".into()),
+            ));
+        };
+        if !self.terminal.contains(&job_status) {
+            return Ok(again(Some(job_status), None));
+        }
+        let body = String::from_utf8_lossy(&answer.body).into_owned();
+        let claim = NewClaim {
+            job_id: job_id.clone(),
+            event_type: Some(event_type.unwrap_or_else(|| format!("job.{job_status}"))),
+            body,
+            source: Source::Poll,
+        };
+        Ok(match self.ledger.claim(claim).await? {
+            ClaimOutcome::Claimed => {
+                tracing::info!(job_id = %job_id, status = %job_status, "job recovered by polling: its webhook never arrived");
+                METRICS.record_recovered();
+                if let Some(queue) = &self.queue {
+                    queue.enqueue(job_id);
+                }
+                PollResult::Recovered { status: job_status }
+            }
+            ClaimOutcome::Duplicate => PollResult::Arrived { status: job_status },
+        })
+    }
+
+    fn poll_backoff(&self, polls: u32) -> Duration {
+        self.api
+            .poll_backoff
+            .saturating_mul(1u32 << polls.min(20))
+            .min(self.api.max_poll_backoff)
+    }
+
+    fn auth_refused(&mut self, status: StatusCode) {
+        if self.auth_refusals == 0 {
+            tracing::error!(%status, "Sume refused our API key: check sume_api.api_key_file; polling is paused and retried with backoff");
+        }
+        let pause = self.poll_backoff(self.auth_refusals);
+        self.auth_refusals = self.auth_refusals.saturating_add(1);
+        self.paused_until = Some(Instant::now() + pause);
+    }
+
+    /// One authenticated call to `{base_url}/v1/jobs/{job_id}/{action}`.
+    async fn call(
+        &self,
+        job_id: &str,
+        action: &str,
+        method: hyper::Method,
+    ) -> Result<Answer, String> {
+        call_sume(&self.client, &self.api, job_id, action, method).await
+    }
+
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(TICK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {
+                    let pass = tokio::select! {
+                        report = self.reconcile_once() => report,
+                        () = shutdown.cancelled() => break,
+                    };
+                    if let Err(error) = pass {
+                        tracing::warn!(%error, "reconcile pass failed; trying again next tick");
+                    }
+                }
+                () = shutdown.cancelled() => break,
+            }
+        }
+    }
+}
+
+/// An authenticated call to Sume's job API; used by the reconciler and `jobs redeliver`.
+pub async fn call_sume(
+    client: &HttpClient,
+    api: &SumeApiConfig,
+    job_id: &str,
+    action: &str,
+    method: hyper::Method,
+) -> Result<Answer, String> {
+    let request = Request::builder()
+        .method(method)
+        .uri(api.job_url(job_id, action))
+        .header(AUTHORIZATION, format!("Bearer {}", api.api_key.expose()))
+        .header("accept", "application/json")
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| format!("cannot build the request: {e}"))?;
+    http_client::send(client, request, api.request_timeout, MAX_ANSWER_BYTES).await
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is rare for APIs and falls back to the backoff).
+fn retry_after(answer: &Answer) -> Option<Duration> {
+    let seconds: u64 = answer
+        .headers
+        .get(RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds.clamp(1, 3600)))
+}
+
+/// The job's `status`, and its event type if the answer names one (`type`, then `event`).
+fn parse_status(body: &[u8]) -> Option<(String, Option<String>)> {
+    let object: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    let status = object.get("status")?.as_str()?.to_owned();
+    let event_type = ["type", "event"]
+        .iter()
+        .find_map(|key| object.get(*key)?.as_str())
+        .map(str::to_owned);
+    Some((status, event_type))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_answers_are_read_leniently_but_need_a_status() {
+        assert_eq!(
+            parse_status(br#"{"status":"completed","job_id":"j"}"#),
+            Some(("completed".into(), None))
+        );
+        assert_eq!(
+            parse_status(br#"{"status":"failed","type":"job.failed"}"#),
+            Some(("failed".into(), Some("job.failed".into())))
+        );
+        assert_eq!(parse_status(br#"{"state":"completed"}"#), None);
+        assert_eq!(parse_status(b"[]"), None);
+    }
+}

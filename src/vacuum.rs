@@ -1,0 +1,101 @@
+//! The retention task: purges old bodies, forgets old job_ids, and gives the space back.
+//!
+//! Every step is a bounded batch through the ledger writer, so a big purge is many short
+//! transactions interleaved with claims, never one long write lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RetentionConfig;
+use crate::ledger::{self, duration_ms, now_ms, Ledger, StorageError};
+use crate::metrics::METRICS;
+
+/// Rows changed per transaction: small enough to keep each write lock to a few milliseconds.
+const ROWS_PER_BATCH: usize = 500;
+/// Free pages returned to the file system per transaction.
+const PAGES_PER_BATCH: usize = 2000;
+
+/// What one vacuum run removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct VacuumReport {
+    pub bodies_purged: usize,
+    pub jobs_forgotten: usize,
+    pub expectations_forgotten: usize,
+}
+
+pub struct Vacuum {
+    ledger: Arc<Ledger>,
+    retention: RetentionConfig,
+}
+
+impl Vacuum {
+    pub fn new(ledger: Arc<Ledger>, retention: RetentionConfig) -> Self {
+        Self { ledger, retention }
+    }
+
+    pub async fn vacuum_once(&self) -> Result<VacuumReport, StorageError> {
+        let now = now_ms();
+        let body_cutoff = now - duration_ms(self.retention.ttl);
+        let forget_cutoff = now - duration_ms(self.retention.dedupe_ttl);
+        let report = VacuumReport {
+            bodies_purged: self
+                .in_batches(move |c, n| ledger::purge_bodies(c, body_cutoff, n))
+                .await?,
+            jobs_forgotten: self
+                .in_batches(move |c, n| ledger::delete_finished(c, forget_cutoff, n))
+                .await?,
+            expectations_forgotten: self
+                .in_batches(move |c, n| ledger::delete_resolved_expectations(c, forget_cutoff, n))
+                .await?,
+        };
+        while self.ledger.release_free_pages(PAGES_PER_BATCH).await? {
+            tokio::task::yield_now().await;
+        }
+        METRICS.record_vacuum(&report);
+        if report != VacuumReport::default() {
+            tracing::info!(
+                bodies_purged = report.bodies_purged,
+                jobs_forgotten = report.jobs_forgotten,
+                expectations_forgotten = report.expectations_forgotten,
+                "retention removed old data"
+            );
+        }
+        Ok(report)
+    }
+
+    /// Repeats a bounded statement until it changes fewer rows than a batch; returns the total.
+    async fn in_batches(
+        &self,
+        step: impl Fn(&rusqlite::Connection, usize) -> rusqlite::Result<usize> + Clone + Send + 'static,
+    ) -> Result<usize, StorageError> {
+        let mut total = 0;
+        loop {
+            let step = step.clone();
+            let changed = self
+                .ledger
+                .write(move |conn| step(conn, ROWS_PER_BATCH))
+                .await?;
+            total += changed;
+            if changed < ROWS_PER_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {
+                    if let Err(error) = self.vacuum_once().await {
+                        tracing::warn!(%error, "retention run failed; trying again next interval");
+                    }
+                }
+                () = shutdown.cancelled() => break,
+            }
+        }
+    }
+}
