@@ -88,7 +88,9 @@ run_case() {
   echo "  $name: $summary; peak RSS ${rss} KiB" >&2
 }
 
-# A ledger that already holds $PREFILL finished jobs with ~1 KiB bodies and random job_ids.
+# A ledger that already holds $PREFILL finished jobs with ~1 KiB bodies and random job_ids,
+# finished a day ago: inside every retention window, so the run measures the ledger's size,
+# not a retention run.
 prefill() {
   start_receiver "$1"; stop_receiver >/dev/null   # creates and migrates the ledger
   sqlite3 "$1/ledger.sqlite3" >/dev/null <<SQL
@@ -98,8 +100,8 @@ WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $PREFIL
 INSERT INTO jobs (job_id, state, source, event_type, body, received_at, attempts, finished_at, updated_at)
 SELECT lower(hex(randomblob(8))) || '-prefill', 'done', 'webhook', 'job.completed',
        '{"job_id":"prefill-' || i || '","type":"job.completed","result":{"pad":"' || hex(zeroblob(450)) || '"}}',
-       1700000000000 + i, 1, 1700000000000 + i, 1700000000000 + i
-FROM n;
+       now - i, 1, now - i, now - i
+FROM n, (SELECT CAST(unixepoch() * 1000 AS INTEGER) - 86400000 AS now);
 COMMIT;
 PRAGMA wal_checkpoint(TRUNCATE);
 SQL

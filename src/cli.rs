@@ -97,7 +97,15 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
                 .build()?;
             let report = runtime.block_on(async {
                 let ledger = ledger::Ledger::open(&config.database)?;
-                let report = Vacuum::new(ledger.clone(), config.retention.clone())
+                // Ctrl-C stops it between batches, like a shutdown of the service.
+                let interrupted = tokio_util::sync::CancellationToken::new();
+                let on_ctrl_c = interrupted.clone();
+                tokio::spawn(async move {
+                    if tokio::signal::ctrl_c().await.is_ok() {
+                        on_ctrl_c.cancel();
+                    }
+                });
+                let report = Vacuum::new(ledger.clone(), config.retention.clone(), interrupted)
                     .vacuum_once()
                     .await;
                 ledger.close();

@@ -85,10 +85,8 @@ pub async fn run(
         }
     };
 
-    tasks.spawn(
-        Vacuum::new(ledger.clone(), config.retention.clone())
-            .run(config.retention.interval, stop.clone()),
-    );
+    let vacuum = Vacuum::new(ledger.clone(), config.retention.clone(), stop.clone());
+    tasks.spawn(vacuum.run(config.retention.interval));
     match &config.sume_api {
         Some(api) => {
             let reconciler = Reconciler::new(ledger.clone(), api.clone(), queue.clone());

@@ -28,11 +28,13 @@ pub struct VacuumReport {
 pub struct Vacuum {
     ledger: Arc<Ledger>,
     retention: RetentionConfig,
+    /// Checked between batches: a long purge must not hold up a shutdown.
+    shutdown: CancellationToken,
 }
 
 impl Vacuum {
-    pub fn new(ledger: Arc<Ledger>, retention: RetentionConfig) -> Self {
-        Self { ledger, retention }
+    pub fn new(ledger: Arc<Ledger>, retention: RetentionConfig, shutdown: CancellationToken) -> Self {
+        Self { ledger, retention, shutdown }
     }
 
     pub async fn vacuum_once(&self) -> Result<VacuumReport, StorageError> {
@@ -50,9 +52,7 @@ impl Vacuum {
                 .in_batches(move |c, n| ledger::delete_resolved_expectations(c, forget_cutoff, n))
                 .await?,
         };
-        while self.ledger.release_free_pages(PAGES_PER_BATCH).await? {
-            tokio::task::yield_now().await;
-        }
+        while !self.shutdown.is_cancelled() && self.ledger.release_free_pages(PAGES_PER_BATCH).await? {}
         METRICS.record_vacuum(&report);
         if report != VacuumReport::default() {
             tracing::info!(
@@ -65,7 +65,8 @@ impl Vacuum {
         Ok(report)
     }
 
-    /// Repeats a bounded statement until it changes fewer rows than a batch; returns the total.
+    /// Repeats a bounded statement until it changes fewer rows than a batch, or shutdown;
+    /// returns the total.
     async fn in_batches(
         &self,
         step: impl Fn(&rusqlite::Connection, usize) -> rusqlite::Result<usize> + Clone + Send + 'static,
@@ -78,13 +79,13 @@ impl Vacuum {
                 .write(move |conn| step(conn, ROWS_PER_BATCH))
                 .await?;
             total += changed;
-            if changed < ROWS_PER_BATCH {
+            if changed < ROWS_PER_BATCH || self.shutdown.is_cancelled() {
                 return Ok(total);
             }
         }
     }
 
-    pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
+    pub async fn run(self, interval: Duration) {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -94,7 +95,7 @@ impl Vacuum {
                         tracing::warn!(%error, "retention run failed; trying again next interval");
                     }
                 }
-                () = shutdown.cancelled() => break,
+                () = self.shutdown.cancelled() => break,
             }
         }
     }

@@ -10,6 +10,7 @@ use common::*;
 use sume_receiver::config::{Config, RetentionConfig};
 use sume_receiver::ledger::{self, Ledger, NewClaim, Source};
 use sume_receiver::vacuum::{Vacuum, VacuumReport};
+use tokio_util::sync::CancellationToken;
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -108,7 +109,7 @@ async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
         .await
         .unwrap();
 
-    let vacuum = Vacuum::new(ledger.clone(), retention(30, 365));
+    let vacuum = Vacuum::new(ledger.clone(), retention(30, 365), CancellationToken::new());
     let report = vacuum.vacuum_once().await.unwrap();
     // Bodies go first (old and ancient alike), then the ancient tombstones.
     assert_eq!(
@@ -187,7 +188,7 @@ async fn vacuum_gives_the_space_back_to_the_file_system() {
         )
     };
     let before = size();
-    Vacuum::new(ledger.clone(), retention(30, 365))
+    Vacuum::new(ledger.clone(), retention(30, 365), CancellationToken::new())
         .vacuum_once()
         .await
         .unwrap();
@@ -197,6 +198,19 @@ async fn vacuum_gives_the_space_back_to_the_file_system() {
         after < before / 5,
         "the ledger shrank from {before} to {after} bytes"
     );
+    ledger.close();
+}
+
+/// Regression: a retention run working through a big backlog held up SIGTERM until it was done.
+#[tokio::test(flavor = "multi_thread")]
+async fn vacuum_stops_between_batches_at_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_config, ledger) = open(dir.path()).await;
+    add_jobs(&ledger, "backlog", 2000, "done", 400, 10).await;
+    let shutdown = CancellationToken::new();
+    shutdown.cancel();
+    let report = Vacuum::new(ledger.clone(), retention(30, 365), shutdown).vacuum_once().await.unwrap();
+    assert_eq!(report.bodies_purged, 500, "one batch, then it noticed the shutdown");
     ledger.close();
 }
 
