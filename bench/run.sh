@@ -23,53 +23,8 @@ else
 fi
 DUP_RATIO=${DUP_RATIO:-0.3}; BODY_BYTES=${BODY_BYTES:-1024}
 
-if [ -z "${BIN:-}" ]; then
-  cargo build --release --locked --quiet
-  BIN=target/release/sume-receiver
-fi
-command -v sqlite3 >/dev/null || { echo "bench needs sqlite3 (apt-get install sqlite3)" >&2; exit 1; }
-
-work=$(mktemp -d)
+source bench/lib.sh
 results="$work/results.jsonl"
-receiver_pid=""
-cleanup() { [ -n "$receiver_pid" ] && kill "$receiver_pid" 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
-
-port=$((20000 + RANDOM % 20000))
-
-# write_config DIR EXTRA_TOML
-write_config() {
-  cat > "$1/config.toml" <<TOML
-[server]
-listen = "127.0.0.1:$port"
-
-[signature]
-secrets = ["whsec_benchmark"]
-
-[database]
-path = "ledger.sqlite3"
-$2
-TOML
-}
-
-start_receiver() {
-  "$BIN" serve --config "$1/config.toml" 2>>"$1/receiver.log" &
-  receiver_pid=$!
-  for _ in $(seq 200); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
-    sleep 0.05
-  done
-  echo "receiver did not start; log:" >&2; cat "$1/receiver.log" >&2; exit 1
-}
-
-# Prints the receiver's peak RSS in KiB, then stops it.
-stop_receiver() {
-  local peak
-  peak=$(awk '/VmHWM/ {print $2}' "/proc/$receiver_pid/status")
-  kill -TERM "$receiver_pid"; wait "$receiver_pid" || true
-  receiver_pid=""
-  echo "$peak"
-}
 
 loadgen() { "$BIN" loadgen --config "$1/config.toml" --json "${@:2}"; }
 
@@ -101,7 +56,7 @@ INSERT INTO jobs (job_id, state, source, event_type, body, received_at, attempts
 SELECT lower(hex(randomblob(8))) || '-prefill', 'done', 'webhook', 'job.completed',
        '{"job_id":"prefill-' || i || '","type":"job.completed","result":{"pad":"' || hex(zeroblob(450)) || '"}}',
        now - i, 1, now - i, now - i
-FROM n, (SELECT CAST(unixepoch() * 1000 AS INTEGER) - 86400000 AS now);
+FROM n, (SELECT $NOW_MS_SQL - 86400000 AS now);
 COMMIT;
 PRAGMA wal_checkpoint(TRUNCATE);
 SQL

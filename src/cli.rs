@@ -160,12 +160,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
         }
         JobsCommand::Expect { job_id } => {
             crate::admin::validate_job_id(&job_id).map_err(anyhow::Error::msg)?;
-            let reconcile_after = config
-                .sume_api
-                .as_ref()
-                .map_or(config::SumeApiConfig::DEFAULT_RECONCILE_AFTER, |api| {
-                    api.reconcile_after
-                });
+            let reconcile_after = config.reconcile_after();
             let now = ledger::now_ms();
             let first_poll = now + ledger::duration_ms(reconcile_after);
             let registered = ledger::expect_job(&conn, &job_id, now, first_poll)?;

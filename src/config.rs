@@ -381,6 +381,15 @@ impl Config {
         Ok(config)
     }
 
+    /// How long after registration an expected job is first polled for.
+    pub fn reconcile_after(&self) -> Duration {
+        self.sume_api
+            .as_ref()
+            .map_or(SumeApiConfig::DEFAULT_RECONCILE_AFTER, |api| {
+                api.reconcile_after
+            })
+    }
+
     /// Problems worth a warning at start, not a refusal.
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();

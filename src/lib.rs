@@ -95,30 +95,8 @@ pub async fn run(
         }
         None => tracing::warn!("no [sume_api] configured: reconciliation is off (a job whose webhook never arrives is not polled)"),
     }
-    if let Some(token) = config.admin.as_ref().and_then(|admin| admin.token.clone()) {
-        let address = config
-            .admin
-            .as_ref()
-            .map(|admin| admin.listen)
-            .expect("token implies [admin]");
-        let admin_listener = TcpListener::bind(address)
-            .await
-            .with_context(|| format!("cannot listen on {address} (admin.listen)"))?;
-        let reconcile_after = config
-            .sume_api
-            .as_ref()
-            .map_or(config::SumeApiConfig::DEFAULT_RECONCILE_AFTER, |api| {
-                api.reconcile_after
-            });
-        let admin = Arc::new(Admin {
-            ledger: ledger.clone(),
-            token,
-            reconcile_after,
-        });
-        tracing::info!(listen = %address, "admin listener on");
-        let (server_config, stop) = (config.server.clone(), stop.clone());
-        tasks
-            .spawn(async move { server::serve(admin_listener, admin, &server_config, stop).await });
+    if let Some(admin) = start_admin(&config, &ledger, &stop).await? {
+        tasks.spawn(admin);
     }
 
     let app = Arc::new(App {
@@ -146,6 +124,59 @@ pub async fn run(
     tokio::task::spawn_blocking(move || ledger.close()).await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Binds the admin listener when `[admin]` has a token; returns the server to spawn.
+async fn start_admin(
+    config: &Config,
+    ledger: &Arc<Ledger>,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<impl Future<Output = ()> + use<>>> {
+    let Some((address, token)) = config
+        .admin
+        .as_ref()
+        .and_then(|admin| Some((admin.listen, admin.token.clone()?)))
+    else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen on {address} (admin.listen)"))?;
+    let admin = Arc::new(Admin {
+        ledger: ledger.clone(),
+        token,
+        reconcile_after: config.reconcile_after(),
+    });
+    tracing::info!(listen = %address, "admin listener on");
+    let (server_config, stop) = (config.server.clone(), stop.clone());
+    Ok(Some(async move {
+        server::serve(listener, admin, &server_config, stop).await
+    }))
+}
+
+/// Runs `step` every `interval` (the first time at once) until `shutdown`; a failed step is
+/// logged and tried again at the next interval. The loop of every periodic background task.
+pub(crate) async fn repeat_every<F, Fut, T>(
+    task: &'static str,
+    interval: std::time::Duration,
+    shutdown: &CancellationToken,
+    mut step: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ledger::StorageError>>,
+{
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                if let Err(error) = step().await {
+                    tracing::warn!(task, %error, "background step failed; trying again next interval");
+                }
+            }
+            () = shutdown.cancelled() => break,
+        }
+    }
 }
 
 /// An exclusive lock on `<database>.lock`: two receivers on one ledger would run jobs twice.

@@ -97,17 +97,6 @@ impl Sweeper {
     }
 
     pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => {
-                    if let Err(error) = self.sweep_once().await {
-                        tracing::warn!(%error, "sweep failed; trying again next interval");
-                    }
-                }
-                () = shutdown.cancelled() => break,
-            }
-        }
+        crate::repeat_every("sweeper", interval, &shutdown, || self.sweep_once()).await;
     }
 }

@@ -1,10 +1,13 @@
 //! The retention task: purges old bodies, forgets old job_ids, and gives the space back.
 //!
 //! Every step is a bounded batch through the ledger writer, so a big purge is many short
-//! transactions interleaved with claims, never one long write lock.
+//! transactions interleaved with claims, never one long write lock; after each batch it waits
+//! as long as the batch took, so retention never takes more than about half of the writer.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
@@ -33,8 +36,16 @@ pub struct Vacuum {
 }
 
 impl Vacuum {
-    pub fn new(ledger: Arc<Ledger>, retention: RetentionConfig, shutdown: CancellationToken) -> Self {
-        Self { ledger, retention, shutdown }
+    pub fn new(
+        ledger: Arc<Ledger>,
+        retention: RetentionConfig,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            ledger,
+            retention,
+            shutdown,
+        }
     }
 
     pub async fn vacuum_once(&self) -> Result<VacuumReport, StorageError> {
@@ -52,7 +63,13 @@ impl Vacuum {
                 .in_batches(move |c, n| ledger::delete_resolved_expectations(c, forget_cutoff, n))
                 .await?,
         };
-        while !self.shutdown.is_cancelled() && self.ledger.release_free_pages(PAGES_PER_BATCH).await? {}
+        loop {
+            let started = Instant::now();
+            let more = self.ledger.release_free_pages(PAGES_PER_BATCH).await?;
+            if !more || !self.pause_after(started).await {
+                break;
+            }
+        }
         METRICS.record_vacuum(&report);
         if report != VacuumReport::default() {
             tracing::info!(
@@ -74,29 +91,29 @@ impl Vacuum {
         let mut total = 0;
         loop {
             let step = step.clone();
+            let started = Instant::now();
             let changed = self
                 .ledger
                 .write(move |conn| step(conn, ROWS_PER_BATCH))
                 .await?;
             total += changed;
-            if changed < ROWS_PER_BATCH || self.shutdown.is_cancelled() {
+            if changed < ROWS_PER_BATCH || !self.pause_after(started).await {
                 return Ok(total);
             }
         }
     }
 
-    pub async fn run(self, interval: Duration) {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => {
-                    if let Err(error) = self.vacuum_once().await {
-                        tracing::warn!(%error, "retention run failed; trying again next interval");
-                    }
-                }
-                () = self.shutdown.cancelled() => break,
-            }
+    /// Leaves the writer to claims for as long as the last batch (started at `started`) took.
+    /// `false` if the service is shutting down.
+    async fn pause_after(&self, started: Instant) -> bool {
+        tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => false,
+            () = tokio::time::sleep(started.elapsed()) => true,
         }
+    }
+
+    pub async fn run(self, interval: Duration) {
+        crate::repeat_every("retention", interval, &self.shutdown, || self.vacuum_once()).await;
     }
 }

@@ -82,6 +82,35 @@ async fn a_batch_with_a_failing_item_commits_the_others() {
     ledger.close();
 }
 
+/// Regression: the pragma was stepped once, so each call gave back a single page.
+#[tokio::test(flavor = "multi_thread")]
+async fn release_free_pages_gives_back_up_to_the_asked_number_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+    let ledger = Ledger::open(&config.database).unwrap();
+    claim_many(&ledger, "bulk", 2000).await;
+    ledger
+        .write(|conn| conn.execute("DELETE FROM jobs", []))
+        .await
+        .unwrap();
+    let free = |conn: &rusqlite::Connection| -> i64 {
+        conn.query_row("PRAGMA freelist_count", [], |row| row.get(0))
+            .unwrap()
+    };
+    let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+    let freed = free(&conn);
+    assert!(freed > 60, "{freed} free pages");
+    assert!(
+        ledger.release_free_pages(50).await.unwrap(),
+        "more than 50 were free"
+    );
+    assert_eq!(free(&conn), freed - 50);
+    assert!(!ledger.release_free_pages(100_000).await.unwrap());
+    assert_eq!(free(&conn), 0);
+    drop(conn);
+    ledger.close();
+}
+
 /// The sweeper's, the reconciler's and retention's statements read only the partial index of
 /// the rows they look for: their cost does not grow with finished history.
 #[test]

@@ -12,23 +12,15 @@ use common::*;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_sume-receiver");
 
-/// A config file for the binary in `dir`, on `port`, with `extra` sections.
-fn write_config(dir: &Path, port: u16, extra: &str) -> PathBuf {
+/// A config file for the binary in `dir`: on `port`, more `[server]` keys, `extra` sections.
+fn write_config(dir: &Path, port: u16, server_keys: &str, extra: &str) -> PathBuf {
     let text = format!(
-        "[server]\nlisten = \"127.0.0.1:{port}\"\n\n{}",
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n{server_keys}\n{}",
         config_text(dir, extra)
     );
     let path = dir.join("config.toml");
     std::fs::write(&path, text).unwrap();
     path
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn cli(config: &Path, args: &[&str]) -> Output {
@@ -87,6 +79,15 @@ impl Service {
     fn terminate(&self) {
         // SAFETY: sending a signal to our own child has no memory-safety preconditions.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
+    /// SIGTERM, then the exit must be clean (0) and within 10 s; returns how long it took.
+    async fn stop_cleanly(self) -> Duration {
+        let started = Instant::now();
+        self.terminate();
+        let status = self.wait_exit(Duration::from_secs(10)).await;
+        assert!(status.success(), "{status}");
+        started.elapsed()
     }
 
     /// Waits for the exit; a failed exit shows the service's log.
@@ -186,7 +187,7 @@ async fn kill_9_at_random_moments_loses_no_acknowledged_job() {
     let handler = format!(
         "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nconcurrency = {CONCURRENCY}\nmax_attempts = 20\nbackoff = \"50ms\"\n\n[sweeper]\ninterval = \"200ms\"\n"
     );
-    let config = write_config(dir.path(), port, &handler);
+    let config = write_config(dir.path(), port, "", &handler);
 
     // 300 deliveries: every job once, and the first 100 jobs a second time.
     let deliveries: Vec<String> = (0..JOBS)
@@ -243,8 +244,7 @@ async fn kill_9_at_random_moments_loses_no_acknowledged_job() {
             .all(|job_id| rows.get(job_id).is_some_and(|(state, _)| state == "done"))
     })
     .await;
-    service.terminate();
-    assert!(service.wait_exit(Duration::from_secs(10)).await.success());
+    service.stop_cleanly().await;
     let rows = ledger_rows(&db);
     assert!(all_done, "not every acknowledged job is done: {rows:?}");
     assert_eq!(rows.len(), JOBS, "one row per job, no more");
@@ -285,7 +285,7 @@ async fn sigterm_lets_a_running_handler_finish_within_the_grace() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let handler = "[handler]\ncommand = [\"sh\", \"-c\", \"sleep 1\"]\n";
-    let config = write_config(dir.path(), port, &format!("{handler}\n"));
+    let config = write_config(dir.path(), port, "", &format!("{handler}\n"));
     let service = Service::start(&config, port).await;
     let sender = Sender {
         port,
@@ -299,11 +299,7 @@ async fn sigterm_lets_a_running_handler_finish_within_the_grace() {
             == "running")
         .await
     );
-    let started = Instant::now();
-    service.terminate();
-    let status = service.wait_exit(Duration::from_secs(10)).await;
-    assert!(status.success(), "{status}");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(service.stop_cleanly().await < Duration::from_secs(5));
     assert_eq!(ledger_rows(&db)["job-graceful"].0, "done");
 }
 
@@ -313,21 +309,8 @@ async fn sigterm_past_the_grace_stops_the_handler_and_the_next_start_finishes_th
     let port = free_port();
     let release = dir.path().join("release");
     let script = format!("[ -e {} ] || sleep 30", release.display());
-    let extra = format!(
-        "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\n\n[server]\nshutdown_grace = \"300ms\"\n"
-    );
-    // [server] is already in write_config's text; put shutdown_grace there instead.
-    let config = write_config(
-        dir.path(),
-        port,
-        &extra.replace("\n[server]\nshutdown_grace = \"300ms\"\n", ""),
-    );
-    let text = std::fs::read_to_string(&config).unwrap().replacen(
-        "[server]\n",
-        "[server]\nshutdown_grace = \"300ms\"\n",
-        1,
-    );
-    std::fs::write(&config, text).unwrap();
+    let handler = format!("[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\n");
+    let config = write_config(dir.path(), port, "shutdown_grace = \"300ms\"", &handler);
 
     let service = Service::start(&config, port).await;
     let sender = Sender {
@@ -341,15 +324,8 @@ async fn sigterm_past_the_grace_stops_the_handler_and_the_next_start_finishes_th
             == "running")
         .await
     );
-    let started = Instant::now();
-    service.terminate();
-    let status = service.wait_exit(Duration::from_secs(10)).await;
-    assert!(status.success(), "{status}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
+    let took = service.stop_cleanly().await;
+    assert!(took < Duration::from_secs(5), "took {took:?}");
     assert_eq!(
         ledger_rows(&db)["job-long"].0,
         "running",
@@ -368,8 +344,7 @@ async fn sigterm_past_the_grace_stops_the_handler_and_the_next_start_finishes_th
         2,
         "the interrupted attempt counts"
     );
-    service.terminate();
-    assert!(service.wait_exit(Duration::from_secs(10)).await.success());
+    service.stop_cleanly().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -384,7 +359,7 @@ async fn cli_lists_shows_and_retries_jobs() {
     let extra = format!(
         "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nmax_attempts = 1\n\n[sweeper]\ninterval = \"100ms\"\n"
     );
-    let config = write_config(dir.path(), port, &extra);
+    let config = write_config(dir.path(), port, "", &extra);
     let db = dir.path().join("ledger.sqlite3");
 
     let missing = cli(&config, &["jobs", "list"]);
@@ -455,8 +430,7 @@ async fn cli_lists_shows_and_retries_jobs() {
     let bad_state = cli(&config, &["jobs", "list", "--state", "sleeping"]);
     assert!(String::from_utf8_lossy(&bad_state.stderr).contains("unknown state"));
 
-    service.terminate();
-    assert!(service.wait_exit(Duration::from_secs(10)).await.success());
+    service.stop_cleanly().await;
 }
 
 #[test]
@@ -487,11 +461,9 @@ fn check_config_names_the_bad_key() {
 async fn sigterm_right_after_the_port_opens_exits_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let config = write_config(dir.path(), port, "[handler]\ncommand = [\"true\"]\n");
+    let config = write_config(dir.path(), port, "", "[handler]\ncommand = [\"true\"]\n");
     for _ in 0..3 {
         let service = Service::start(&config, port).await;
-        service.terminate();
-        let status = service.wait_exit(Duration::from_secs(10)).await;
-        assert!(status.success(), "{status}");
+        service.stop_cleanly().await;
     }
 }

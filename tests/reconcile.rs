@@ -38,14 +38,6 @@ fn runs(server: &TestServer) -> Vec<String> {
         .collect()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A receiver wired to a fresh simulator; the simulator delivers to the receiver.
 async fn start_pair(extra: &str, retry_delay: Duration) -> (TestServer, MockSume, u16) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -209,8 +209,14 @@ async fn vacuum_stops_between_batches_at_shutdown() {
     add_jobs(&ledger, "backlog", 2000, "done", 400, 10).await;
     let shutdown = CancellationToken::new();
     shutdown.cancel();
-    let report = Vacuum::new(ledger.clone(), retention(30, 365), shutdown).vacuum_once().await.unwrap();
-    assert_eq!(report.bodies_purged, 500, "one batch, then it noticed the shutdown");
+    let report = Vacuum::new(ledger.clone(), retention(30, 365), shutdown)
+        .vacuum_once()
+        .await
+        .unwrap();
+    assert_eq!(
+        report.bodies_purged, 500,
+        "one batch, then it noticed the shutdown"
+    );
     ledger.close();
 }
 

@@ -151,7 +151,11 @@ impl Ledger {
     /// Returns unused pages to the file system, at most `pages` of them; `true` if some remain.
     pub async fn release_free_pages(&self, pages: usize) -> Result<bool, StorageError> {
         self.write(move |conn| {
-            conn.execute_batch(&format!("PRAGMA incremental_vacuum({pages})"))?;
+            // The pragma frees one page per step: it must be stepped to its end (execute_batch
+            // would step it once).
+            let mut statement = conn.prepare(&format!("PRAGMA incremental_vacuum({pages})"))?;
+            let mut rows = statement.query([])?;
+            while rows.next()?.is_some() {}
             conn.query_row("PRAGMA freelist_count", [], |row| row.get::<_, i64>(0))
         })
         .await

@@ -1,0 +1,57 @@
+# Shared by the bench scripts: build, a scratch directory, and one receiver at a time.
+# Sourced, not run. Sets BIN, work, port; defines write_config, start_receiver, stop_receiver.
+
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --locked --quiet
+  BIN=target/release/sume-receiver
+fi
+command -v sqlite3 >/dev/null || { echo "the benchmark needs sqlite3 (apt-get install sqlite3)" >&2; exit 1; }
+
+work=$(mktemp -d)
+receiver_pid=""
+background_pids=()
+cleanup() {
+  for pid in $receiver_pid "${background_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+port=$((20000 + RANDOM % 20000))
+
+# write_config DIR EXTRA_TOML: a receiver on $port with its ledger in DIR; EXTRA_TOML goes in
+# [database] (more sections may follow it).
+write_config() {
+  cat > "$1/config.toml" <<TOML
+[server]
+listen = "127.0.0.1:$port"
+
+[signature]
+secrets = ["whsec_benchmark"]
+
+[database]
+path = "ledger.sqlite3"
+$2
+TOML
+}
+
+start_receiver() {
+  "$BIN" serve --config "$1/config.toml" 2>>"$1/receiver.log" &
+  receiver_pid=$!
+  for _ in $(seq 200); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+    sleep 0.05
+  done
+  echo "receiver did not start; log:" >&2; cat "$1/receiver.log" >&2; exit 1
+}
+
+# Prints the receiver's peak RSS in KiB, then stops it.
+stop_receiver() {
+  local peak
+  peak=$(awk '/VmHWM/ {print $2}' "/proc/$receiver_pid/status")
+  kill -TERM "$receiver_pid"; wait "$receiver_pid" || true
+  receiver_pid=""
+  echo "$peak"
+}
+
+# Milliseconds since the epoch, in SQL that Debian's sqlite3 3.40 understands.
+NOW_MS_SQL="CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
