@@ -98,7 +98,7 @@ def ratio(a, b):
 print()
 print(f"(2)/(1) durable vs HTTP ceiling : {ratio('2-full-group-commit', '1-ceiling-healthz'):.2f}  (target >= 0.5)")
 print(f"(2)/(3) group commit vs naive   : {ratio('2-full-group-commit', '3-full-txn-per-request'):.2f}  (target >= 10)")
-print(f"(5)/(2) 1M-row ledger vs empty  : {ratio('5-full-prefilled', '2-full-group-commit'):.2f}  (target >= 0.8)")
+print(f"(5)/(2) prefilled vs empty ledger: {ratio('5-full-prefilled', '2-full-group-commit'):.2f}  (target >= 0.8)")
 print(f"(4)/(2) synchronous normal/full : {ratio('4-full-sync-normal', '2-full-group-commit'):.2f}")
 print(f"peak RSS max                    : {max(r['rss_kib'] for r in rows)/1024:.1f} MiB (target <= 64)")
 bad = [r["name"] for r in rows if any(k not in ("200",) for k in r["report"]["statuses"])]
