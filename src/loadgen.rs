@@ -47,6 +47,9 @@ pub struct LoadgenArgs {
     /// start after them.
     #[arg(long, default_value_t = 0)]
     pub existing: usize,
+    /// Send at most this many requests per second in all (default: as fast as answered).
+    #[arg(long)]
+    pub rate: Option<f64>,
     /// Send `GET /healthz` instead of deliveries: the HTTP stack alone, no ledger.
     #[arg(long)]
     pub healthz: bool,
@@ -105,6 +108,12 @@ pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
     }
     if args.connections == 0 {
         bail!("--connections must be at least 1");
+    }
+    if args
+        .rate
+        .is_some_and(|rate| !(rate > 0.0 && rate.is_finite()))
+    {
+        bail!("--rate must be a positive number of requests per second");
     }
     if args.dup_ratio >= 1.0 && args.existing == 0 {
         bail!("--dup-ratio 1 needs --existing: there is nothing to duplicate");
@@ -192,13 +201,17 @@ impl Run {
         format!("{:016x}-{}", splitmix64(self.seed ^ index as u64), self.tag)
     }
 
+    /// Takes the next request of the run; `false` when the run is over.
+    fn take_turn(&self) -> bool {
+        self.issued.fetch_add(1, Ordering::Relaxed) < self.args.requests
+            && self
+                .deadline
+                .is_none_or(|deadline| Instant::now() < deadline)
+    }
+
     /// The job index of the next delivery, or `None` when the run is over.
     fn next_delivery(&self) -> Option<usize> {
-        if self.issued.fetch_add(1, Ordering::Relaxed) >= self.args.requests
-            || self
-                .deadline
-                .is_some_and(|deadline| Instant::now() >= deadline)
-        {
+        if !self.take_turn() {
             return None;
         }
         let known = self.unique.load(Ordering::Relaxed);
@@ -250,13 +263,19 @@ impl Run {
         let (mut sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(connection);
         let mut tally = Tally::default();
+        // With --rate, each connection sends its share at a steady pace.
+        let mut pace = self.args.rate.map(|rate| {
+            let period = Duration::from_secs_f64(self.args.connections as f64 / rate);
+            let mut ticker = tokio::time::interval(period);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker
+        });
         loop {
+            if let Some(ticker) = pace.as_mut() {
+                ticker.tick().await;
+            }
             let index = if self.args.healthz {
-                if self.issued.fetch_add(1, Ordering::Relaxed) >= self.args.requests
-                    || self
-                        .deadline
-                        .is_some_and(|deadline| Instant::now() >= deadline)
-                {
+                if !self.take_turn() {
                     break;
                 }
                 None
@@ -324,18 +343,26 @@ fn check_ledger(run: &Run) -> anyhow::Result<String> {
 }
 
 impl Report {
+    /// Prints the two-line summary; a closed stdout (`| head -1`) is not an error.
     pub fn print(&self) {
-        println!(
-            "tag {}: {} requests in {:.2}s = {:.0}/s; latency ms p50 {:.2} p90 {:.2} p99 {:.2} max {:.2}",
-            self.tag, self.sent, self.seconds, self.per_second, self.p50_ms, self.p90_ms, self.p99_ms, self.max_ms
-        );
+        use std::io::Write;
         let statuses: Vec<String> = self
             .statuses
             .iter()
-            .map(|(s, n)| format!("{s}: {n}"))
+            .map(|(status, count)| format!("{status}: {count}"))
             .collect();
-        println!(
-            "statuses {{{}}}; new {}, duplicate {}; unique job_ids {}; ledger check {}",
+        let _ = writeln!(
+            std::io::stdout().lock(),
+            "tag {}: {} requests in {:.2}s = {:.0}/s; latency ms p50 {:.2} p90 {:.2} p99 {:.2} max {:.2}\n\
+             statuses {{{}}}; new {}, duplicate {}; unique job_ids {}; ledger check {}",
+            self.tag,
+            self.sent,
+            self.seconds,
+            self.per_second,
+            self.p50_ms,
+            self.p90_ms,
+            self.p99_ms,
+            self.max_ms,
             statuses.join(", "),
             self.acknowledged_new,
             self.acknowledged_duplicate,
