@@ -39,6 +39,9 @@ pub struct ServerConfig {
     /// How long a client may take to send the request head.
     #[serde(deserialize_with = "duration")]
     pub header_read_timeout: Duration,
+    /// How long a client may take to send the body, once the head is in.
+    #[serde(deserialize_with = "duration")]
+    pub body_read_timeout: Duration,
     pub max_headers: usize,
     /// Upper bound of the request head (request line plus headers), in bytes.
     pub max_header_bytes: usize,
@@ -57,6 +60,7 @@ impl Default for ServerConfig {
             webhook_path: "/sume/webhook".into(),
             max_body_bytes: 1024 * 1024,
             header_read_timeout: Duration::from_secs(5),
+            body_read_timeout: Duration::from_secs(10),
             max_headers: 64,
             max_header_bytes: 16 * 1024,
             claim_timeout: Duration::from_secs(5),
@@ -487,6 +491,7 @@ impl Config {
         }
         for (key, value) in [
             ("server.header_read_timeout", server.header_read_timeout),
+            ("server.body_read_timeout", server.body_read_timeout),
             ("server.claim_timeout", server.claim_timeout),
             ("sweeper.interval", self.sweeper.interval),
         ] {

@@ -34,6 +34,8 @@ pub enum IngestError {
     BadSignature(#[from] SignatureError),
     #[error("could not read the request body: {0}")]
     BodyRead(String),
+    #[error("the body did not arrive within {0:?}")]
+    BodyTimeout(Duration),
     #[error("{0}")]
     BadPayload(String),
     #[error("claim not committed: {0}")]
@@ -49,12 +51,17 @@ impl IngestError {
             IngestError::MissingHeader(_) | IngestError::BadSignature(_) => {
                 DeliveryOutcome::Unauthorized
             }
-            IngestError::BodyRead(_) | IngestError::BadPayload(_) => DeliveryOutcome::BadRequest,
+            IngestError::BodyRead(_) | IngestError::BodyTimeout(_) | IngestError::BadPayload(_) => {
+                DeliveryOutcome::BadRequest
+            }
             IngestError::Storage(_) | IngestError::ClaimTimeout(_) => DeliveryOutcome::Unavailable,
         }
     }
 
     fn status(&self) -> StatusCode {
+        if let IngestError::BodyTimeout(_) = self {
+            return StatusCode::REQUEST_TIMEOUT;
+        }
         match self.outcome() {
             DeliveryOutcome::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             DeliveryOutcome::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -100,6 +107,7 @@ pub struct Ingest {
     secrets: Vec<Secret>,
     tolerance_secs: u64,
     max_body_bytes: usize,
+    body_read_timeout: Duration,
     claim_timeout: Duration,
     ledger: Arc<Ledger>,
     /// Where a new claim goes to be worked on; `None` when no handler is configured.
@@ -112,6 +120,7 @@ impl Ingest {
             secrets: config.signature.secrets.clone(),
             tolerance_secs: config.signature.tolerance.as_secs(),
             max_body_bytes: config.server.max_body_bytes,
+            body_read_timeout: config.server.body_read_timeout,
             claim_timeout: config.server.claim_timeout,
             ledger,
             queue,
@@ -168,10 +177,14 @@ impl Ingest {
         let signature_header = header(SIGNATURE_HEADER)?;
 
         // Limited also stops a chunked body that never declared its length.
-        let body = match Limited::new(body, self.max_body_bytes).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large),
-            Err(error) => return Err(IngestError::BodyRead(error.to_string())),
+        let collect = Limited::new(body, self.max_body_bytes).collect();
+        let body = match tokio::time::timeout(self.body_read_timeout, collect).await {
+            Err(_) => return Err(IngestError::BodyTimeout(self.body_read_timeout)),
+            Ok(Ok(collected)) => collected.to_bytes(),
+            Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
+                return Err(too_large)
+            }
+            Ok(Err(error)) => return Err(IngestError::BodyRead(error.to_string())),
         };
 
         signature::verify(

@@ -262,3 +262,50 @@ async fn claims_survive_a_restart() {
         true
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_or_oversized_request_heads_are_cut_off() {
+    let server = TestServer::start(
+        "[server]\nheader_read_timeout = \"300ms\"\nbody_read_timeout = \"300ms\"\nmax_headers = 16\n",
+    )
+    .await;
+
+    // A client that never finishes its head is disconnected after header_read_timeout.
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    stream
+        .write_all(b"POST /sume/webhook HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the connection stayed open");
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // More headers than max_headers: refused before any body is read.
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let headers: String = (0..40).map(|i| format!("x-filler-{i}: {i}\r\n")).collect();
+    let head =
+        format!("POST /sume/webhook HTTP/1.1\r\nhost: x\r\n{headers}content-length: 2\r\n\r\n{{}}");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer)).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:?}");
+
+    // A body that never finishes arriving gets 408.
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let now = unix_now();
+    let head = format!(
+        "POST /sume/webhook HTTP/1.1\r\nhost: x\r\n{TIMESTAMP_HEADER}: {now}\r\n{SIGNATURE_HEADER}: sume-v1=00\r\n\
+         content-length: 100\r\n\r\n{{\"job_id\""
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert_eq!(server.row_count(), 0);
+}
