@@ -128,13 +128,17 @@ async fn run_command(
         Ok(Ok(tail)) => tail,
         _ => String::new(),
     };
-    outcome.map_err(|reason| {
-        AttemptError::Failed(if tail.is_empty() {
-            reason
-        } else {
-            format!("{reason}; stderr: {tail}")
-        })
-    })
+    match outcome {
+        Ok(()) => {
+            if !tail.is_empty() {
+                // What a successful handler says on stderr belongs in the service's log.
+                tracing::info!(job_id = %attempt.job_id, output = %tail, "handler stderr");
+            }
+            Ok(())
+        }
+        Err(reason) if tail.is_empty() => Err(AttemptError::Failed(reason)),
+        Err(reason) => Err(AttemptError::Failed(format!("{reason}; stderr: {tail}"))),
+    }
 }
 
 fn kill_group(group: Option<i32>) {
