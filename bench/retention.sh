@@ -22,7 +22,6 @@ CHURN=${CHURN:-1000000}; RATE=${RATE:-5000}; OLD=${OLD:-500000}; DURATION=${DURA
 parts=${1:-churn latency}
 source bench/lib.sh
 
-ledger_bytes() { du -cb "$1"/ledger.sqlite3 "$1"/ledger.sqlite3-wal 2>/dev/null | tail -1 | cut -f1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 rows() { sqlite3 -cmd ".timeout 5000" "$1/ledger.sqlite3" 'SELECT count(*) FROM jobs'; }
 
@@ -38,7 +37,15 @@ start_receiver "$a"
     sqlite3 -cmd ".timeout 5000" "$a/ledger.sqlite3" "UPDATE jobs SET state = 'done',
       finished_at = $NOW_MS_SQL WHERE state = 'claimed' AND next_attempt_at IS NOT NULL" >/dev/null
   done ) & background_pids+=("$!")
-( while sleep 10; do echo "  ledger $(mib "$(ledger_bytes "$a")"), $(rows "$a") rows"; done ) & background_pids+=("$!")
+( for tick in $(seq 1000); do
+    sleep 10
+    echo "  ledger $(mib "$(stat -c %s "$a/ledger.sqlite3")") + WAL $(mib "$(stat -c %s "$a/ledger.sqlite3-wal" 2>/dev/null || echo 0)"), $(rows "$a") rows"
+    if [ "$tick" = 6 ]; then   # once, in steady state: what those rows need, compacted
+      sqlite3 -cmd ".timeout 5000" "$a/ledger.sqlite3" "VACUUM INTO '$a/steady.sqlite3'"
+      echo "  (steady state: the same rows compacted take $(mib "$(stat -c %s "$a/steady.sqlite3")"))"
+      rm -f "$a/steady.sqlite3"
+    fi
+  done ) & background_pids+=("$!")
 "$BIN" loadgen --config "$a/config.toml" --requests "$CHURN" --rate "$RATE" --dup-ratio 0 --connections 64 --no-check
 # The last jobs finish, pass dedupe_ttl and are vacuumed: wait until no row is left (at most 5 min).
 for _ in $(seq 300); do [ "$(rows "$a")" = 0 ] && break; sleep 1; done
