@@ -34,8 +34,7 @@ async fn claim_many(
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_claims_share_commits_and_the_wal_is_checkpointed_off_the_writer() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
-    let ledger = Ledger::open(&config.database).unwrap();
+    let (config, ledger) = open_ledger(dir.path());
 
     let outcomes = claim_many(&ledger, "burst", 4000).await;
     assert!(outcomes.iter().all(|o| *o == ClaimOutcome::Claimed));
@@ -62,8 +61,7 @@ async fn concurrent_claims_share_commits_and_the_wal_is_checkpointed_off_the_wri
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_with_a_failing_item_commits_the_others() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
-    let ledger = Ledger::open(&config.database).unwrap();
+    let (config, ledger) = open_ledger(dir.path());
     let bad =
         ledger.write(|conn| conn.execute("INSERT INTO jobs (job_id) VALUES ('no-state')", []));
     let good = ledger.claim(claim("fine".into()));
@@ -86,8 +84,7 @@ async fn a_batch_with_a_failing_item_commits_the_others() {
 #[tokio::test(flavor = "multi_thread")]
 async fn release_free_pages_gives_back_up_to_the_asked_number_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
-    let ledger = Ledger::open(&config.database).unwrap();
+    let (config, ledger) = open_ledger(dir.path());
     claim_many(&ledger, "bulk", 2000).await;
     ledger
         .write(|conn| conn.execute("DELETE FROM jobs", []))

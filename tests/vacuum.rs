@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -20,12 +19,6 @@ fn retention(ttl_days: u64, dedupe_days: u64) -> RetentionConfig {
         dedupe_ttl: Duration::from_secs(dedupe_days * 86_400),
         interval: Duration::from_secs(3600),
     }
-}
-
-async fn open(dir: &std::path::Path) -> (Config, Arc<Ledger>) {
-    let config = Config::parse(&config_text(dir, ""), dir).unwrap();
-    let ledger = Ledger::open(&config.database).unwrap();
-    (config, ledger)
 }
 
 /// Claims `count` jobs named `{prefix}-{i}` and sets their state and age (days since finishing).
@@ -74,7 +67,7 @@ fn count(conn: &rusqlite::Connection, sql: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, ledger) = open(dir.path()).await;
+    let (config, ledger) = open_ledger(dir.path());
     add_jobs(&ledger, "fresh", 10, "done", 1, 10).await;
     add_jobs(&ledger, "old-done", 1200, "done", 40, 10).await; // more than one batch
     add_jobs(&ledger, "old-dead", 5, "dead", 40, 10).await;
@@ -177,7 +170,7 @@ async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
 #[tokio::test(flavor = "multi_thread")]
 async fn vacuum_gives_the_space_back_to_the_file_system() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, ledger) = open(dir.path()).await;
+    let (config, ledger) = open_ledger(dir.path());
     add_jobs(&ledger, "keep", 200, "done", 1, 2000).await;
     add_jobs(&ledger, "churn", 3000, "done", 400, 2000).await;
     let size = || {
@@ -205,7 +198,7 @@ async fn vacuum_gives_the_space_back_to_the_file_system() {
 #[tokio::test(flavor = "multi_thread")]
 async fn vacuum_stops_between_batches_at_shutdown() {
     let dir = tempfile::tempdir().unwrap();
-    let (_config, ledger) = open(dir.path()).await;
+    let (_config, ledger) = open_ledger(dir.path());
     add_jobs(&ledger, "backlog", 2000, "done", 400, 10).await;
     let shutdown = CancellationToken::new();
     shutdown.cancel();

@@ -14,7 +14,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use sume_receiver::config::HandlerConfig;
-use sume_receiver::ledger::{self, Ledger, NewClaim, Source};
+use sume_receiver::ledger::{self, NewClaim, Source};
 use sume_receiver::sweeper::{SweepReport, Sweeper};
 use sume_receiver::worker::Worker;
 
@@ -221,9 +221,7 @@ async fn without_a_handler_jobs_stay_claimed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sweep_once_takes_back_expired_leases_and_queues_due_jobs() {
     let dir = tempfile::tempdir().unwrap();
-    let config =
-        sume_receiver::config::Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
-    let ledger = Ledger::open(&config.database).unwrap();
+    let (config, ledger) = open_ledger(dir.path());
     let handler = HandlerConfig {
         command: Some(vec!["true".into()]),
         url: None,

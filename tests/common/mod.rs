@@ -168,6 +168,13 @@ impl TestServer {
     }
 }
 
+/// A ledger of its own in `dir`, opened as the service opens it (writer thread started).
+pub fn open_ledger(dir: &Path) -> (Config, std::sync::Arc<sume_receiver::ledger::Ledger>) {
+    let config = Config::parse(&config_text(dir, ""), dir).unwrap();
+    let ledger = sume_receiver::ledger::Ledger::open(&config.database).unwrap();
+    (config, ledger)
+}
+
 /// A port nothing listens on right now (for a server the test starts later).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
