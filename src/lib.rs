@@ -26,7 +26,7 @@ pub mod worker;
 
 use std::fs::File;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -186,13 +186,22 @@ struct InstanceLock {
 
 impl InstanceLock {
     fn acquire(database: &Path) -> anyhow::Result<Self> {
-        let mut path = PathBuf::from(database).into_os_string();
+        let dir = database
+            .parent()
+            .filter(|dir| !dir.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create database directory {}", dir.display()))?;
+        // The real path: two configs that reach one ledger through different paths (a
+        // symlink to the file or its directory, a relative path) still meet on one lock file.
+        let real = std::fs::canonicalize(database).or_else(|_| {
+            let name = database.file_name().unwrap_or_default();
+            std::fs::canonicalize(dir).map(|dir| dir.join(name))
+        });
+        let real = real.with_context(|| format!("cannot resolve {}", database.display()))?;
+        let mut path = real.into_os_string();
         path.push(".lock");
-        let path = PathBuf::from(path);
-        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create database directory {}", dir.display()))?;
-        }
+        let path = std::path::PathBuf::from(path);
         let file = File::options()
             .create(true)
             .truncate(false)

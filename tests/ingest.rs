@@ -251,6 +251,26 @@ async fn a_second_receiver_on_the_same_ledger_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_second_receiver_reaching_the_ledger_through_a_symlink_is_refused() {
+    let server = TestServer::start("").await;
+    let elsewhere = tempfile::tempdir().unwrap();
+    let link = elsewhere.path().join("ledger.sqlite3");
+    std::os::unix::fs::symlink(server.db_path(), &link).unwrap();
+    let mut config = server.config.clone();
+    config.database.path = link;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let second = sume_receiver::run(config, listener, std::future::pending());
+    let error = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("a second receiver started on the same ledger")
+        .unwrap_err();
+    assert!(
+        format!("{error:#}").contains("another sume-receiver is already running"),
+        "{error:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn claims_survive_a_restart() {
     let server = TestServer::start("").await;
     assert_eq!(server.deliver(&job_body("job-keep")).await.status, 200);
