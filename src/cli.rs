@@ -88,7 +88,6 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
             println!("configuration is valid");
             Ok(())
         }
-        Command::Jobs(JobsCommand::Redeliver { job_id }) => redeliver(&job_id, config),
         Command::Jobs(jobs) => execute_jobs(jobs, config),
         Command::Vacuum => {
             ledger::open_existing(&config.database)?;
@@ -134,10 +133,11 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
 }
 
 fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
-    let conn = ledger::open_existing(&config.database)?;
+    // Opened per command: `redeliver` talks to Sume and needs no ledger.
+    let open = || ledger::open_existing(&config.database);
     match command {
         JobsCommand::List { state, limit, json } => {
-            let jobs = ledger::list_jobs(&conn, state, limit).context("cannot list jobs")?;
+            let jobs = ledger::list_jobs(&open()?, state, limit).context("cannot list jobs")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else {
@@ -145,7 +145,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             }
         }
         JobsCommand::Show { job_id, json } => {
-            let job = ledger::show_job(&conn, &job_id)
+            let job = ledger::show_job(&open()?, &job_id)
                 .context("cannot read the job")?
                 .with_context(|| format!("no job {job_id:?} in the ledger"))?;
             if json {
@@ -155,7 +155,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             }
         }
         JobsCommand::Retry { job_id } => {
-            ledger::retry_job(&conn, &job_id, ledger::now_ms())?;
+            ledger::retry_job(&open()?, &job_id, ledger::now_ms())?;
             println!("job {job_id} is queued to run again (the running service picks it up at its next sweep)");
         }
         JobsCommand::Expect { job_id } => {
@@ -163,7 +163,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             let reconcile_after = config.reconcile_after();
             let now = ledger::now_ms();
             let first_poll = now + ledger::duration_ms(reconcile_after);
-            let registered = ledger::expect_job(&conn, &job_id, now, first_poll)?;
+            let registered = ledger::expect_job(&open()?, &job_id, now, first_poll)?;
             let when = humantime::format_duration(reconcile_after);
             match (registered, config.sume_api.is_some()) {
                 (false, _) => println!("job {job_id} was already expected"),
@@ -172,7 +172,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             }
         }
         JobsCommand::Expected { limit, json } => {
-            let rows = ledger::list_expectations(&conn, limit)?;
+            let rows = ledger::list_expectations(&open()?, limit)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
@@ -202,7 +202,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
                 print!("{}", table(&header, &cells, "(no expected jobs)"));
             }
         }
-        JobsCommand::Redeliver { .. } => unreachable!("handled before opening the ledger"),
+        JobsCommand::Redeliver { job_id } => redeliver(&job_id, config)?,
     }
     Ok(())
 }

@@ -21,8 +21,8 @@ use crate::metrics::METRICS;
 /// sweeper instead: memory stays bounded under any backlog.
 const QUEUE_CAPACITY: usize = 10_000;
 
-/// The in-process queue of job_ids to run. It refuses a job_id that is already queued, waiting
-/// for a retry, or running, so the sweeper and the request path can both offer the same job.
+/// The in-process queue of job_ids to run. It refuses a job_id that is already queued or running,
+/// so the sweeper, the request path and retry timers can all offer the same job.
 #[derive(Clone)]
 pub struct Queue {
     sender: mpsc::Sender<String>,
@@ -55,7 +55,7 @@ impl Queue {
         true
     }
 
-    /// Whether the job is queued, waiting for a retry, or running in this process.
+    /// Whether the job is queued or running in this process.
     pub fn holds(&self, job_id: &str) -> bool {
         self.held.lock().expect("not poisoned").contains(job_id)
     }

@@ -267,18 +267,24 @@ fn migrate(conn: &mut Connection, path: &Path) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    pub(crate) fn test_config(dir: &Path) -> DatabaseConfig {
+    fn test_config(dir: &Path) -> DatabaseConfig {
         DatabaseConfig {
             path: dir.join("ledger.sqlite3"),
             ..DatabaseConfig::default()
         }
     }
 
+    /// A fresh, configured but unmigrated connection in `dir`.
+    fn fresh_connection(dir: &Path) -> (DatabaseConfig, Connection) {
+        let config = test_config(dir);
+        let conn = open_connection(&config.path, &config, OpenFlags::default()).unwrap();
+        (config, conn)
+    }
+
     #[test]
     fn migrations_set_the_version_and_are_idempotent() {
         let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path());
-        let mut conn = open_connection(&config.path, &config, OpenFlags::default()).unwrap();
+        let (config, mut conn) = fresh_connection(dir.path());
         migrate(&mut conn, &config.path).unwrap();
         migrate(&mut conn, &config.path).unwrap();
         assert_eq!(schema_version(&conn).unwrap(), MIGRATIONS.len());
@@ -291,8 +297,7 @@ mod tests {
     #[test]
     fn new_ledgers_use_incremental_auto_vacuum() {
         let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path());
-        let mut conn = open_connection(&config.path, &config, OpenFlags::default()).unwrap();
+        let (config, mut conn) = fresh_connection(dir.path());
         migrate(&mut conn, &config.path).unwrap();
         let mode: i64 = conn
             .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
@@ -303,8 +308,7 @@ mod tests {
     #[test]
     fn refuses_a_newer_database() {
         let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path());
-        let mut conn = open_connection(&config.path, &config, OpenFlags::default()).unwrap();
+        let (config, mut conn) = fresh_connection(dir.path());
         conn.pragma_update(None, "user_version", 99).unwrap();
         let error = migrate(&mut conn, &config.path).unwrap_err().to_string();
         assert!(error.contains("newer than this binary knows"), "{error}");
