@@ -13,7 +13,8 @@ use hyper::header::AUTHORIZATION;
 use hyper::{Method, Request, Response, StatusCode};
 
 use crate::config::Secret;
-use crate::ingest::{json_response, MAX_JOB_ID_BYTES};
+use crate::ingest::json_response;
+use crate::job_id::JobId;
 use crate::ledger::{self, duration_ms, now_ms, Ledger};
 use crate::server::{error_response, Router};
 
@@ -25,21 +26,10 @@ pub struct Admin {
     pub reconcile_after: Duration,
 }
 
-/// Checks a job_id from outside (admin API, CLI) by the same rules as a delivery's.
-pub fn validate_job_id(job_id: &str) -> Result<(), String> {
-    if job_id.is_empty() {
-        return Err("job_id is empty".into());
-    }
-    if job_id.len() > MAX_JOB_ID_BYTES {
-        return Err(format!("job_id is longer than {MAX_JOB_ID_BYTES} bytes"));
-    }
-    Ok(())
-}
-
 /// Registers `job_id` as expected, first polled `reconcile_after` from now. `true` if new.
 pub async fn expect(
     ledger: &Ledger,
-    job_id: String,
+    job_id: JobId,
     reconcile_after: Duration,
 ) -> Result<bool, ledger::StorageError> {
     let now = now_ms();
@@ -55,34 +45,42 @@ impl Router for Admin {
             .headers()
             .get(AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .is_some_and(|token| self.token.matches(token.trim()));
+            .and_then(|value| value.trim().split_once(' '))
+            // RFC 9110: the scheme is case-insensitive.
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .is_some_and(|(_, token)| self.token.matches(token.trim()));
         if !authorized {
             return error_response(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
         }
-        let Some(encoded) = request.uri().path().strip_prefix(EXPECTED_PREFIX) else {
+        // One path segment: a raw '/' would make it another resource (`%2F` is part of an id).
+        let Some(encoded) = request
+            .uri()
+            .path()
+            .strip_prefix(EXPECTED_PREFIX)
+            .filter(|segment| !segment.contains('/'))
+        else {
             return error_response(StatusCode::NOT_FOUND, "not found");
         };
         if !matches!(*request.method(), Method::PUT | Method::POST) {
             return error_response(StatusCode::METHOD_NOT_ALLOWED, "use PUT or POST");
         }
         let job_id = match percent_encoding::percent_decode_str(encoded).decode_utf8() {
-            Ok(job_id) => job_id.into_owned(),
+            Ok(decoded) => match JobId::parse(&decoded) {
+                Ok(job_id) => job_id,
+                Err(error) => return error_response(StatusCode::BAD_REQUEST, &error.to_string()),
+            },
             Err(_) => return error_response(StatusCode::BAD_REQUEST, "job_id is not UTF-8"),
         };
-        if let Err(reason) = validate_job_id(&job_id) {
-            return error_response(StatusCode::BAD_REQUEST, &reason);
-        }
         match expect(&self.ledger, job_id.clone(), self.reconcile_after).await {
             Ok(registered) => {
-                tracing::info!(job_id = %job_id, registered, "expected job registered");
+                tracing::info!(job_id = ?job_id, registered, "expected job registered");
                 json_response(
                     StatusCode::OK,
                     &serde_json::json!({ "job_id": job_id, "registered": registered }),
                 )
             }
             Err(error) => {
-                tracing::warn!(job_id = %job_id, %error, "could not register an expected job");
+                tracing::warn!(job_id = ?job_id, %error, "could not register an expected job");
                 error_response(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "storage unavailable, retry later",

@@ -7,6 +7,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
 use crate::config::{self, Config};
+use crate::job_id::JobId;
 use crate::ledger::{self, JobDetail, JobSummary, State};
 use crate::vacuum::Vacuum;
 
@@ -53,15 +54,15 @@ pub enum JobsCommand {
     },
     /// Show one job: state, attempts, times, last error and body.
     Show {
-        job_id: String,
+        job_id: JobId,
         #[arg(long)]
         json: bool,
     },
     /// Run a `done` or `dead` job again from its stored body.
-    Retry { job_id: String },
+    Retry { job_id: JobId },
     /// Register a job the application submitted to Sume: if its webhook never arrives, the
     /// service polls Sume for it. Idempotent.
-    Expect { job_id: String },
+    Expect { job_id: JobId },
     /// List registered expected jobs and what polling found.
     Expected {
         #[arg(long, default_value_t = 50)]
@@ -70,7 +71,7 @@ pub enum JobsCommand {
         json: bool,
     },
     /// Ask Sume to send the job's webhook again (POST /v1/jobs/{job_id}/webhook/redeliver).
-    Redeliver { job_id: String },
+    Redeliver { job_id: JobId },
 }
 
 impl clap::builder::ValueParserFactory for State {
@@ -145,7 +146,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             }
         }
         JobsCommand::Show { job_id, json } => {
-            let job = ledger::show_job(&open()?, &job_id)
+            let job = ledger::show_job(&open()?, job_id.as_str())
                 .context("cannot read the job")?
                 .with_context(|| format!("no job {job_id:?} in the ledger"))?;
             if json {
@@ -155,11 +156,10 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             }
         }
         JobsCommand::Retry { job_id } => {
-            ledger::retry_job(&open()?, &job_id, ledger::now_ms())?;
+            ledger::retry_job(&open()?, job_id.as_str(), ledger::now_ms())?;
             println!("job {job_id} is queued to run again (the running service picks it up at its next sweep)");
         }
         JobsCommand::Expect { job_id } => {
-            crate::admin::validate_job_id(&job_id).map_err(anyhow::Error::msg)?;
             let reconcile_after = config.reconcile_after();
             let now = ledger::now_ms();
             let first_poll = now + ledger::duration_ms(reconcile_after);
@@ -253,9 +253,28 @@ fn jobs_table(jobs: &[JobSummary]) -> String {
     table(&header, &rows, "(no jobs)")
 }
 
+/// `text` with every control character escaped (`\n`, `\u{1b}`): what the ledger holds (ids
+/// written by older versions, handler errors, bodies) must not drive the operator's terminal.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// Left-aligned columns, two spaces apart, sized to their widest cell.
 fn table(header: &[&str], rows: &[Vec<String>], when_empty: &str) -> String {
     let header: Vec<String> = header.iter().map(|cell| (*cell).to_owned()).collect();
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| printable(cell)).collect())
+        .collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -280,7 +299,7 @@ fn table(header: &[&str], rows: &[Vec<String>], when_empty: &str) -> String {
 }
 
 /// Asks Sume to send a job's webhook again.
-fn redeliver(job_id: &str, config: &Config) -> anyhow::Result<()> {
+fn redeliver(job_id: &JobId, config: &Config) -> anyhow::Result<()> {
     let api = config
         .sume_api
         .as_ref()
@@ -303,7 +322,7 @@ fn redeliver(job_id: &str, config: &Config) -> anyhow::Result<()> {
         bail!(
             "Sume refused the redelivery of {job_id}: {} {}",
             answer.status,
-            text.trim()
+            printable(text.trim())
         );
     }
     println!(
@@ -342,7 +361,7 @@ fn job_details(job: &JobDetail) -> String {
     ];
     fields
         .iter()
-        .map(|(name, value)| format!("{name:<17}{value}\n"))
+        .map(|(name, value)| format!("{name:<17}{}\n", printable(value)))
         .collect()
 }
 

@@ -8,6 +8,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Deserializer};
 
+use crate::job_id::JobId;
+
 pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
 
 #[derive(Debug, Clone, Deserialize)]
@@ -51,6 +53,10 @@ pub struct ServerConfig {
     /// On SIGTERM: how long in-flight requests and running handlers may take to finish.
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
+    /// Connections served at once; past it, new ones wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// Bytes of request bodies held in memory at once, over all connections.
+    pub max_inflight_body_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +71,8 @@ impl Default for ServerConfig {
             max_header_bytes: 16 * 1024,
             claim_timeout: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(30),
+            max_connections: 1024,
+            max_inflight_body_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -162,6 +170,17 @@ pub enum Synchronous {
     Normal,
 }
 
+/// What the service checks of the ledger's pages before it serves from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckAtStart {
+    /// `PRAGMA quick_check`: every page's structure, without matching indexes to their tables.
+    Quick,
+    /// `PRAGMA integrity_check`: also that every index matches its table. Slower.
+    Full,
+    Off,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
@@ -173,6 +192,7 @@ pub struct DatabaseConfig {
     /// Most claims and state changes committed in one transaction (group commit). 1 turns group
     /// commit off, which only the benchmark has reason to do.
     pub max_batch: usize,
+    pub check_at_start: CheckAtStart,
 }
 
 impl Default for DatabaseConfig {
@@ -182,6 +202,7 @@ impl Default for DatabaseConfig {
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_secs(2),
             max_batch: 512,
+            check_at_start: CheckAtStart::Quick,
         }
     }
 }
@@ -283,6 +304,8 @@ impl Default for RetentionConfig {
 }
 
 const DAY_SECS: u64 = 86_400;
+/// Sume's deliveries are small JSON documents; a limit past this only serves a flood.
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -356,14 +379,64 @@ fn default_admin_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8081))
 }
 
-/// Human durations: "300s", "5m", "30d", "1h 30m".
+/// The longest duration any key takes: past it, time arithmetic on it could overflow, and no
+/// setting has a use for it.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * DAY_SECS);
+
+/// Human durations: "300s", "5m", "30d", "1h 30m"; at most 100 years.
 fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(deserializer)?;
-    humantime::parse_duration(&text).map_err(|e| {
+    let parsed = humantime::parse_duration(&text).map_err(|e| {
         serde::de::Error::custom(format!(
             "invalid duration {text:?} ({e}); write it like \"300s\", \"5m\" or \"30d\""
         ))
-    })
+    })?;
+    if parsed > MAX_DURATION {
+        return Err(serde::de::Error::custom(format!(
+            "duration {text:?} is longer than 100 years"
+        )));
+    }
+    Ok(parsed)
+}
+
+/// A TOML error without the source excerpt `toml` would print: the excerpt may be a secret
+/// (the journal keeps what we print). Says the line, the key and what is wrong; in the
+/// `[signature]` table, quoted values in the message are hidden too.
+fn describe_toml_error(text: &str, error: &toml::de::Error) -> String {
+    let Some(span) = error.span() else {
+        return error.message().to_owned();
+    };
+    let start = span.start.min(text.len());
+    let line_number = text[..start].matches('\n').count() + 1;
+    let line = text.lines().nth(line_number - 1).unwrap_or("");
+    let key = line
+        .split_once('=')
+        .map(|(key, _)| key.trim())
+        .filter(|key| !key.is_empty() && !key.contains(['"', '\'']))
+        .map(|key| format!(" (key `{key}`)"))
+        .unwrap_or_default();
+    let table = text[..start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|line| line.starts_with('['))
+        .unwrap_or("");
+    let mut message = error.message().trim().to_owned();
+    if table.trim_matches(['[', ']', ' ']) == "signature" {
+        message = hide_quoted(&message);
+    }
+    format!("TOML error on line {line_number}{key}: {message}")
+}
+
+/// Replaces every `"..."` in `text` by `"(hidden)"`.
+fn hide_quoted(text: &str) -> String {
+    let mut parts = text.split('"');
+    let mut out = parts.next().unwrap_or("").to_owned();
+    for (index, part) in parts.enumerate() {
+        out.push('"');
+        out.push_str(if index % 2 == 0 { "(hidden)" } else { part });
+    }
+    out
 }
 
 impl Config {
@@ -377,7 +450,8 @@ impl Config {
 
     /// Parses and validates config text; relative paths in it are taken from `base_dir`.
     pub fn parse(text: &str, base_dir: &Path) -> anyhow::Result<Self> {
-        let mut config: Config = toml::from_str(text)?;
+        let mut config: Config = toml::from_str(text)
+            .map_err(|error| anyhow::anyhow!(describe_toml_error(text, &error)))?;
         config.resolve_paths(base_dir);
         config.load_secrets_file()?;
         config.load_credential_files()?;
@@ -494,6 +568,8 @@ impl Config {
             ("server.body_read_timeout", server.body_read_timeout),
             ("server.claim_timeout", server.claim_timeout),
             ("sweeper.interval", self.sweeper.interval),
+            ("sweeper.stale_after", self.sweeper.stale_after),
+            ("database.busy_timeout", self.database.busy_timeout),
         ] {
             if value.is_zero() {
                 bail!("{key} must be greater than zero");
@@ -501,6 +577,20 @@ impl Config {
         }
         if server.claim_timeout >= Duration::from_secs(10) {
             bail!("server.claim_timeout must stay under Sume's 10 s delivery timeout");
+        }
+        if server.max_connections == 0 {
+            bail!("server.max_connections must be at least 1");
+        }
+        if server.max_inflight_body_bytes < server.max_body_bytes {
+            bail!(
+                "server.max_inflight_body_bytes ({}) must be at least server.max_body_bytes ({}): \
+                 a largest body could never be read",
+                server.max_inflight_body_bytes,
+                server.max_body_bytes
+            );
+        }
+        if server.max_body_bytes > MAX_BODY_BYTES {
+            bail!("server.max_body_bytes must be at most {MAX_BODY_BYTES} (64 MiB)");
         }
         if self.database.max_batch == 0 {
             bail!("database.max_batch must be at least 1");
@@ -563,18 +653,11 @@ impl SumeApiConfig {
     }
 
     /// `{base_url}/v1/jobs/{job_id}/{action}`, with the job_id percent-encoded.
-    pub fn job_url(&self, job_id: &str, action: &str) -> String {
-        let mut encoded = String::with_capacity(job_id.len());
-        for byte in job_id.bytes() {
-            if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-                encoded.push(char::from(byte));
-            } else {
-                encoded.push_str(&format!("%{byte:02X}"));
-            }
-        }
+    pub fn job_url(&self, job_id: &JobId, action: &str) -> String {
         format!(
-            "{}/v1/jobs/{encoded}/{action}",
-            self.base_url.trim_end_matches('/')
+            "{}/v1/jobs/{}/{action}",
+            self.base_url.trim_end_matches('/'),
+            job_id.url_segment()
         )
     }
 }
@@ -754,7 +837,7 @@ mod tests {
         let api = config.sume_api.unwrap();
         assert_eq!(api.api_key.expose(), "sk_live_123");
         assert_eq!(
-            api.job_url("job 1/x", "status"),
+            api.job_url(&JobId::parse("job 1/x").unwrap(), "status"),
             "https://api.sume.example/v1/jobs/job%201%2Fx/status"
         );
         let e = format!(

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::CONTENT_TYPE;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::Request;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -75,7 +75,7 @@ async fn run_command(
 ) -> Result<(), AttemptError> {
     let mut child = tokio::process::Command::new(&argv[0])
         .args(&argv[1..])
-        .env("SUME_JOB_ID", &attempt.job_id)
+        .env("SUME_JOB_ID", attempt.job_id.as_str())
         .env(
             "SUME_EVENT_TYPE",
             attempt.event_type.as_deref().unwrap_or(""),
@@ -92,19 +92,24 @@ async fn run_command(
         .map_err(|e| AttemptError::Failed(format!("cannot start {:?}: {e}", argv[0])))?;
     let group = child.id().and_then(|pid| i32::try_from(pid).ok());
     let stderr_tail = tokio::spawn(read_tail(child.stderr.take()));
-    let mut stdin = child.stdin.take();
-    let body = attempt.body.clone();
-    let feed_stdin = async move {
-        if let Some(stdin) = stdin.as_mut() {
-            // A handler that does not read its stdin is fine: ignore the broken pipe.
-            let _ = stdin.write_all(body.as_bytes()).await;
+    // Fed from its own task: the exit status alone decides the attempt. A handler may exit
+    // without reading its stdin, or hand it to a background child that never reads it; the
+    // write then never finishes, and it is dropped with the attempt.
+    let feed_stdin = tokio::spawn({
+        let stdin = child.stdin.take();
+        let body = attempt.body.clone();
+        async move {
+            if let Some(mut stdin) = stdin {
+                // A handler that does not read its stdin is fine: ignore the broken pipe.
+                let _ = stdin.write_all(body.as_bytes()).await;
+            }
         }
-        drop(stdin);
-    };
+    });
     let finished = tokio::select! {
-        result = tokio::time::timeout(timeout, async { tokio::join!(feed_stdin, child.wait()).1 }) => Some(result),
+        result = tokio::time::timeout(timeout, child.wait()) => Some(result),
         () = stop.cancelled() => None,
     };
+    feed_stdin.abort();
     let outcome = match finished {
         Some(Ok(Ok(status))) if status.success() => Ok(()),
         Some(Ok(Ok(status))) => Err(describe_exit(status)),
@@ -132,7 +137,7 @@ async fn run_command(
         Ok(()) => {
             if !tail.is_empty() {
                 // What a successful handler says on stderr belongs in the service's log.
-                tracing::info!(job_id = %attempt.job_id, output = %tail, "handler stderr");
+                tracing::info!(job_id = ?attempt.job_id, output = ?tail, "handler stderr");
             }
             Ok(())
         }
@@ -186,7 +191,12 @@ async fn post(
 ) -> Result<(), String> {
     let request = Request::post(url.clone())
         .header(CONTENT_TYPE, "application/json")
-        .header("x-sume-job-id", attempt.job_id.as_str())
+        // As bytes: a UTF-8 id is obs-text, which a header may carry but `&str` would refuse.
+        .header(
+            "x-sume-job-id",
+            HeaderValue::from_bytes(attempt.job_id.as_str().as_bytes())
+                .map_err(|e| format!("cannot send the job_id as a header: {e}"))?,
+        )
         .header("x-sume-attempt", attempt.number)
         .header("x-sume-delivery-source", attempt.source.as_str())
         .body(Full::new(Bytes::from(attempt.body.clone())))

@@ -1,27 +1,33 @@
-//! The webhook request path: body limit -> signature -> job_id -> durable claim -> answer.
+//! The webhook request path: cheap header checks -> body (bounded) -> signature -> job_id ->
+//! durable claim -> answer.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
-use hyper::{Request, Response, StatusCode};
+use hyper::{HeaderMap, Request, Response, StatusCode};
 use serde_json::{Map, Value};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{Config, Secret};
+use crate::job_id::JobId;
 use crate::ledger::{ClaimOutcome, Ledger, NewClaim, Source, StorageError};
 use crate::metrics::{DeliveryOutcome, METRICS};
-use crate::signature::{self, SignatureError};
+use crate::signature::{self, SignatureError, SignedHeaders};
 use crate::worker::Queue;
 
 pub const TIMESTAMP_HEADER: &str = "x-sume-webhook-timestamp";
 pub const SIGNATURE_HEADER: &str = "x-sume-webhook-signature";
-/// Longest job_id we accept: the ledger key, shown in logs and the CLI.
-pub const MAX_JOB_ID_BYTES: usize = 255;
 /// What a 503 tells Sume (and any other client) to wait before trying again.
 const RETRY_AFTER_SECS: &str = "5";
+/// Bodies up to this size (every real Sume delivery) have a share of the body budget to
+/// themselves, so that a flood of large bodies cannot starve them.
+const SMALL_BODY_BYTES: usize = 64 * 1024;
+/// How long a delivery waits for room in the body budget before it is answered 503.
+const BUDGET_WAIT: Duration = Duration::from_secs(1);
 
 /// Why a delivery was not acknowledged; each maps to one status code.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +44,8 @@ pub enum IngestError {
     BodyTimeout(Duration),
     #[error("{0}")]
     BadPayload(String),
+    #[error("too many request bodies in memory at once")]
+    BodyBudgetExhausted,
     #[error("claim not committed: {0}")]
     Storage(#[from] StorageError),
     #[error("claim not committed within {0:?}")]
@@ -54,7 +62,9 @@ impl IngestError {
             IngestError::BodyRead(_) | IngestError::BodyTimeout(_) | IngestError::BadPayload(_) => {
                 DeliveryOutcome::BadRequest
             }
-            IngestError::Storage(_) | IngestError::ClaimTimeout(_) => DeliveryOutcome::Unavailable,
+            IngestError::BodyBudgetExhausted
+            | IngestError::Storage(_)
+            | IngestError::ClaimTimeout(_) => DeliveryOutcome::Unavailable,
         }
     }
 
@@ -74,7 +84,7 @@ impl IngestError {
     fn public_message(&self) -> String {
         match self.outcome() {
             DeliveryOutcome::Unauthorized => "invalid or missing signature".into(),
-            DeliveryOutcome::Unavailable => "storage unavailable, retry later".into(),
+            DeliveryOutcome::Unavailable => "overloaded or storage unavailable, retry later".into(),
             _ => self.to_string(),
         }
     }
@@ -102,6 +112,117 @@ pub fn json_response(status: StatusCode, value: &Value) -> Response<Full<Bytes>>
     response
 }
 
+/// What a delivery's headers promise, checked before its body is read.
+#[derive(Debug)]
+pub struct Prechecked<'a> {
+    pub signed: SignedHeaders<'a>,
+    /// The declared Content-Length (within the limit); `None` for a chunked body.
+    pub declared_length: Option<usize>,
+}
+
+/// The checks that cost no body: a declared length within `max_body_bytes`, both signature
+/// headers present, a fresh well-formed timestamp, at least one well-formed `sume-v1` entry.
+/// Several signature header lines are read as one comma-separated list.
+pub fn precheck(
+    headers: &HeaderMap,
+    max_body_bytes: usize,
+    now_unix: i64,
+    tolerance_secs: u64,
+) -> Result<Prechecked<'_>, IngestError> {
+    let declared_length = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    let declared_length = match declared_length {
+        Some(length) if length > max_body_bytes as u64 => {
+            return Err(IngestError::TooLarge {
+                limit: max_body_bytes,
+            })
+        }
+        // Within the limit, so it fits a usize.
+        Some(length) => Some(length as usize),
+        None => None,
+    };
+    let mut timestamps = headers.get_all(TIMESTAMP_HEADER).iter();
+    let timestamp = match (timestamps.next(), timestamps.next()) {
+        (None, _) => return Err(IngestError::MissingHeader(TIMESTAMP_HEADER)),
+        (Some(value), None) => value
+            .to_str()
+            .map_err(|_| SignatureError::MalformedTimestamp)?,
+        (Some(_), Some(_)) => return Err(SignatureError::MalformedTimestamp.into()),
+    };
+    let entries: Vec<&str> = headers
+        .get_all(SIGNATURE_HEADER)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .collect();
+    if entries.is_empty() {
+        return Err(IngestError::MissingHeader(SIGNATURE_HEADER));
+    }
+    let signed = signature::check_headers(timestamp, &entries.join(","), now_unix, tolerance_secs)?;
+    Ok(Prechecked {
+        signed,
+        declared_length,
+    })
+}
+
+/// The whole check of one delivery, without I/O: [`precheck`], the body limit, the signature,
+/// the payload. The service runs the same steps with the body read in between (and the fuzz
+/// target runs this).
+pub fn check_delivery<S: AsRef<[u8]>>(
+    headers: &HeaderMap,
+    body: &[u8],
+    secrets: &[S],
+    now_unix: i64,
+    tolerance_secs: u64,
+    max_body_bytes: usize,
+) -> Result<NewClaim, IngestError> {
+    let prechecked = precheck(headers, max_body_bytes, now_unix, tolerance_secs)?;
+    if body.len() > max_body_bytes {
+        return Err(IngestError::TooLarge {
+            limit: max_body_bytes,
+        });
+    }
+    prechecked.signed.verify(secrets, body)?;
+    parse_claim(body.to_vec())
+}
+
+/// Bytes of request bodies held in memory at once, over all connections. A delivery reserves
+/// its declared length (the limit, for a chunked body) before reading, and holds it until its
+/// claim is answered.
+struct BodyBudget {
+    /// For bodies up to [`SMALL_BODY_BYTES`]: a quarter of the budget (less when the largest
+    /// body needs it).
+    small: Arc<Semaphore>,
+    small_capacity: usize,
+    large: Arc<Semaphore>,
+}
+
+impl BodyBudget {
+    /// `total` is at least `max_body_bytes` (config validation), and at most 64 MiB x 1024.
+    fn new(total: usize, max_body_bytes: usize) -> Self {
+        let small_capacity = (total / 4).min(total - max_body_bytes);
+        Self {
+            small: Arc::new(Semaphore::new(small_capacity)),
+            small_capacity,
+            large: Arc::new(Semaphore::new(total - small_capacity)),
+        }
+    }
+
+    async fn reserve(&self, bytes: usize) -> Result<OwnedSemaphorePermit, IngestError> {
+        let lane = if bytes <= SMALL_BODY_BYTES && bytes <= self.small_capacity {
+            &self.small
+        } else {
+            &self.large
+        };
+        let bytes = u32::try_from(bytes).map_err(|_| IngestError::BodyBudgetExhausted)?;
+        match tokio::time::timeout(BUDGET_WAIT, lane.clone().acquire_many_owned(bytes)).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(IngestError::BodyBudgetExhausted),
+        }
+    }
+}
+
 /// Verifies and claims deliveries; shared by every connection.
 pub struct Ingest {
     secrets: Vec<Secret>,
@@ -109,6 +230,7 @@ pub struct Ingest {
     max_body_bytes: usize,
     body_read_timeout: Duration,
     claim_timeout: Duration,
+    budget: BodyBudget,
     ledger: Arc<Ledger>,
     /// Where a new claim goes to be worked on; `None` when no handler is configured.
     queue: Option<Queue>,
@@ -116,12 +238,14 @@ pub struct Ingest {
 
 impl Ingest {
     pub fn new(config: &Config, ledger: Arc<Ledger>, queue: Option<Queue>) -> Self {
+        let server = &config.server;
         Self {
             secrets: config.signature.secrets.clone(),
             tolerance_secs: config.signature.tolerance.as_secs(),
-            max_body_bytes: config.server.max_body_bytes,
-            body_read_timeout: config.server.body_read_timeout,
-            claim_timeout: config.server.claim_timeout,
+            max_body_bytes: server.max_body_bytes,
+            body_read_timeout: server.body_read_timeout,
+            claim_timeout: server.claim_timeout,
+            budget: BodyBudget::new(server.max_inflight_body_bytes, server.max_body_bytes),
             ledger,
             queue,
         }
@@ -136,7 +260,7 @@ impl Ingest {
                 } else {
                     DeliveryOutcome::Claimed
                 });
-                tracing::debug!(job_id = %job_id, duplicate, "delivery acknowledged");
+                tracing::debug!(job_id = ?job_id, duplicate, "delivery acknowledged");
                 json_response(
                     StatusCode::OK,
                     &serde_json::json!({ "job_id": job_id, "duplicate": duplicate }),
@@ -144,7 +268,7 @@ impl Ingest {
             }
             Err(error) => {
                 METRICS.record_delivery(error.outcome());
-                tracing::warn!(status = error.status().as_u16(), %error, "delivery refused");
+                tracing::warn!(status = error.status().as_u16(), error = ?error.to_string(), "delivery refused");
                 error.into_response()
             }
         }
@@ -153,62 +277,55 @@ impl Ingest {
     async fn ingest(
         &self,
         request: Request<Incoming>,
-    ) -> Result<(String, ClaimOutcome), IngestError> {
+    ) -> Result<(JobId, ClaimOutcome), IngestError> {
         let (parts, body) = request.into_parts();
-        let too_large = IngestError::TooLarge {
-            limit: self.max_body_bytes,
-        };
-        let declared_length = parts
-            .headers
-            .get(CONTENT_LENGTH)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.parse::<u64>().ok());
-        if declared_length.is_some_and(|length| length > self.max_body_bytes as u64) {
-            return Err(too_large);
-        }
-        let header = |name: &'static str| {
-            parts
-                .headers
-                .get(name)
-                .and_then(|value| value.to_str().ok())
-                .ok_or(IngestError::MissingHeader(name))
-        };
-        let timestamp = header(TIMESTAMP_HEADER)?;
-        let signature_header = header(SIGNATURE_HEADER)?;
-
-        // Limited also stops a chunked body that never declared its length.
-        let collect = Limited::new(body, self.max_body_bytes).collect();
-        let body = match tokio::time::timeout(self.body_read_timeout, collect).await {
-            Err(_) => return Err(IngestError::BodyTimeout(self.body_read_timeout)),
-            Ok(Ok(collected)) => collected.to_bytes(),
-            Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
-                return Err(too_large)
-            }
-            Ok(Err(error)) => return Err(IngestError::BodyRead(error.to_string())),
-        };
-
-        signature::verify(
-            &self.secrets,
-            timestamp,
-            &body,
-            signature_header,
+        let prechecked = precheck(
+            &parts.headers,
+            self.max_body_bytes,
             unix_now(),
             self.tolerance_secs,
         )?;
+        let reserved = prechecked.declared_length.unwrap_or(self.max_body_bytes);
+        let _budget = self.budget.reserve(reserved).await?;
+        let read = read_body(body, reserved, self.max_body_bytes);
+        let body = tokio::time::timeout(self.body_read_timeout, read)
+            .await
+            .map_err(|_| IngestError::BodyTimeout(self.body_read_timeout))??;
+        prechecked.signed.verify(&self.secrets, &body)?;
 
-        let claim = parse_claim(&body)?;
+        let claim = parse_claim(body)?;
         let job_id = claim.job_id.clone();
         let outcome = tokio::time::timeout(self.claim_timeout, self.ledger.claim(claim))
             .await
             .map_err(|_| IngestError::ClaimTimeout(self.claim_timeout))??;
         if outcome == ClaimOutcome::Claimed {
-            tracing::debug!(job_id = %job_id, "job claimed");
+            tracing::debug!(job_id = ?job_id, "job claimed");
             if let Some(queue) = &self.queue {
                 queue.enqueue(&job_id);
             }
         }
         Ok((job_id, outcome))
     }
+}
+
+/// Reads the body into one buffer of the reserved size; more than `limit` bytes (a chunked body
+/// that never declared its length) is refused as soon as it arrives.
+async fn read_body(
+    mut body: Incoming,
+    reserved: usize,
+    limit: usize,
+) -> Result<Vec<u8>, IngestError> {
+    let mut bytes = Vec::with_capacity(reserved);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| IngestError::BodyRead(error.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            if bytes.len() + data.len() > limit {
+                return Err(IngestError::TooLarge { limit });
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Ok(bytes)
 }
 
 fn unix_now() -> i64 {
@@ -218,20 +335,14 @@ fn unix_now() -> i64 {
 }
 
 /// Reads the fields we key on from a verified body; the body itself is stored verbatim.
-pub fn parse_claim(body: &[u8]) -> Result<NewClaim, IngestError> {
+pub fn parse_claim(body: Vec<u8>) -> Result<NewClaim, IngestError> {
     let bad = |reason: String| IngestError::BadPayload(reason);
-    let text = std::str::from_utf8(body).map_err(|_| bad("body is not UTF-8".into()))?;
+    let text = String::from_utf8(body).map_err(|_| bad("body is not UTF-8".into()))?;
     let object: Map<String, Value> =
-        serde_json::from_str(text).map_err(|e| bad(format!("body is not a JSON object: {e}")))?;
+        serde_json::from_str(&text).map_err(|e| bad(format!("body is not a JSON object: {e}")))?;
     let job_id = match object.get("job_id") {
         None | Some(Value::Null) => return Err(bad("job_id is missing".into())),
-        Some(Value::String(id)) if id.is_empty() => return Err(bad("job_id is empty".into())),
-        Some(Value::String(id)) if id.len() > MAX_JOB_ID_BYTES => {
-            return Err(bad(format!(
-                "job_id is longer than {MAX_JOB_ID_BYTES} bytes"
-            )))
-        }
-        Some(Value::String(id)) => id.clone(),
+        Some(Value::String(id)) => JobId::parse(id).map_err(|error| bad(error.to_string()))?,
         Some(_) => return Err(bad("job_id must be a string".into())),
     };
     let event_type = ["type", "event"]
@@ -241,7 +352,7 @@ pub fn parse_claim(body: &[u8]) -> Result<NewClaim, IngestError> {
     Ok(NewClaim {
         job_id,
         event_type,
-        body: text.to_owned(),
+        body: text,
         source: Source::Webhook,
     })
 }
@@ -250,24 +361,46 @@ pub fn parse_claim(body: &[u8]) -> Result<NewClaim, IngestError> {
 mod tests {
     use super::*;
 
+    const SECRET: &str = "whsec_unit";
+    const NOW: i64 = 1_767_225_600;
+
+    fn parse(body: &str) -> Result<NewClaim, IngestError> {
+        parse_claim(body.as_bytes().to_vec())
+    }
+
     fn reason(body: &str) -> String {
-        parse_claim(body.as_bytes()).unwrap_err().to_string()
+        parse(body).unwrap_err().to_string()
+    }
+
+    /// Headers of a delivery of `body` signed at NOW, with these extra signature lines.
+    fn headers(body: &str, signature_lines: &[String]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(TIMESTAMP_HEADER, NOW.to_string().parse().unwrap());
+        headers.insert(CONTENT_LENGTH, body.len().into());
+        for line in signature_lines {
+            headers.append(SIGNATURE_HEADER, line.parse().unwrap());
+        }
+        headers
+    }
+
+    fn check(headers: &HeaderMap, body: &str) -> Result<NewClaim, IngestError> {
+        check_delivery(headers, body.as_bytes(), &[SECRET], NOW, 300, 1024)
     }
 
     #[test]
     fn reads_job_id_and_event_type() {
-        let claim = parse_claim(br#"{"job_id":"j1","type":"job.completed","x":[1]}"#).unwrap();
-        assert_eq!(claim.job_id, "j1");
+        let claim = parse(r#"{"job_id":"j1","type":"job.completed","x":[1]}"#).unwrap();
+        assert_eq!(claim.job_id.as_str(), "j1");
         assert_eq!(claim.event_type.as_deref(), Some("job.completed"));
-        let claim = parse_claim(br#"{"job_id":"j1","event":"job.failed"}"#).unwrap();
+        let claim = parse(r#"{"job_id":"j1","event":"job.failed"}"#).unwrap();
         assert_eq!(claim.event_type.as_deref(), Some("job.failed"));
-        assert_eq!(parse_claim(br#"{"job_id":"j1"}"#).unwrap().event_type, None);
+        assert_eq!(parse(r#"{"job_id":"j1"}"#).unwrap().event_type, None);
     }
 
     #[test]
     fn keeps_the_body_verbatim() {
         let body = "{ \"job_id\" : \"j1\",\n \"n\": 1.50 }";
-        assert_eq!(parse_claim(body.as_bytes()).unwrap().body, body);
+        assert_eq!(parse(body).unwrap().body, body);
     }
 
     #[test]
@@ -279,16 +412,112 @@ mod tests {
         let long = format!(r#"{{"job_id":"{}"}}"#, "x".repeat(256));
         assert!(reason(&long).contains("longer than 255"));
         let max = format!(r#"{{"job_id":"{}"}}"#, "x".repeat(255));
-        assert!(parse_claim(max.as_bytes()).is_ok());
+        assert!(parse(&max).is_ok());
+        assert!(reason(r#"{"job_id":"a\u0000b"}"#).contains("control character (U+0000)"));
+        assert!(reason(r#"{"job_id":"a\nINFO forged"}"#).contains("control character"));
+        assert!(reason(r#"{"job_id":".."}"#).contains("`.` or `..`"));
     }
 
     #[test]
     fn refuses_non_objects() {
         assert!(reason("[\"job_id\"]").contains("not a JSON object"));
         assert!(reason("not json").contains("not a JSON object"));
-        assert!(parse_claim(&[0xff, 0xfe])
+        assert!(parse_claim(vec![0xff, 0xfe])
             .unwrap_err()
             .to_string()
             .contains("UTF-8"));
+    }
+
+    #[test]
+    fn a_signed_delivery_passes_every_check() {
+        let body = r#"{"job_id":"j1"}"#;
+        let signature = signature::sign(&[SECRET], &NOW.to_string(), body.as_bytes());
+        let claim = check(&headers(body, &[signature]), body).unwrap();
+        assert_eq!(claim.job_id.as_str(), "j1");
+    }
+
+    #[test]
+    fn several_signature_header_lines_are_one_list() {
+        let body = r#"{"job_id":"j1"}"#;
+        let good = signature::sign(&[SECRET], &NOW.to_string(), body.as_bytes());
+        let lines = [format!("sume-v1={}", "00".repeat(32)), good];
+        assert!(check(&headers(body, &lines), body).is_ok());
+    }
+
+    #[test]
+    fn headers_are_checked_before_any_body() {
+        let body = r#"{"job_id":"j1"}"#;
+        let good = signature::sign(&[SECRET], &NOW.to_string(), body.as_bytes());
+        let precheck = |headers: &HeaderMap| precheck(headers, 1024, NOW, 300).map(drop);
+
+        let mut missing = headers(body, &[]);
+        assert!(matches!(
+            precheck(&missing),
+            Err(IngestError::MissingHeader(SIGNATURE_HEADER))
+        ));
+        missing.remove(TIMESTAMP_HEADER);
+        assert!(matches!(
+            precheck(&missing),
+            Err(IngestError::MissingHeader(TIMESTAMP_HEADER))
+        ));
+
+        let mut stale = headers(body, std::slice::from_ref(&good));
+        stale.insert(TIMESTAMP_HEADER, (NOW - 301).to_string().parse().unwrap());
+        assert!(matches!(
+            precheck(&stale),
+            Err(IngestError::BadSignature(SignatureError::StaleTimestamp))
+        ));
+
+        let mut twice = headers(body, std::slice::from_ref(&good));
+        twice.append(TIMESTAMP_HEADER, NOW.to_string().parse().unwrap());
+        assert!(matches!(
+            precheck(&twice),
+            Err(IngestError::BadSignature(
+                SignatureError::MalformedTimestamp
+            ))
+        ));
+
+        let malformed = headers(body, &["sume-v1=zz".to_owned()]);
+        assert!(matches!(
+            precheck(&malformed),
+            Err(IngestError::BadSignature(SignatureError::NoEntries))
+        ));
+
+        let mut too_long = headers(body, &[good]);
+        too_long.insert(CONTENT_LENGTH, 1025.into());
+        assert!(matches!(
+            precheck(&too_long),
+            Err(IngestError::TooLarge { limit: 1024 })
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_body_budget_keeps_a_share_for_small_bodies() {
+        let budget = BodyBudget::new(4 * 1024 * 1024, 1024 * 1024);
+        let large: Vec<_> = reserve_each(&budget, 3, 1024 * 1024).await;
+        assert!(large.iter().all(Result::is_ok), "3 MiB of large bodies fit");
+        assert!(
+            matches!(
+                budget.reserve(1024 * 1024).await,
+                Err(IngestError::BodyBudgetExhausted)
+            ),
+            "a fourth large body waits, then is refused"
+        );
+        assert!(
+            budget.reserve(2048).await.is_ok(),
+            "a small body still has room"
+        );
+    }
+
+    async fn reserve_each(
+        budget: &BodyBudget,
+        count: usize,
+        bytes: usize,
+    ) -> Vec<Result<OwnedSemaphorePermit, IngestError>> {
+        let mut permits = Vec::new();
+        for _ in 0..count {
+            permits.push(budget.reserve(bytes).await);
+        }
+        permits
     }
 }

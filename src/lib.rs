@@ -14,6 +14,7 @@ pub mod config;
 pub mod handler;
 pub mod http_client;
 pub mod ingest;
+pub mod job_id;
 pub mod ledger;
 pub mod loadgen;
 pub mod metrics;
@@ -21,11 +22,13 @@ pub mod reconcile;
 pub mod server;
 pub mod signature;
 pub mod sweeper;
+pub mod throttle;
 pub mod vacuum;
 pub mod worker;
 
 use std::fs::File;
 use std::future::Future;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -52,10 +55,35 @@ pub async fn run(
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
+    match server::raise_open_files_limit() {
+        Ok(limit) => {
+            tracing::info!(
+                open_files = limit,
+                max_connections = config.server.max_connections,
+                "open files limit"
+            );
+            if (limit as usize) < config.server.max_connections + RESERVED_FILE_DESCRIPTORS {
+                tracing::warn!("the open files limit ({limit}) is below server.max_connections + {RESERVED_FILE_DESCRIPTORS}: raise LimitNOFILE or lower max_connections");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "cannot read or raise the open files limit"),
+    }
     let database = config.database.clone();
     let ledger = tokio::task::spawn_blocking(move || Ledger::open(&database))
         .await?
         .with_context(|| format!("cannot open the ledger {}", config.database.path.display()))?;
+    run_on(config, ledger, listener, shutdown).await
+}
+
+/// Runs the receiver on an open `ledger` (see [`run`], which also takes the instance lock).
+/// Ends with an error, after a graceful stop, if the ledger's writer dies: systemd then
+/// restarts the service instead of leaving it to answer 503 forever.
+pub async fn run_on(
+    config: Config,
+    ledger: Arc<Ledger>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 
@@ -116,15 +144,29 @@ pub async fn run(
         async move { server::serve(listener, app, &server_config, stop).await }
     });
 
-    shutdown.await;
-    tracing::info!("shutting down: no new deliveries; finishing in-flight work");
+    let writer_failed = tokio::select! {
+        () = shutdown => false,
+        () = ledger.writer_failed() => true,
+    };
+    if writer_failed {
+        tracing::error!("stopping: the ledger writer failed, so no delivery can be claimed");
+    } else {
+        tracing::info!("shutting down: no new deliveries; finishing in-flight work");
+    }
     stop.cancel();
     server.await?;
     while tasks.join_next().await.is_some() {}
     tokio::task::spawn_blocking(move || ledger.close()).await?;
+    if writer_failed {
+        anyhow::bail!("the ledger writer thread failed (see the log above); exiting so the service is restarted");
+    }
     tracing::info!("stopped");
     Ok(())
 }
+
+/// File descriptors the service needs besides connections: the ledger's files and
+/// connections, handler pipes, the admin listener.
+const RESERVED_FILE_DESCRIPTORS: usize = 64;
 
 /// Binds the admin listener when `[admin]` has a token; returns the server to spawn.
 async fn start_admin(
@@ -206,6 +248,7 @@ impl InstanceLock {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(&path)
             .with_context(|| format!("cannot open lock file {}", path.display()))?;
         match file.try_lock() {

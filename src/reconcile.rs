@@ -20,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::SumeApiConfig;
 use crate::http_client::{self, Answer, HttpClient};
+use crate::job_id::JobId;
 use crate::ledger::{
-    self, duration_ms, now_ms, ClaimOutcome, DueExpectation, Ledger, NewClaim, PollResult, Source,
-    StorageError,
+    self, duration_ms, now_ms, ClaimOutcome, Ledger, NewClaim, PollResult, Source, StorageError,
 };
 use crate::metrics::METRICS;
 use crate::worker::Queue;
@@ -101,14 +101,27 @@ impl Reconciler {
             {
                 break;
             }
-            let result = if now >= expectation.expected_at + duration_ms(self.api.give_up_after) {
-                let error = "no terminal status within give_up_after".to_owned();
-                tracing::warn!(job_id = %expectation.job_id, polls = expectation.polls, "giving up on an expected job: its webhook never arrived and Sume never reported it terminal");
-                METRICS.record_given_up();
-                PollResult::GivenUp { error: Some(error) }
-            } else {
-                report.polled += 1;
-                self.poll(&expectation).await?
+            let give_up_at = expectation.expected_at + duration_ms(self.api.give_up_after);
+            let result = match JobId::parse(&expectation.job_id) {
+                // Registered before ids were checked: it cannot be put in a URL.
+                Err(error) => {
+                    tracing::warn!(job_id = ?expectation.job_id, %error, "giving up on an expected job whose stored job_id is invalid");
+                    METRICS.record_given_up();
+                    PollResult::GivenUp {
+                        error: Some(error.to_string()),
+                    }
+                }
+                Ok(job_id) if now >= give_up_at => {
+                    tracing::warn!(job_id = ?job_id, polls = expectation.polls, "giving up on an expected job: its webhook never arrived and Sume never reported it terminal");
+                    METRICS.record_given_up();
+                    PollResult::GivenUp {
+                        error: Some("no terminal status within give_up_after".to_owned()),
+                    }
+                }
+                Ok(job_id) => {
+                    report.polled += 1;
+                    self.poll(&job_id, expectation.polls).await?
+                }
             };
             match &result {
                 PollResult::Recovered { .. } => report.recovered += 1,
@@ -125,12 +138,11 @@ impl Reconciler {
     }
 
     /// Calls the status endpoint once (rate limited) and decides what the answer means.
-    async fn poll(&mut self, expectation: &DueExpectation) -> Result<PollResult, StorageError> {
+    async fn poll(&mut self, job_id: &JobId, polls: u32) -> Result<PollResult, StorageError> {
         tokio::time::sleep_until(self.next_call).await;
         self.next_call =
             Instant::now() + Duration::from_secs_f64(1.0 / self.api.max_requests_per_second);
-        let job_id = &expectation.job_id;
-        let next_poll_at = now_ms() + duration_ms(self.poll_backoff(expectation.polls));
+        let next_poll_at = now_ms() + duration_ms(self.poll_backoff(polls));
         let again = |status: Option<String>, error: Option<String>| PollResult::Again {
             status,
             error,
@@ -139,7 +151,7 @@ impl Reconciler {
         let answer = match self.call(job_id, "status", hyper::Method::GET).await {
             Ok(answer) => answer,
             Err(error) => {
-                tracing::warn!(job_id = %job_id, %error, "polling Sume failed; will retry");
+                tracing::warn!(job_id = ?job_id, error = ?error, "polling Sume failed; will retry");
                 METRICS.record_poll(false);
                 return Ok(again(None, Some(error)));
             }
@@ -182,7 +194,7 @@ impl Reconciler {
         };
         Ok(match self.ledger.claim(claim).await? {
             ClaimOutcome::Claimed => {
-                tracing::info!(job_id = %job_id, status = %job_status, "job recovered by polling: its webhook never arrived");
+                tracing::info!(job_id = ?job_id, status = %job_status, "job recovered by polling: its webhook never arrived");
                 METRICS.record_recovered();
                 if let Some(queue) = &self.queue {
                     queue.enqueue(job_id);
@@ -212,7 +224,7 @@ impl Reconciler {
     /// One authenticated call to `{base_url}/v1/jobs/{job_id}/{action}`.
     async fn call(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         action: &str,
         method: hyper::Method,
     ) -> Result<Answer, String> {
@@ -243,7 +255,7 @@ impl Reconciler {
 pub async fn call_sume(
     client: &HttpClient,
     api: &SumeApiConfig,
-    job_id: &str,
+    job_id: &JobId,
     action: &str,
     method: hyper::Method,
 ) -> Result<Answer, String> {

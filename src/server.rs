@@ -14,12 +14,17 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
 use crate::ingest::{json_response, Ingest};
 use crate::ledger::{self, Ledger};
 use crate::metrics::METRICS;
+use crate::throttle::Throttled;
+
+/// The pause after a failed accept (no file descriptors left, typically).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Paths the server answers itself; the webhook path may not take one of them.
 pub const RESERVED_PATHS: &[&str] = &["/healthz", "/metrics"];
@@ -100,19 +105,28 @@ pub async fn serve<R: Router>(
         .max_buf_size(config.max_header_bytes)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
+    // One permit per open connection: at the limit we stop accepting, and new connections wait
+    // in the kernel's backlog (or are refused when it is full) instead of becoming tasks.
+    let connections = Arc::new(Semaphore::new(config.max_connections));
+    let mut accept_failures = Throttled::new("accept failed; backing off");
     loop {
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => permit.expect("never closed"),
+            () = shutdown.cancelled() => break,
+        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
                 Err(error) => {
                     // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    accept_failures.warn(&error.to_string());
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             },
             () = shutdown.cancelled() => break,
         };
+        accept_failures.recovered();
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         let service = service_fn(move |request| {
@@ -124,6 +138,7 @@ pub async fn serve<R: Router>(
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "connection ended with an error");
             }
+            drop(permit);
         });
     }
     drop(listener);
@@ -133,4 +148,31 @@ pub async fn serve<R: Router>(
             tracing::warn!("connections still open after the shutdown grace; closing them");
         }
     }
+}
+
+/// Raises the soft limit on open files to the hard limit (systemd starts services with soft
+/// 1024, hard 524288): each connection is a descriptor, and the ledger needs a few more.
+/// Returns the soft limit now in effect.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            limit = raised;
+        }
+    }
+    Ok(limit.rlim_cur)
 }

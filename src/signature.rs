@@ -32,7 +32,62 @@ pub enum SignatureError {
     Mismatch,
 }
 
-/// Verifies one delivery. `now_unix` is the receiver's clock in Unix seconds.
+/// The headers of a delivery that passed every check possible before its body is read: the
+/// timestamp is well formed and fresh, and at least one `sume-v1` entry is well formed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedHeaders<'a> {
+    timestamp: &'a str,
+    digests: Vec<[u8; DIGEST_LEN]>,
+}
+
+/// Checks the two headers against the clock. Cheap: no HMAC, no body; a request that fails here
+/// is refused before its body is read. `now_unix` is the receiver's clock in Unix seconds.
+pub fn check_headers<'a>(
+    timestamp: &'a str,
+    signature_header: &str,
+    now_unix: i64,
+    tolerance_secs: u64,
+) -> Result<SignedHeaders<'a>, SignatureError> {
+    let sent_at = parse_timestamp(timestamp)?;
+    if now_unix.abs_diff(sent_at) > tolerance_secs {
+        return Err(SignatureError::StaleTimestamp);
+    }
+    let digests = parse_entries(signature_header);
+    if digests.is_empty() {
+        return Err(SignatureError::NoEntries);
+    }
+    Ok(SignedHeaders { timestamp, digests })
+}
+
+impl SignedHeaders<'_> {
+    /// Whether any entry is the HMAC of `{timestamp}.{body}` under any of `secrets`.
+    pub fn verify<S: AsRef<[u8]>>(&self, secrets: &[S], body: &[u8]) -> Result<(), SignatureError> {
+        for secret in secrets {
+            let secret = secret.as_ref();
+            // An empty key would make every digest forgeable; config refuses it, this is belt
+            // and braces.
+            if secret.is_empty() {
+                continue;
+            }
+            let mut mac =
+                HmacSha256::new_from_slice(secret).expect("HMAC accepts keys of any length");
+            mac.update(self.timestamp.as_bytes());
+            mac.update(b".");
+            mac.update(body);
+            // verify_slice compares in constant time.
+            if self
+                .digests
+                .iter()
+                .any(|digest| mac.clone().verify_slice(digest).is_ok())
+            {
+                return Ok(());
+            }
+        }
+        Err(SignatureError::Mismatch)
+    }
+}
+
+/// Verifies one delivery: [`check_headers`], then the HMAC over the body.
 pub fn verify<S: AsRef<[u8]>>(
     secrets: &[S],
     timestamp: &str,
@@ -41,33 +96,7 @@ pub fn verify<S: AsRef<[u8]>>(
     now_unix: i64,
     tolerance_secs: u64,
 ) -> Result<(), SignatureError> {
-    let sent_at = parse_timestamp(timestamp)?;
-    if now_unix.abs_diff(sent_at) > tolerance_secs {
-        return Err(SignatureError::StaleTimestamp);
-    }
-    let entries = parse_entries(signature_header);
-    if entries.is_empty() {
-        return Err(SignatureError::NoEntries);
-    }
-    for secret in secrets {
-        let secret = secret.as_ref();
-        // An empty key would make every digest forgeable; config refuses it, this is belt and braces.
-        if secret.is_empty() {
-            continue;
-        }
-        let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC accepts keys of any length");
-        mac.update(timestamp.as_bytes());
-        mac.update(b".");
-        mac.update(body);
-        // verify_slice compares in constant time.
-        if entries
-            .iter()
-            .any(|entry| mac.clone().verify_slice(entry).is_ok())
-        {
-            return Ok(());
-        }
-    }
-    Err(SignatureError::Mismatch)
+    check_headers(timestamp, signature_header, now_unix, tolerance_secs)?.verify(secrets, body)
 }
 
 /// Computes the header value Sume would send for these secrets (newest first). Used by tests,

@@ -63,10 +63,13 @@ impl Sweeper {
     ) -> Result<SweepReport, StorageError> {
         let max_attempts = self.max_attempts;
         let now = now_ms();
+        let queue = self.queue.clone();
         let expired = self
             .ledger
             .write(move |conn| {
-                ledger::expire_leases(conn, leases_before, now, max_attempts, reason)
+                ledger::expire_leases(conn, leases_before, now, max_attempts, reason, |job_id| {
+                    queue.holds(job_id)
+                })
             })
             .await?;
         // Ask for more than a batch so that jobs this process already holds do not crowd out
@@ -77,7 +80,7 @@ impl Sweeper {
             .await?;
         let queued = due
             .iter()
-            .filter(|job_id| !self.queue.holds(job_id))
+            .filter(|job_id| !self.queue.holds(job_id.as_str()))
             .take(SWEEP_BATCH)
             .filter(|job_id| self.queue.enqueue(job_id))
             .count();

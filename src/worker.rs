@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::HandlerConfig;
 use crate::handler::{AttemptError, Handler};
-use crate::ledger::{self, duration_ms, now_ms, AttemptEnd, Ledger, State};
+use crate::job_id::JobId;
+use crate::ledger::{self, duration_ms, now_ms, Attempt, AttemptEnd, Ledger, State};
 use crate::metrics::METRICS;
 
 /// Jobs waiting in memory for a free worker. Past this, new claims wait in the ledger for the
@@ -25,12 +26,12 @@ const QUEUE_CAPACITY: usize = 10_000;
 /// so the sweeper, the request path and retry timers can all offer the same job.
 #[derive(Clone)]
 pub struct Queue {
-    sender: mpsc::Sender<String>,
-    held: Arc<Mutex<HashSet<String>>>,
+    sender: mpsc::Sender<JobId>,
+    held: Arc<Mutex<HashSet<JobId>>>,
 }
 
 impl Queue {
-    fn new() -> (Queue, mpsc::Receiver<String>) {
+    fn new() -> (Queue, mpsc::Receiver<JobId>) {
         let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
         (
             Queue {
@@ -42,14 +43,14 @@ impl Queue {
     }
 
     /// Offers a job; `true` if it was queued now.
-    pub fn enqueue(&self, job_id: &str) -> bool {
+    pub fn enqueue(&self, job_id: &JobId) -> bool {
         let mut held = self.held.lock().expect("not poisoned");
-        if !held.insert(job_id.to_owned()) {
+        if !held.insert(job_id.clone()) {
             return false;
         }
-        if self.sender.try_send(job_id.to_owned()).is_err() {
+        if self.sender.try_send(job_id.clone()).is_err() {
             held.remove(job_id);
-            tracing::debug!(job_id = %job_id, "work queue full; the sweeper will pick the job up");
+            tracing::debug!(job_id = ?job_id, "work queue full; the sweeper will pick the job up");
             return false;
         }
         true
@@ -60,7 +61,7 @@ impl Queue {
         self.held.lock().expect("not poisoned").contains(job_id)
     }
 
-    fn release(&self, job_id: &str) {
+    fn release(&self, job_id: &JobId) {
         self.held.lock().expect("not poisoned").remove(job_id);
     }
 }
@@ -72,7 +73,7 @@ pub struct Worker {
     /// Lease slack past the handler timeout (the sweeper's `stale_after`).
     lease_slack: Duration,
     queue: Queue,
-    receiver: mpsc::Receiver<String>,
+    receiver: mpsc::Receiver<JobId>,
 }
 
 impl Worker {
@@ -158,7 +159,7 @@ struct JobRun {
 }
 
 impl JobRun {
-    async fn run(self, job_id: String) {
+    async fn run(self, job_id: JobId) {
         let retry_in = self.attempt(&job_id).await;
         self.queue.release(&job_id);
         if let Some(delay) = retry_in {
@@ -174,11 +175,11 @@ impl JobRun {
     }
 
     /// Runs one attempt; returns the delay before the next one when the job is to be retried.
-    async fn attempt(&self, job_id: &str) -> Option<Duration> {
+    async fn attempt(&self, job_id: &JobId) -> Option<Duration> {
         let timeout = self.config.timeout;
         let now = now_ms();
         let lease_until = now + duration_ms(timeout + self.lease_slack);
-        let id = job_id.to_owned();
+        let id = job_id.clone();
         let attempt = match self
             .ledger
             .write(move |conn| ledger::start_attempt(conn, &id, now, lease_until))
@@ -188,12 +189,12 @@ impl JobRun {
             // Already started, finished, or purged: nothing to do.
             Ok(None) => return None,
             Err(error) => {
-                tracing::warn!(job_id = %job_id, %error, "could not start the job; the sweeper retries");
+                tracing::warn!(job_id = ?job_id, %error, "could not start the job; the sweeper retries");
                 return None;
             }
         };
         let started = std::time::Instant::now();
-        tracing::info!(job_id = %job_id, attempt = attempt.number, "running handler");
+        tracing::info!(job_id = ?job_id, attempt = attempt.number, "running handler");
         let (end, retry_in) = match self
             .handler
             .run(&attempt, timeout, &self.stop_handlers)
@@ -201,7 +202,7 @@ impl JobRun {
         {
             Ok(()) => (AttemptEnd::Done, None),
             Err(AttemptError::Interrupted) => {
-                tracing::warn!(job_id = %job_id, "handler stopped by shutdown; the job runs again at the next start");
+                self.release(attempt).await;
                 return None;
             }
             Err(AttemptError::Failed(error)) if attempt.number < self.config.max_attempts => {
@@ -223,11 +224,10 @@ impl JobRun {
                 None,
             ),
         };
-        let id = job_id.to_owned();
-        let recorded = end.clone();
+        let (recorded, ended) = (end.clone(), attempt.clone());
         match self
             .ledger
-            .write(move |conn| ledger::finish_attempt(conn, &id, &recorded, now_ms()))
+            .write(move |conn| ledger::finish_attempt(conn, &ended, &recorded, now_ms()))
             .await
         {
             Ok(Some(state)) => {
@@ -235,26 +235,45 @@ impl JobRun {
                 let elapsed_ms = started.elapsed().as_millis() as u64;
                 match (&end, state) {
                     (_, State::Done) => {
-                        tracing::info!(job_id = %job_id, attempt = attempt.number, elapsed_ms, "job done")
+                        tracing::info!(job_id = ?job_id, attempt = attempt.number, elapsed_ms, "job done")
                     }
                     (AttemptEnd::Failed { error, .. }, State::Dead) => {
-                        tracing::error!(job_id = %job_id, attempt = attempt.number, %error, "job dead: out of attempts")
+                        tracing::error!(job_id = ?job_id, attempt = attempt.number, ?error, "job dead: out of attempts")
                     }
                     (AttemptEnd::Failed { error, .. }, _) => {
-                        tracing::warn!(job_id = %job_id, attempt = attempt.number, %error, retry_in = ?retry_in, "attempt failed; will retry")
+                        tracing::warn!(job_id = ?job_id, attempt = attempt.number, ?error, retry_in = ?retry_in, "attempt failed; will retry")
                     }
                     _ => {}
                 }
                 retry_in.filter(|_| state == State::Retrying)
             }
             Ok(None) => {
-                tracing::warn!(job_id = %job_id, "job was no longer running when its attempt ended (lease expired)");
+                tracing::warn!(job_id = ?job_id, attempt = attempt.number, "the attempt no longer owned the job when it ended (lease taken back)");
                 None
             }
             Err(error) => {
                 // The row stays `running`; when its lease expires the sweeper runs it again.
-                tracing::error!(job_id = %job_id, %error, "could not record the attempt's end");
+                tracing::error!(job_id = ?job_id, %error, "could not record the attempt's end");
                 None
+            }
+        }
+    }
+
+    /// Our own shutdown stopped the handler: the attempt is not the job's fault, so it is given
+    /// back uncounted (a job on its last attempt must not become `dead` because we stopped).
+    async fn release(&self, attempt: Attempt) {
+        let job_id = attempt.job_id.clone();
+        match self
+            .ledger
+            .write(move |conn| ledger::release_attempt(conn, &attempt, now_ms()))
+            .await
+        {
+            Ok(_) => {
+                tracing::warn!(job_id = ?job_id, "handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")
+            }
+            // The row stays `running`; the next start takes it back (counted, as after a crash).
+            Err(error) => {
+                tracing::error!(job_id = ?job_id, %error, "could not give back an interrupted attempt")
             }
         }
     }
@@ -303,11 +322,12 @@ mod tests {
     #[test]
     fn queue_refuses_a_job_it_already_holds() {
         let (queue, mut receiver) = Queue::new();
-        assert!(queue.enqueue("a"));
-        assert!(!queue.enqueue("a"));
+        let a = JobId::parse("a").unwrap();
+        assert!(queue.enqueue(&a));
+        assert!(!queue.enqueue(&a));
         assert!(queue.holds("a"));
-        assert_eq!(receiver.try_recv().unwrap(), "a");
-        queue.release("a");
-        assert!(queue.enqueue("a"));
+        assert_eq!(receiver.try_recv().unwrap(), a);
+        queue.release(&a);
+        assert!(queue.enqueue(&a));
     }
 }

@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use common::*;
 use sume_receiver::config::Config;
+use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{self, ClaimOutcome, Ledger, NewClaim, Source};
 
 fn claim(job_id: String) -> NewClaim {
     NewClaim {
         body: job_body(&job_id),
-        job_id,
+        job_id: JobId::parse(&job_id).unwrap(),
         event_type: None,
         source: Source::Webhook,
     }
@@ -26,7 +27,15 @@ async fn claim_many(
     for i in 0..count {
         let ledger = ledger.clone();
         let job_id = format!("{prefix}-{}", (i * 7919) % count);
-        claims.spawn(async move { ledger.claim(claim(job_id)).await.unwrap() });
+        // Through `write`, which waits for room in the writer's queue (`claim` would refuse
+        // what does not fit, as a delivery is).
+        claims.spawn(async move {
+            let claim = claim(job_id);
+            ledger
+                .write(move |conn| ledger::insert_claim(conn, &claim, ledger::now_ms()))
+                .await
+                .unwrap()
+        });
     }
     claims.join_all().await
 }
@@ -80,6 +89,150 @@ async fn a_batch_with_a_failing_item_commits_the_others() {
     ledger.close();
 }
 
+/// Holds the ledger's write lock from another connection until dropped: the writer thread
+/// stalls in BEGIN IMMEDIATE, as it would behind a stalled disk.
+fn hold_write_lock(path: &std::path::Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    conn
+}
+
+/// Regression: the writer queue was unbounded, so behind a stalled writer every delivery's
+/// body stayed queued until its claim_timeout.
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_past_a_full_writer_queue_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(
+        &config_text(
+            dir.path(),
+            "[database]\nbusy_timeout = \"3s\"\nmax_batch = 1\n",
+        ),
+        dir.path(),
+    )
+    .unwrap();
+    let ledger = Ledger::open(&config.database).unwrap();
+    let lock = hold_write_lock(&config.database.path);
+    let mut claims = tokio::task::JoinSet::new();
+    for i in 0..ledger::WRITER_QUEUE_CAPACITY + 50 {
+        let ledger = ledger.clone();
+        claims.spawn(async move {
+            let started = std::time::Instant::now();
+            let outcome = ledger.claim(claim(format!("queued-{i}"))).await;
+            (outcome, started.elapsed())
+        });
+    }
+    // The refused ones answer while the writer is still stuck; the rest wait for it.
+    let mut refused = 0;
+    while let Some(joined) = tokio::time::timeout(Duration::from_millis(1500), claims.join_next())
+        .await
+        .ok()
+        .flatten()
+    {
+        let (outcome, elapsed) = joined.unwrap();
+        assert_eq!(outcome, Err(ledger::StorageError::Overloaded));
+        assert!(elapsed < Duration::from_millis(500), "{elapsed:?}");
+        refused += 1;
+    }
+    assert!(refused >= 48, "only {refused} claims were refused at once");
+    assert!(ledger.writer_queue_depth() > ledger::WRITER_QUEUE_CAPACITY - 8);
+    drop(lock);
+    let committed = claims.join_all().await;
+    assert!(committed
+        .iter()
+        .all(|(outcome, _)| *outcome == Ok(ClaimOutcome::Claimed)));
+    ledger.close();
+}
+
+/// Regression: after SQLite rolled a batch's transaction back on its own (SQLITE_FULL), the next
+/// items' SAVEPOINT/RELEASE ran in autocommit mode and committed one by one, while their callers
+/// were told the batch failed.
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_of_a_batch_commits_after_sqlite_rolled_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, ledger) = open_ledger(dir.path());
+    let pages: i64 = ledger
+        .write(|conn| conn.query_row("PRAGMA page_count", [], |row| row.get(0)))
+        .await
+        .unwrap();
+    // Room for the small claims, not for the big one.
+    ledger
+        .write(move |conn| {
+            conn.query_row(
+                &format!("PRAGMA max_page_count = {}", pages + 8),
+                [],
+                |_| Ok(()),
+            )
+        })
+        .await
+        .unwrap();
+    // Keeps the writer busy while the batch under test queues up behind it, big claim first.
+    let writer = ledger.clone();
+    let busy = tokio::spawn(async move {
+        writer
+            .write(|_| {
+                std::thread::sleep(Duration::from_millis(300));
+                Ok(())
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let big = NewClaim {
+        body: format!(r#"{{"job_id":"big","pad":"{}"}}"#, "x".repeat(1 << 20)),
+        ..claim("big".into())
+    };
+    let mut batch = Vec::new();
+    let first = ledger.clone();
+    batch.push(tokio::spawn(async move { first.claim(big).await }));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for i in 0..5 {
+        let ledger = ledger.clone();
+        batch.push(tokio::spawn(async move {
+            ledger.claim(claim(format!("after-{i}"))).await
+        }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    busy.await.unwrap().unwrap();
+    let mut outcomes = Vec::new();
+    for claim in batch {
+        outcomes.push(claim.await.unwrap());
+    }
+    let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM jobs", [], |row| row.get(0))
+        .unwrap();
+    let acknowledged = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
+    assert!(
+        outcomes[0].is_err(),
+        "the big claim does not fit: {outcomes:?}"
+    );
+    assert_eq!(
+        rows as usize, acknowledged,
+        "every row is an acknowledged claim and vice versa: {outcomes:?}"
+    );
+    drop(conn);
+    ledger.close();
+}
+
+/// A panic on the writer thread (an injected fault here) must not leave a service that looks
+/// alive but can never commit: `writer_failed` resolves, and later writes fail at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_writer_panic_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_config, ledger) = open_ledger(dir.path());
+    let injected = ledger
+        .write(|_| -> rusqlite::Result<()> { panic!("injected fault") })
+        .await;
+    assert_eq!(injected, Err(ledger::StorageError::Closed));
+    tokio::time::timeout(Duration::from_secs(5), ledger.writer_failed())
+        .await
+        .expect("writer_failed resolves");
+    assert_eq!(
+        ledger.claim(claim("after-panic".into())).await,
+        Err(ledger::StorageError::Closed)
+    );
+    ledger.close();
+}
+
 /// Regression: the pragma was stepped once, so each call gave back a single page.
 #[tokio::test(flavor = "multi_thread")]
 async fn release_free_pages_gives_back_up_to_the_asked_number_at_once() {
@@ -118,7 +271,7 @@ fn background_statements_read_only_their_partial_indexes() {
     let conn = rusqlite::Connection::open(&config.database.path).unwrap();
     for (sql, index) in [
         (ledger::DUE_JOBS_SQL, "jobs_due"),
-        (ledger::EXPIRE_LEASES_SQL, "jobs_leased"),
+        (ledger::EXPIRED_LEASES_SQL, "jobs_leased"),
         (ledger::PURGE_BODIES_SQL, "jobs_finished_with_body"),
         (ledger::DELETE_FINISHED_SQL, "jobs_finished"),
         (ledger::DUE_EXPECTATIONS_SQL, "expected_jobs_due"),

@@ -309,7 +309,8 @@ async fn sigterm_past_the_grace_stops_the_handler_and_the_next_start_finishes_th
     let port = free_port();
     let release = dir.path().join("release");
     let script = format!("[ -e {} ] || sleep 30", release.display());
-    let handler = format!("[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\n");
+    // One attempt only: an attempt our own shutdown interrupted must not use it up.
+    let handler = format!("[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nmax_attempts = 1\n");
     let config = write_config(dir.path(), port, "shutdown_grace = \"300ms\"", &handler);
 
     let service = Service::start(&config, port).await;
@@ -326,10 +327,12 @@ async fn sigterm_past_the_grace_stops_the_handler_and_the_next_start_finishes_th
     );
     let took = service.stop_cleanly().await;
     assert!(took < Duration::from_secs(5), "took {took:?}");
+    // Regression: the row stayed `running` and the next start counted the interrupted attempt
+    // as failed, so a job on its last attempt went `dead`.
     assert_eq!(
-        ledger_rows(&db)["job-long"].0,
-        "running",
-        "left for the next start"
+        ledger_rows(&db)["job-long"],
+        ("claimed".to_owned(), 0),
+        "given back uncounted, for the next start"
     );
 
     std::fs::write(&release, "").unwrap();
@@ -341,8 +344,8 @@ async fn sigterm_past_the_grace_stops_the_handler_and_the_next_start_finishes_th
     );
     assert_eq!(
         ledger_rows(&db)["job-long"].1,
-        2,
-        "the interrupted attempt counts"
+        1,
+        "the interrupted attempt does not count"
     );
     service.stop_cleanly().await;
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use sume_receiver::config::{Config, RetentionConfig};
+use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{self, Ledger, NewClaim, Source};
 use sume_receiver::vacuum::{Vacuum, VacuumReport};
 use tokio_util::sync::CancellationToken;
@@ -38,7 +39,7 @@ async fn add_jobs(
                 let job_id = format!("{prefix}-{i}");
                 let claim = NewClaim {
                     body: format!(r#"{{"job_id":"{job_id}","pad":"{pad}"}}"#),
-                    job_id,
+                    job_id: JobId::parse(&job_id).unwrap(),
                     event_type: None,
                     source: Source::Webhook,
                 };
@@ -148,7 +149,7 @@ async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
 
     // A tombstone still makes a Redeliver a duplicate.
     let again = NewClaim {
-        job_id: "old-done-7".into(),
+        job_id: JobId::parse("old-done-7").unwrap(),
         event_type: None,
         body: "{}".into(),
         source: Source::Webhook,

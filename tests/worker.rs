@@ -14,6 +14,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use sume_receiver::config::HandlerConfig;
+use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{self, NewClaim, Source};
 use sume_receiver::sweeper::{SweepReport, Sweeper};
 use sume_receiver::worker::Worker;
@@ -241,7 +242,7 @@ async fn sweep_once_takes_back_expired_leases_and_queues_due_jobs() {
         "future-retry",
     ] {
         let claim = NewClaim {
-            job_id: job_id.into(),
+            job_id: JobId::parse(job_id).unwrap(),
             event_type: None,
             body: job_body(job_id),
             source: Source::Webhook,

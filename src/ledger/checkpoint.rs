@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
+use crate::throttle::Throttled;
+
 /// How often committed frames are copied back: cheap when idle, frequent enough to keep up.
 const INTERVAL: Duration = Duration::from_millis(50);
 
@@ -25,11 +27,12 @@ impl Checkpointer {
         let thread = std::thread::Builder::new()
             .name("ledger-checkpoint".into())
             .spawn(move || {
+                // On a full disk this fails every interval: one line, then one a minute.
+                let mut failures = Throttled::new("WAL checkpoint failed; retrying");
                 while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(INTERVAL) {
-                    if let Err(error) =
-                        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-                    {
-                        tracing::warn!(%error, "WAL checkpoint failed; retrying next interval");
+                    match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                        Ok(()) => failures.recovered(),
+                        Err(error) => failures.warn(&error.to_string()),
                     }
                 }
             })?;

@@ -3,6 +3,8 @@
 use rusqlite::{params, Connection};
 use serde::Serialize;
 
+use crate::job_id::JobId;
+
 pub const DELETE_RESOLVED_SQL: &str = "DELETE FROM expected_jobs WHERE rowid IN (
     SELECT rowid FROM expected_jobs WHERE state <> 'waiting' AND resolved_at < ?1 LIMIT ?2)";
 pub const DUE_EXPECTATIONS_SQL: &str = "SELECT job_id, expected_at, polls FROM expected_jobs
@@ -41,7 +43,7 @@ pub enum PollResult {
 /// Registers a job to expect; `false` if it was registered already (registering is idempotent).
 pub fn expect_job(
     conn: &Connection,
-    job_id: &str,
+    job_id: &JobId,
     now: i64,
     first_poll_at: i64,
 ) -> rusqlite::Result<bool> {

@@ -6,15 +6,12 @@ use std::str::FromStr;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::Serialize;
 
+use crate::job_id::JobId;
+
 // The statements that must stay cheap however large the ledger grows; tests check that each
 // reads only its partial index (EXPLAIN QUERY PLAN).
-pub const EXPIRE_LEASES_SQL: &str = "UPDATE jobs SET
-             state = CASE WHEN attempts >= ?3 THEN 'dead' ELSE 'retrying' END,
-             next_attempt_at = CASE WHEN attempts >= ?3 THEN NULL ELSE ?2 END,
-             finished_at = CASE WHEN attempts >= ?3 THEN ?2 ELSE NULL END,
-             lease_expires_at = NULL, last_error = ?4, updated_at = ?2
-         WHERE state = 'running' AND lease_expires_at <= ?1
-         RETURNING job_id, state";
+pub const EXPIRED_LEASES_SQL: &str = "SELECT job_id FROM jobs
+         WHERE state = 'running' AND lease_expires_at <= ?1";
 pub const DUE_JOBS_SQL: &str = "SELECT job_id FROM jobs
          WHERE state IN ('claimed', 'retrying') AND next_attempt_at <= ?1
          ORDER BY next_attempt_at LIMIT ?2";
@@ -98,7 +95,7 @@ impl Source {
 
 #[derive(Debug, Clone)]
 pub struct NewClaim {
-    pub job_id: String,
+    pub job_id: JobId,
     pub event_type: Option<String>,
     pub body: String,
     pub source: Source,
@@ -140,7 +137,7 @@ pub fn insert_claim(
 /// What a handler needs to run one attempt of a job.
 #[derive(Debug, Clone)]
 pub struct Attempt {
-    pub job_id: String,
+    pub job_id: JobId,
     /// 1-based number of this attempt.
     pub number: u32,
     pub event_type: Option<String>,
@@ -152,7 +149,7 @@ pub struct Attempt {
 /// waiting to run (already running, finished, or unknown), so a job is never started twice.
 pub fn start_attempt(
     conn: &Connection,
-    job_id: &str,
+    job_id: &JobId,
     now: i64,
     lease_expires_at: i64,
 ) -> rusqlite::Result<Option<Attempt>> {
@@ -164,7 +161,7 @@ pub fn start_attempt(
     )?
     .query_row(params![job_id, lease_expires_at, now], |row| {
         Ok(Attempt {
-            job_id: job_id.to_owned(),
+            job_id: job_id.clone(),
             number: row.get(0)?,
             event_type: row.get(1)?,
             source: Source::parse(&row.get::<_, String>(2)?),
@@ -185,11 +182,12 @@ pub enum AttemptEnd {
     },
 }
 
-/// Records how a running attempt ended. Returns the job's new state, or `None` if the job was no
-/// longer running (the sweeper took its lease back in the meantime).
+/// Records how a running attempt ended. Returns the job's new state, or `None` if this attempt
+/// no longer owns the job: the row is not `running`, or a later attempt has started since (the
+/// attempt number is the fencing token).
 pub fn finish_attempt(
     conn: &Connection,
-    job_id: &str,
+    attempt: &Attempt,
     end: &AttemptEnd,
     now: i64,
 ) -> rusqlite::Result<Option<State>> {
@@ -207,13 +205,14 @@ pub fn finish_attempt(
     let finished_at = matches!(state, State::Done | State::Dead).then_some(now);
     let changed = conn
         .prepare_cached(
-            "UPDATE jobs SET state = ?2, last_error = coalesce(?3, last_error),
-                             next_attempt_at = ?4, finished_at = ?5, lease_expires_at = NULL,
-                             updated_at = ?6
-             WHERE job_id = ?1 AND state = 'running'",
+            "UPDATE jobs SET state = ?3, last_error = coalesce(?4, last_error),
+                             next_attempt_at = ?5, finished_at = ?6, lease_expires_at = NULL,
+                             updated_at = ?7
+             WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'",
         )?
         .execute(params![
-            job_id,
+            attempt.job_id,
+            attempt.number,
             state.as_str(),
             error,
             retry_at,
@@ -223,37 +222,75 @@ pub fn finish_attempt(
     Ok((changed == 1).then_some(state))
 }
 
-/// Takes back the leases of running jobs that expired before `cutoff`: each such attempt counts
-/// as failed with `error`; the job is due again at `now`, or dead if it used its last attempt.
-/// Returns how many leases it took back.
+/// Gives back an attempt our own shutdown interrupted: it does not count, and the job is due
+/// again at once (at the next start). `false` if the attempt no longer owned the job.
+pub fn release_attempt(conn: &Connection, attempt: &Attempt, now: i64) -> rusqlite::Result<bool> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE jobs SET state = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'claimed' END,
+                             attempts = attempts - 1, next_attempt_at = ?3,
+                             lease_expires_at = NULL, updated_at = ?3
+             WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'",
+        )?
+        .execute(params![attempt.job_id, attempt.number, now])?;
+    Ok(changed == 1)
+}
+
+/// Takes back the leases of running jobs that expired before `cutoff`, except those for which
+/// `still_running` says this process is still running them (their handler timeout is enforced
+/// on the monotonic clock, so a jump of the wall clock must not hand them out twice). Each
+/// attempt taken back counts as failed with `error`; the job is due again at `now`, or dead if
+/// it used its last attempt. Returns how many leases it took back.
 pub fn expire_leases(
     conn: &Connection,
     cutoff: i64,
     now: i64,
     max_attempts: u32,
     error: &str,
+    still_running: impl Fn(&str) -> bool,
 ) -> rusqlite::Result<usize> {
-    let mut statement = conn.prepare_cached(EXPIRE_LEASES_SQL)?;
-    let rows = statement.query_map(params![cutoff, now, max_attempts, error], |row| {
-        Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
-    })?;
-    let mut expired = 0;
-    for row in rows {
-        let (job_id, state) = row?;
-        expired += 1;
+    let expired: Vec<String> = conn
+        .prepare_cached(EXPIRED_LEASES_SQL)?
+        .query_map([cutoff], |row| row.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut take_back = conn.prepare_cached(
+        "UPDATE jobs SET
+             state = CASE WHEN attempts >= ?3 THEN 'dead' ELSE 'retrying' END,
+             next_attempt_at = CASE WHEN attempts >= ?3 THEN NULL ELSE ?2 END,
+             finished_at = CASE WHEN attempts >= ?3 THEN ?2 ELSE NULL END,
+             lease_expires_at = NULL, last_error = ?4, updated_at = ?2
+         WHERE job_id = ?1 AND state = 'running'
+         RETURNING state",
+    )?;
+    let mut taken_back = 0;
+    for job_id in expired.iter().filter(|id| !still_running(id)) {
+        let state: String =
+            take_back.query_row(params![job_id, now, max_attempts, error], |row| row.get(0))?;
+        taken_back += 1;
         if state == State::Dead.as_str() {
             crate::metrics::METRICS.record_attempt_end(State::Dead);
-            tracing::error!(job_id = %job_id, %error, "job dead: its last attempt never finished");
+            tracing::error!(job_id = ?job_id, error, "job dead: its last attempt never finished");
         }
     }
-    Ok(expired)
+    Ok(taken_back)
 }
 
-/// Jobs waiting to run whose time has come, oldest first.
-pub fn due_jobs(conn: &Connection, now: i64, limit: usize) -> rusqlite::Result<Vec<String>> {
+/// Jobs waiting to run whose time has come, oldest first. A stored id that is not a valid
+/// [`JobId`] (written before ids were checked) can never run; it is logged and skipped.
+pub fn due_jobs(conn: &Connection, now: i64, limit: usize) -> rusqlite::Result<Vec<JobId>> {
     let mut statement = conn.prepare_cached(DUE_JOBS_SQL)?;
-    let rows = statement.query_map(params![now, limit as i64], |row| row.get(0))?;
-    rows.collect()
+    let rows = statement.query_map(params![now, limit as i64], |row| row.get::<_, String>(0))?;
+    let mut due = Vec::new();
+    for text in rows {
+        let text = text?;
+        match JobId::parse(&text) {
+            Ok(job_id) => due.push(job_id),
+            Err(error) => {
+                tracing::warn!(job_id = ?text, %error, "skipping a stored job that cannot run")
+            }
+        }
+    }
+    Ok(due)
 }
 
 /// One row of `jobs list`.

@@ -13,12 +13,13 @@ use anyhow::{bail, Context};
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
-use crate::config::{DatabaseConfig, Synchronous};
+use crate::config::{CheckAtStart, DatabaseConfig, Synchronous};
 
 use checkpoint::Checkpointer;
 pub use expected::*;
 pub use jobs::*;
 use writer::Writer;
+pub use writer::QUEUE_CAPACITY as WRITER_QUEUE_CAPACITY;
 
 /// Schema migrations, applied in order; `PRAGMA user_version` counts how many have run.
 const MIGRATIONS: &[&str] = &[
@@ -45,6 +46,8 @@ pub enum StorageError {
     Sqlite(String),
     #[error("ledger is closed")]
     Closed,
+    #[error("the ledger writer's queue is full")]
+    Overloaded,
 }
 
 impl From<rusqlite::Error> for StorageError {
@@ -84,7 +87,8 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Creates the file if needed, migrates it, and starts the writer thread.
+    /// Creates the file if needed, checks that it is ours and whole, migrates it, and starts
+    /// the writer thread.
     pub fn open(config: &DatabaseConfig) -> anyhow::Result<Arc<Ledger>> {
         if let Some(dir) = config
             .path
@@ -94,8 +98,14 @@ impl Ledger {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create database directory {}", dir.display()))?;
         }
-        let mut conn = open_connection(&config.path, config, OpenFlags::default())?;
-        migrate(&mut conn, &config.path)?;
+        create_private_file(&config.path)?;
+        let conn = open_unconfigured(&config.path, config, OpenFlags::default())?;
+        let version = check_ownership(&conn, &config.path)?;
+        check_integrity(&conn, &config.path, config.check_at_start)?;
+        apply_pragmas(&conn, config)
+            .with_context(|| format!("cannot configure database {}", config.path.display()))?;
+        let mut conn = conn;
+        migrate(&mut conn, &config.path, version)?;
         let settings = config.clone();
         let readers = r2d2::Pool::builder()
             .max_size(READER_POOL_SIZE)
@@ -162,9 +172,23 @@ impl Ledger {
         .map(|left| left > 0)
     }
 
+    /// Records a delivery's claim; refused at once with [`StorageError::Overloaded`] when the
+    /// writer's queue is full, so that the delivery is answered 503 instead of waiting.
     pub async fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
-        self.write(move |conn| insert_claim(conn, &claim, now_ms()))
+        self.writer
+            .try_submit(move |conn| insert_claim(conn, &claim, now_ms()))
             .await
+    }
+
+    /// Changes waiting for the writer thread.
+    pub fn writer_queue_depth(&self) -> usize {
+        self.writer.queued()
+    }
+
+    /// Resolves if the writer thread dies of a panic: from then on nothing can be committed,
+    /// and the service must exit so that systemd restarts it.
+    pub async fn writer_failed(&self) {
+        self.writer.failed().cancelled().await
     }
 
     /// Stops the writer thread after it has committed everything queued before this call.
@@ -188,8 +212,8 @@ pub fn open_existing(config: &DatabaseConfig) -> anyhow::Result<Connection> {
             path.display()
         );
     }
-    let conn = open_connection(path, config, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
-    let version = schema_version(&conn)?;
+    let conn = open_unconfigured(path, config, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+    let version = check_ownership(&conn, path)?;
     if version != MIGRATIONS.len() {
         bail!(
             "ledger {} has schema version {version}, this binary expects {}: start the service once \
@@ -198,6 +222,40 @@ pub fn open_existing(config: &DatabaseConfig) -> anyhow::Result<Connection> {
             MIGRATIONS.len()
         );
     }
+    apply_pragmas(&conn, config)
+        .with_context(|| format!("cannot configure database {}", path.display()))?;
+    Ok(conn)
+}
+
+/// Creates the ledger file readable by its owner only, whatever the umask; SQLite gives the
+/// WAL and shared-memory files the same mode. An existing file is left as it is.
+fn create_private_file(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(error) => {
+            Err(error).with_context(|| format!("cannot create the ledger {}", path.display()))
+        }
+    }
+}
+
+/// A connection that has written nothing yet: the checks below run before any pragma that
+/// would change the file (WAL mode is recorded in its header).
+fn open_unconfigured(
+    path: &Path,
+    config: &DatabaseConfig,
+    flags: OpenFlags,
+) -> anyhow::Result<Connection> {
+    let flags = flags | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+    let conn = Connection::open_with_flags(path, flags)
+        .with_context(|| format!("cannot open database {}", path.display()))?;
+    conn.busy_timeout(config.busy_timeout)?;
     Ok(conn)
 }
 
@@ -206,12 +264,81 @@ fn open_connection(
     config: &DatabaseConfig,
     flags: OpenFlags,
 ) -> anyhow::Result<Connection> {
-    let flags = flags | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
-    let conn = Connection::open_with_flags(path, flags)
-        .with_context(|| format!("cannot open database {}", path.display()))?;
+    let conn = open_unconfigured(path, config, flags)?;
     apply_pragmas(&conn, config)
         .with_context(|| format!("cannot configure database {}", path.display()))?;
     Ok(conn)
+}
+
+/// Refuses a file that is not a ledger of ours: another application's database (tables but no
+/// schema version of ours) or a ledger newer than this binary. Returns the schema version.
+fn check_ownership(conn: &Connection, path: &Path) -> anyhow::Result<usize> {
+    let read = || -> rusqlite::Result<(i64, i64)> {
+        let version = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+        let objects = conn.query_row("SELECT count(*) FROM sqlite_master", [], |row| row.get(0))?;
+        Ok((version, objects))
+    };
+    let (version, objects) = read().with_context(|| {
+        format!(
+            "cannot read {} as a SQLite database (is database.path the ledger?)",
+            path.display()
+        )
+    })?;
+    let version = usize::try_from(version).unwrap_or(usize::MAX);
+    if version == 0 && objects > 0 {
+        bail!(
+            "{} is not a sume-receiver ledger: it already holds {objects} tables, indexes or \
+             views but no schema version of ours (another application's database?); it was \
+             left untouched. Point database.path at a new file",
+            path.display()
+        );
+    }
+    if version > MIGRATIONS.len() {
+        bail!(
+            "database {} has schema version {version}, newer than this binary knows ({}); \
+             refusing to touch it: upgrade sume-receiver",
+            path.display(),
+            MIGRATIONS.len()
+        );
+    }
+    Ok(version)
+}
+
+/// Runs SQLite's own consistency check, as configured; a damaged ledger is refused with the way
+/// out, instead of serving from it and failing later.
+fn check_integrity(conn: &Connection, path: &Path, check: CheckAtStart) -> anyhow::Result<()> {
+    let pragma = match check {
+        CheckAtStart::Off => return Ok(()),
+        CheckAtStart::Quick => "quick_check",
+        CheckAtStart::Full => "integrity_check",
+    };
+    let started = std::time::Instant::now();
+    let findings = conn
+        .prepare(&format!("PRAGMA {pragma}(5)"))
+        .and_then(|mut statement| {
+            statement
+                .query_map([], |row| row.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        });
+    let findings = match findings {
+        Ok(findings) if findings == ["ok"] => {
+            tracing::info!(
+                check = pragma,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "ledger checked"
+            );
+            return Ok(());
+        }
+        Ok(findings) => findings.join("; "),
+        Err(error) => error.to_string(),
+    };
+    let path = path.display();
+    bail!(
+        "the ledger {path} is damaged (PRAGMA {pragma}: {findings:?}); refusing to serve from it. \
+         Stop the service and restore the ledger from a backup, or salvage what is readable: \
+         `sqlite3 {path} .recover | sqlite3 {path}.recovered`, then move the recovered file to \
+         {path} (keep the damaged one aside). database.check_at_start = \"off\" skips this check"
+    )
 }
 
 /// Pragmas every connection gets at open; none of them persist in the file except WAL mode.
@@ -232,21 +359,8 @@ fn apply_pragmas(conn: &Connection, config: &DatabaseConfig) -> rusqlite::Result
     ))
 }
 
-fn schema_version(conn: &Connection) -> anyhow::Result<usize> {
-    let version: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
-    Ok(usize::try_from(version).unwrap_or(usize::MAX))
-}
-
-fn migrate(conn: &mut Connection, path: &Path) -> anyhow::Result<()> {
-    let version = schema_version(conn)?;
-    if version > MIGRATIONS.len() {
-        bail!(
-            "database {} has schema version {version}, newer than this binary knows ({}); \
-             refusing to touch it: upgrade sume-receiver",
-            path.display(),
-            MIGRATIONS.len()
-        );
-    }
+/// Applies the migrations after `version` (checked by [`check_ownership`]).
+fn migrate(conn: &mut Connection, path: &Path, version: usize) -> anyhow::Result<()> {
     if version == 0 {
         // Lets retention give freed pages back to the file system (PRAGMA incremental_vacuum)
         // instead of keeping the file at its peak. The VACUUM applies it to the still empty file.
@@ -265,6 +379,8 @@ fn migrate(conn: &mut Connection, path: &Path) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     fn test_config(dir: &Path) -> DatabaseConfig {
@@ -274,44 +390,143 @@ mod tests {
         }
     }
 
-    /// A fresh, configured but unmigrated connection in `dir`.
-    fn fresh_connection(dir: &Path) -> (DatabaseConfig, Connection) {
-        let config = test_config(dir);
-        let conn = open_connection(&config.path, &config, OpenFlags::default()).unwrap();
-        (config, conn)
+    fn schema_version(conn: &Connection) -> usize {
+        conn.query_row("PRAGMA user_version", [], |row| row.get::<_, i64>(0))
+            .unwrap() as usize
+    }
+
+    /// A database of someone else's at the ledger's path, made with a plain connection
+    /// (rollback journal, as SQLite creates files by default).
+    fn foreign_database(config: &DatabaseConfig, sql: &str) -> Vec<u8> {
+        let conn = Connection::open(&config.path).unwrap();
+        conn.execute_batch(sql).unwrap();
+        drop(conn);
+        std::fs::read(&config.path).unwrap()
     }
 
     #[test]
     fn migrations_set_the_version_and_are_idempotent() {
         let dir = tempfile::tempdir().unwrap();
-        let (config, mut conn) = fresh_connection(dir.path());
-        migrate(&mut conn, &config.path).unwrap();
-        migrate(&mut conn, &config.path).unwrap();
-        assert_eq!(schema_version(&conn).unwrap(), MIGRATIONS.len());
+        let config = test_config(dir.path());
+        let mut conn = open_connection(&config.path, &config, OpenFlags::default()).unwrap();
+        migrate(&mut conn, &config.path, 0).unwrap();
+        let version = schema_version(&conn);
+        migrate(&mut conn, &config.path, version).unwrap();
+        assert_eq!(schema_version(&conn), MIGRATIONS.len());
         let mode: String = conn
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .unwrap();
         assert_eq!(mode, "wal");
-    }
-
-    #[test]
-    fn new_ledgers_use_incremental_auto_vacuum() {
-        let dir = tempfile::tempdir().unwrap();
-        let (config, mut conn) = fresh_connection(dir.path());
-        migrate(&mut conn, &config.path).unwrap();
-        let mode: i64 = conn
+        let auto_vacuum: i64 = conn
             .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(mode, 2, "2 = incremental");
+        assert_eq!(auto_vacuum, 2, "2 = incremental");
     }
 
     #[test]
-    fn refuses_a_newer_database() {
+    fn refuses_a_newer_ledger_before_writing_anything() {
         let dir = tempfile::tempdir().unwrap();
-        let (config, mut conn) = fresh_connection(dir.path());
-        conn.pragma_update(None, "user_version", 99).unwrap();
-        let error = migrate(&mut conn, &config.path).unwrap_err().to_string();
+        let config = test_config(dir.path());
+        let before = foreign_database(
+            &config,
+            "CREATE TABLE jobs (job_id TEXT); PRAGMA user_version = 99;",
+        );
+        let error = format!("{:#}", Ledger::open(&config).err().unwrap());
         assert!(error.contains("newer than this binary knows"), "{error}");
+        let error = format!("{:#}", open_existing(&config).unwrap_err());
+        assert!(error.contains("newer than this binary knows"), "{error}");
+        assert!(
+            std::fs::read(&config.path).unwrap() == before,
+            "the file must be left byte for byte (it was switched to WAL mode before the fix)"
+        );
+    }
+
+    #[test]
+    fn refuses_another_applications_database_and_leaves_it_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = test_config(dir.path());
+        let before = foreign_database(
+            &config,
+            "CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL);
+             INSERT INTO invoices (total) VALUES (12.5);",
+        );
+        let error = format!("{:#}", Ledger::open(&config).err().unwrap());
+        assert!(error.contains("is not a sume-receiver ledger"), "{error}");
+        let error = format!("{:#}", open_existing(&config).unwrap_err());
+        assert!(error.contains("is not a sume-receiver ledger"), "{error}");
+        assert!(std::fs::read(&config.path).unwrap() == before);
+        assert!(!dir.path().join("ledger.sqlite3-wal").exists());
+    }
+
+    #[test]
+    fn refuses_a_file_that_is_not_a_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = test_config(dir.path());
+        std::fs::write(
+            &config.path,
+            "[server]\nlisten = \"0.0.0.0:80\"\n".repeat(200),
+        )
+        .unwrap();
+        let error = format!("{:#}", Ledger::open(&config).err().unwrap());
+        assert!(error.contains("cannot read"), "{error}");
+    }
+
+    #[test]
+    fn an_empty_file_becomes_a_ledger() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = test_config(dir.path());
+        std::fs::write(&config.path, "").unwrap();
+        Ledger::open(&config).unwrap().close();
+        let conn = Connection::open(&config.path).unwrap();
+        assert_eq!(schema_version(&conn), MIGRATIONS.len());
+    }
+
+    #[test]
+    fn refuses_a_damaged_ledger_and_says_how_to_recover() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = test_config(dir.path());
+        Ledger::open(&config).unwrap().close();
+        let conn = Connection::open(&config.path).unwrap();
+        conn.execute_batch(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+             INSERT INTO jobs (job_id, state, body, received_at, updated_at)
+             SELECT 'job-' || i, 'done', hex(randomblob(500)), i, i FROM n;
+             PRAGMA wal_checkpoint(TRUNCATE);",
+        )
+        .unwrap();
+        let pages: i64 = conn
+            .query_row("PRAGMA page_count", [], |row| row.get(0))
+            .unwrap();
+        drop(conn);
+        // One page in the middle of the file overwritten, as a bad sector or a stray write would.
+        let mut bytes = std::fs::read(&config.path).unwrap();
+        let page = (pages / 2) as usize * 4096;
+        bytes[page..page + 4096].fill(0x55);
+        std::fs::write(&config.path, bytes).unwrap();
+
+        let error = format!("{:#}", Ledger::open(&config).err().unwrap());
+        assert!(error.contains("is damaged"), "{error}");
+        assert!(error.contains(".recover"), "{error}");
+        let unchecked = DatabaseConfig {
+            check_at_start: CheckAtStart::Off,
+            ..config
+        };
+        Ledger::open(&unchecked).unwrap().close();
+    }
+
+    #[test]
+    fn ledger_files_are_private_whatever_the_umask() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = test_config(dir.path());
+        let ledger = Ledger::open(&config).unwrap();
+        for name in ["ledger.sqlite3", "ledger.sqlite3-wal", "ledger.sqlite3-shm"] {
+            let mode = std::fs::metadata(dir.path().join(name))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{name}: {mode:o}");
+        }
+        ledger.close();
     }
 
     #[test]

@@ -3,26 +3,38 @@
 //! Callers queue closures; the thread takes everything queued (up to `max_batch`), runs it inside
 //! one `BEGIN IMMEDIATE ... COMMIT`, and only then answers each caller. One fsync thus covers a
 //! whole burst of concurrent claims, and no caller hears "ok" before its change is durable.
+//!
+//! The queue is bounded. A claim that finds it full fails at once ([`StorageError::Overloaded`],
+//! so the delivery gets a 503 and Sume retries) instead of waiting behind a stalled disk; the
+//! service's own changes (attempt starts and ends, retention) wait for room instead.
 
-use std::sync::mpsc;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use rusqlite::Connection;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use super::StorageError;
+use crate::throttle::Throttled;
+
+/// Changes waiting for the writer. Past this, claims are refused at once (see the module doc).
+/// Far more than the connection limit lets in at a time, far less than a stalled disk would
+/// otherwise pile up.
+pub const QUEUE_CAPACITY: usize = 1024;
 
 /// Sends a caller its result once the outcome of the whole transaction is known.
 type Completion = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
-/// Runs one caller's change inside the open transaction (`None` when it could not begin).
+/// Runs one caller's change inside the open transaction (`None` when it could not run: the
+/// transaction did not begin, or SQLite already rolled it back).
 type BatchItem = Box<dyn FnOnce(Option<&Connection>) -> Completion + Send>;
 
-enum Message {
-    Write(BatchItem),
-    Stop,
-}
-
 pub(super) struct Writer {
-    queue: mpsc::Sender<Message>,
+    queue: mpsc::Sender<BatchItem>,
+    stopping: Arc<AtomicBool>,
+    /// Cancelled when the thread died of a panic: nothing will ever be written again.
+    failed: CancellationToken,
 }
 
 impl Writer {
@@ -30,39 +42,95 @@ impl Writer {
         conn: Connection,
         max_batch: usize,
     ) -> anyhow::Result<(Writer, std::thread::JoinHandle<()>)> {
-        let (queue, inbox) = mpsc::channel();
+        let (queue, inbox) = mpsc::channel(QUEUE_CAPACITY);
+        let stopping = Arc::new(AtomicBool::new(false));
+        let failed = CancellationToken::new();
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || run(conn, inbox, max_batch))?;
-        Ok((Writer { queue }, thread))
+            .spawn({
+                let (stopping, failed) = (stopping.clone(), failed.clone());
+                move || {
+                    let run = AssertUnwindSafe(|| run(conn, inbox, max_batch, &stopping));
+                    if std::panic::catch_unwind(run).is_err() {
+                        tracing::error!("the ledger writer thread panicked; no change can be committed any more");
+                        failed.cancel();
+                    }
+                }
+            })?;
+        Ok((
+            Writer {
+                queue,
+                stopping,
+                failed,
+            },
+            thread,
+        ))
     }
 
+    /// Queues `op`, waiting for room if the queue is full.
     pub(super) async fn submit<T, F>(&self, op: F) -> Result<T, StorageError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        let (reply, answer) = oneshot::channel();
-        let item: BatchItem = Box::new(move |conn| {
-            let result = conn.map(|conn| run_in_savepoint(conn, op));
-            Box::new(move |committed| {
-                let outcome = match (committed, result) {
-                    (Ok(()), Some(result)) => result,
-                    (Err(error), _) => Err(error),
-                    (Ok(()), None) => unreachable!("a batch that did not begin cannot commit"),
-                };
-                let _ = reply.send(outcome);
-            })
-        });
+        let (item, answer) = batch_item(op);
         self.queue
-            .send(Message::Write(item))
+            .send(item)
+            .await
             .map_err(|_| StorageError::Closed)?;
         answer.await.map_err(|_| StorageError::Closed)?
     }
 
-    pub(super) fn stop(&self) {
-        let _ = self.queue.send(Message::Stop);
+    /// Queues `op` only if there is room now; [`StorageError::Overloaded`] otherwise.
+    pub(super) async fn try_submit<T, F>(&self, op: F) -> Result<T, StorageError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let (item, answer) = batch_item(op);
+        self.queue.try_send(item).map_err(|error| match error {
+            mpsc::error::TrySendError::Full(_) => StorageError::Overloaded,
+            mpsc::error::TrySendError::Closed(_) => StorageError::Closed,
+        })?;
+        answer.await.map_err(|_| StorageError::Closed)?
     }
+
+    /// How many changes wait for the writer right now.
+    pub(super) fn queued(&self) -> usize {
+        QUEUE_CAPACITY - self.queue.capacity()
+    }
+
+    pub(super) fn failed(&self) -> &CancellationToken {
+        &self.failed
+    }
+
+    /// Asks the thread to stop once everything queued so far is committed.
+    pub(super) fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // Wakes a thread waiting for work. A full queue needs no wake-up: the thread checks
+        // the flag after each batch.
+        let _ = self.queue.try_send(Box::new(|_| Box::new(|_| ())));
+    }
+}
+
+fn batch_item<T, F>(op: F) -> (BatchItem, oneshot::Receiver<Result<T, StorageError>>)
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+{
+    let (reply, answer) = oneshot::channel();
+    let item: BatchItem = Box::new(move |conn| {
+        let result = conn.map(|conn| run_in_savepoint(conn, op));
+        Box::new(move |committed| {
+            let outcome = match (committed, result) {
+                (Ok(()), Some(result)) => result,
+                (Err(error), _) => Err(error),
+                (Ok(()), None) => unreachable!("a batch that did not run cannot commit"),
+            };
+            let _ = reply.send(outcome);
+        })
+    });
+    (item, answer)
 }
 
 /// Runs one caller's change so that its failure undoes only its own statements, not the batch.
@@ -78,60 +146,94 @@ fn run_in_savepoint<T>(
             Ok(value)
         }
         Err(error) => {
-            // If SQLite already rolled the whole transaction back (disk full, I/O error), the
-            // COMMIT fails too and every caller of the batch hears about it.
+            // If SQLite already rolled the whole transaction back (disk full, I/O error), this
+            // fails too; commit_batch sees it and fails the rest of the batch.
             let _ = conn.execute_batch("ROLLBACK TO item; RELEASE item");
             Err(error.into())
         }
     }
 }
 
-fn run(conn: Connection, inbox: mpsc::Receiver<Message>, max_batch: usize) {
+fn run(
+    conn: Connection,
+    mut inbox: mpsc::Receiver<BatchItem>,
+    max_batch: usize,
+    stopping: &AtomicBool,
+) {
     let mut batch = Vec::with_capacity(max_batch);
-    let mut stopping = false;
-    while !stopping {
-        match inbox.recv() {
-            Ok(Message::Write(item)) => batch.push(item),
-            Ok(Message::Stop) | Err(_) => break,
-        }
+    let mut failures = Throttled::new("ledger transaction failed");
+    while !stopping.load(Ordering::SeqCst) {
+        let Some(item) = inbox.blocking_recv() else {
+            break;
+        };
+        batch.push(item);
         while batch.len() < max_batch {
             match inbox.try_recv() {
-                Ok(Message::Write(item)) => batch.push(item),
-                Ok(Message::Stop) => {
-                    stopping = true;
-                    break;
-                }
+                Ok(item) => batch.push(item),
                 Err(_) => break,
             }
         }
-        commit_batch(&conn, batch.drain(..));
+        commit_batch(&conn, batch.drain(..), &mut failures);
+    }
+    // Stopping: everything queued before the stop still gets its answer.
+    inbox.close();
+    while let Ok(item) = inbox.try_recv() {
+        batch.push(item);
+        if batch.len() == max_batch {
+            commit_batch(&conn, batch.drain(..), &mut failures);
+        }
+    }
+    if !batch.is_empty() {
+        commit_batch(&conn, batch.drain(..), &mut failures);
     }
     tracing::debug!("ledger writer stopped");
 }
 
-fn commit_batch(conn: &Connection, batch: impl ExactSizeIterator<Item = BatchItem>) {
+fn commit_batch(
+    conn: &Connection,
+    batch: impl ExactSizeIterator<Item = BatchItem>,
+    failures: &mut Throttled,
+) {
     let size = batch.len();
     let begin = conn
         .prepare_cached("BEGIN IMMEDIATE")
         .and_then(|mut s| s.execute([]));
-    let outcome = match begin {
+    let (completions, committed) = match begin {
         Ok(_) => {
-            let completions: Vec<Completion> = batch.map(|item| item(Some(conn))).collect();
-            let committed = conn
-                .prepare_cached("COMMIT")
-                .and_then(|mut s| s.execute([]))
-                .map(drop)
-                .map_err(StorageError::from);
-            if committed.is_err() {
-                let _ = conn.execute_batch("ROLLBACK");
+            let mut completions: Vec<Completion> = Vec::with_capacity(size);
+            for item in batch {
+                // After an error SQLite may have rolled the whole transaction back on its own
+                // (SQLITE_FULL, SQLITE_IOERR). The next item's SAVEPOINT would then open a
+                // transaction of its own and its RELEASE commit it, while the batch is reported
+                // as failed: so once we are out of the transaction, nothing else runs.
+                let in_transaction = !conn.is_autocommit();
+                completions.push(item(in_transaction.then_some(conn)));
             }
+            let committed = if conn.is_autocommit() {
+                Err(StorageError::Sqlite(
+                    "the transaction was rolled back by SQLite after an error".into(),
+                ))
+            } else {
+                let committed = conn
+                    .prepare_cached("COMMIT")
+                    .and_then(|mut s| s.execute([]))
+                    .map(drop)
+                    .map_err(StorageError::from);
+                if committed.is_err() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                committed
+            };
             (completions, committed)
         }
-        Err(error) => (batch.map(|item| item(None)).collect(), Err(error.into())),
+        Err(error) => (
+            batch.map(|item| item(None)).collect::<Vec<_>>(),
+            Err(error.into()),
+        ),
     };
-    let (completions, committed) = outcome;
-    if let Err(error) = &committed {
-        tracing::warn!(batch = size, %error, "ledger transaction failed");
+    match &committed {
+        Err(error) => failures.warn(&format!("{error} (batch of {size})")),
+        Ok(()) => failures.recovered(),
     }
     crate::metrics::METRICS.record_commit(size, committed.is_ok());
     for complete in completions {
