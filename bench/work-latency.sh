@@ -15,7 +15,7 @@ command = [\"sh\", \"-c\", \"echo \\\"\$SUME_JOB_ID \$(date +%s%3N)\\\" >> $dir/
 concurrency = 8"
 start_receiver "$dir"
 "$BIN" loadgen --config "$dir/config.toml" --rate "$RATE" --duration "$DURATION" --requests 100000000 \
-  --connections 8 --dup-ratio 0 | head -1
+  --connections 8 --dup-ratio 0 --allow-handler | head -1
 sleep 2
 stop_receiver >/dev/null
 sqlite3 "$dir/ledger.sqlite3" "SELECT job_id, received_at FROM jobs" > "$dir/claims.txt"

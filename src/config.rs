@@ -864,6 +864,53 @@ mod tests {
     }
 
     #[test]
+    fn absurd_durations_and_limits_are_refused() {
+        for (section, key) in [
+            ("sweeper", "stale_after = \"0s\""),
+            ("sweeper", "interval = \"0s\""),
+            ("database", "busy_timeout = \"0s\""),
+            ("server", "max_connections = 0"),
+            ("server", "max_inflight_body_bytes = 1000"),
+            (
+                "server",
+                "max_body_bytes = 100000000\nmax_inflight_body_bytes = 200000000",
+            ),
+        ] {
+            let e = error(&format!("{MINIMAL}[{section}]\n{key}\n"));
+            let name = key.split(' ').next().unwrap();
+            assert!(e.contains(name), "{key}: {e}");
+        }
+        let e = error(&format!(
+            "{MINIMAL}[sweeper]\ninterval = \"1000000years\"\n"
+        ));
+        assert!(e.contains("longer than 100 years"), "{e}");
+        assert!(e.contains("line 4") && e.contains("`interval`"), "{e}");
+    }
+
+    /// Regression: `toml` quotes the offending line, and the journal kept it: a typo on the
+    /// secrets line published the secret.
+    #[test]
+    fn toml_errors_never_echo_a_secret() {
+        for text in [
+            "[signature]\nsecrets = [\"whsec_live_abc123\" \"whsec_live_def456\"]\n",
+            "[signature]\nsecrets = \"whsec_live_abc123\"\n",
+            "[signature]\nsecrets = [\"whsec_live_abc123\",\n  whsec_live_def456]\n",
+        ] {
+            let e = error(text);
+            assert!(!e.contains("whsec_live"), "{e}");
+            assert!(e.contains("line "), "{e}");
+        }
+        // Outside [signature] the message keeps its detail.
+        let e = error(&format!(
+            "{MINIMAL}[database]\nsynchronous = \"sometimes\"\n"
+        ));
+        assert!(
+            e.contains("sometimes") && e.contains("`synchronous`"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn example_config_is_valid() {
         let text = include_str!("../config.example.toml");
         Config::parse(text, Path::new("/base")).unwrap();

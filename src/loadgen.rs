@@ -59,6 +59,10 @@ pub struct LoadgenArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Run even though the config has a [handler]: every delivery is then a fake job that the
+    /// receiver's real handler runs.
+    #[arg(long)]
+    pub allow_handler: bool,
 }
 
 /// What a run measured.
@@ -103,6 +107,14 @@ struct Tally {
 }
 
 pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
+    // It signs with the configured secrets: pointed at a production config, its deliveries are
+    // genuine to the receiver and its handler would run thousands of fake jobs.
+    if config.handler.is_some() && !args.allow_handler && !args.healthz {
+        bail!(
+            "this config has a [handler]: the load generator's fake jobs would run it. Use a \
+             benchmark config without [handler], or pass --allow-handler if that is what you want"
+        );
+    }
     if !(0.0..=1.0).contains(&args.dup_ratio) {
         bail!("--dup-ratio must be between 0 and 1");
     }

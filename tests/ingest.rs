@@ -154,6 +154,11 @@ async fn bad_payloads_get_400_with_a_reason_and_leave_no_row() {
         (r#"{"type":"job.completed"}"#, "job_id is missing"),
         (r#"{"job_id":""}"#, "job_id is empty"),
         (r#"{"job_id":7}"#, "job_id must be a string"),
+        // Regression: these were claimed, then could never run (NUL) or forged log lines.
+        (r#"{"job_id":"a\u0000b"}"#, "control character"),
+        (r#"{"job_id":"a\nINFO forged line"}"#, "control character"),
+        (r#"{"job_id":"\u001b[31mred"}"#, "control character"),
+        (r#"{"job_id":".."}"#, "`.` or `..`"),
     ] {
         let answer = server.deliver(body).await;
         assert_eq!(answer.status, 400, "{body}");
@@ -330,4 +335,163 @@ async fn slow_or_oversized_request_heads_are_cut_off() {
     let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer)).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
     assert_eq!(server.row_count(), 0);
+}
+
+/// Holds a connection whose head promises a body of `length` bytes that never comes; the
+/// headers pass every check made before the body is read.
+async fn stalled_body(server: &TestServer, length: usize) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let now = unix_now();
+    let entry = "ab".repeat(32);
+    let head = format!(
+        "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\n{TIMESTAMP_HEADER}: {now}\r\n\
+         {SIGNATURE_HEADER}: sume-v1={entry}\r\ncontent-length: {length}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+/// Regression: every body was read in full before the signature headers were looked at.
+#[tokio::test(flavor = "multi_thread")]
+async fn unsigned_requests_are_refused_before_their_body_is_read() {
+    let server = TestServer::start("[server]\nbody_read_timeout = \"5s\"\n").await;
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let head =
+        format!("POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let mut answer = vec![0u8; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(4), stream.read(&mut answer))
+        .await
+        .expect("answered without waiting for the body")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+/// Regression: bodies in memory had no bound (2,000 x 1 MiB drove RSS to 3.2 GiB). Past the
+/// budget a delivery waits briefly, then gets 503; small deliveries keep a share of their own.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_body_budget_turns_large_bodies_away_and_keeps_room_for_small_ones() {
+    let server = TestServer::start(
+        "[server]\nmax_body_bytes = 1048576\nmax_inflight_body_bytes = 2097152\nbody_read_timeout = \"8s\"\n",
+    )
+    .await;
+    // 1 MiB of the 1.5 MiB for large bodies, held by a body that never comes.
+    let _held = stalled_body(&server, 1 << 20).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut second = stalled_body(&server, 1 << 20).await;
+    let started = Instant::now();
+    let mut answer = vec![0u8; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(5), second.read(&mut answer))
+        .await
+        .expect("answered while the first body is still awaited")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]).to_lowercase();
+    assert!(answer.starts_with("http/1.1 503"), "{answer}");
+    assert!(answer.contains("retry-after: 5"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+
+    // An ordinary delivery is not starved by the large ones.
+    assert_eq!(server.deliver(&job_body("job-small")).await.status, 200);
+}
+
+/// Sends `GET /healthz` on a new connection that closes after the answer; returns the answer.
+async fn healthz_once(addr: std::net::SocketAddr) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer).await;
+    answer
+}
+
+/// Regression: nothing capped connections, so each one became a task and a descriptor.
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_past_max_connections_wait_until_one_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = config_text(
+        dir.path(),
+        "[server]\nmax_connections = 3\nheader_read_timeout = \"20s\"\n",
+    );
+    let config = sume_receiver::config::Config::parse(&text, dir.path()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(sume_receiver::run(config, listener, std::future::pending()));
+    // (Not the test client: its pool would keep a connection open.)
+    assert!(healthz_once(addr).await.starts_with("HTTP/1.1 200"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(b"GET ").await.unwrap();
+        idle.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut fourth = tokio::spawn(healthz_once(addr));
+    let early = tokio::time::timeout(Duration::from_millis(700), &mut fourth).await;
+    assert!(early.is_err(), "a fourth connection was served");
+    drop(idle.pop());
+    let answer = tokio::time::timeout(Duration::from_secs(5), fourth)
+        .await
+        .expect("served once a connection closed")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// The soft limit on open files is raised to the hard one at start (systemd gives soft 1024).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_open_files_limit_is_raised_at_start() {
+    let limits = || {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the struct we pass.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+            0
+        );
+        limit
+    };
+    let hard = limits().rlim_max;
+    let lowered = libc::rlimit {
+        rlim_cur: 256.min(hard),
+        rlim_max: hard,
+    };
+    // SAFETY: setrlimit reads the struct we pass.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) }, 0);
+    let server = TestServer::start("").await;
+    assert_eq!(limits().rlim_cur, hard);
+    server.stop().await.0.unwrap();
+}
+
+/// Regression: a panic on the writer thread left /healthz 200 and every delivery 503 forever.
+/// Now the service stops with an error (and systemd restarts it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_ledger_writer_stops_the_service_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, ledger) = open_ledger(dir.path());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let service = tokio::spawn(sume_receiver::run_on(
+        config,
+        ledger.clone(),
+        listener,
+        std::future::pending(),
+    ));
+    let injected = ledger
+        .write(|_| -> rusqlite::Result<()> { panic!("injected fault") })
+        .await;
+    assert!(injected.is_err());
+    let stopped = tokio::time::timeout(Duration::from_secs(10), service)
+        .await
+        .expect("the service stops by itself")
+        .unwrap();
+    let error = format!("{:#}", stopped.unwrap_err());
+    assert!(error.contains("ledger writer"), "{error}");
 }

@@ -295,3 +295,51 @@ fn background_statements_read_only_their_partial_indexes() {
         );
     }
 }
+
+/// An attempt's end is fenced by its number: an attempt whose lease was taken back and given
+/// to a newer attempt cannot overwrite that attempt's outcome.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_attempt_cannot_record_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_config, ledger) = open_ledger(dir.path());
+    ledger.claim(claim("fenced".into())).await.unwrap();
+    let job_id = JobId::parse("fenced").unwrap();
+    let stale = ledger
+        .write(move |conn| ledger::start_attempt(conn, &job_id, 0, i64::MAX))
+        .await
+        .unwrap()
+        .unwrap();
+    // The sweeper takes the lease back and a second attempt starts.
+    ledger
+        .write(|conn| {
+            conn.execute(
+                "UPDATE jobs SET state = 'retrying', next_attempt_at = 0 WHERE job_id = 'fenced'",
+                [],
+            )
+        })
+        .await
+        .unwrap();
+    let job_id = JobId::parse("fenced").unwrap();
+    let current = ledger
+        .write(move |conn| ledger::start_attempt(conn, &job_id, 0, i64::MAX))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((stale.number, current.number), (1, 2));
+
+    let failed = ledger::AttemptEnd::Failed {
+        error: "stale".into(),
+        retry_at: None,
+    };
+    let ended = ledger
+        .write(move |conn| ledger::finish_attempt(conn, &stale, &failed, 0))
+        .await
+        .unwrap();
+    assert_eq!(ended, None, "the first attempt no longer owns the job");
+    let ended = ledger
+        .write(move |conn| ledger::finish_attempt(conn, &current, &ledger::AttemptEnd::Done, 0))
+        .await
+        .unwrap();
+    assert_eq!(ended, Some(ledger::State::Done));
+    ledger.close();
+}

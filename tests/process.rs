@@ -470,3 +470,77 @@ async fn sigterm_right_after_the_port_opens_exits_cleanly() {
         service.stop_cleanly().await;
     }
 }
+
+/// Regression: `jobs redeliver ''`, `'.'` and `'..'` sent `POST /v1/jobs//webhook/redeliver` and
+/// `/v1/jobs/../webhook/redeliver` to Sume with the API key; ids with control characters were
+/// taken too. Every command refuses them with a usage error (exit 2) before doing anything.
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_refuses_invalid_job_ids_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), free_port(), "", "");
+    for command in ["show", "retry", "expect", "redeliver"] {
+        for (job_id, reason) in [
+            ("", "job_id is empty"),
+            (".", "`.` or `..`"),
+            ("..", "`.` or `..`"),
+            ("a\nb", "control character"),
+            ("a\u{1b}[2J", "control character"),
+        ] {
+            let output = cli(&config, &["jobs", command, job_id]);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(
+                output.status.code(),
+                Some(2),
+                "{command} {job_id:?}: {stderr}"
+            );
+            assert!(stderr.contains(reason), "{command} {job_id:?}: {stderr}");
+        }
+    }
+}
+
+/// What the ledger holds is shown, never played to the terminal: a row from before ids were
+/// checked, and a handler error with escape sequences.
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_tables_escape_control_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), port, "", "");
+    let service = Service::start(&config, port).await;
+    service.stop_cleanly().await;
+    let db = rusqlite::Connection::open(dir.path().join("ledger.sqlite3")).unwrap();
+    db.execute(
+        "INSERT INTO jobs (job_id, state, body, received_at, updated_at, last_error)
+         VALUES (?1, 'dead', '{}', 0, 0, ?2)",
+        ["legacy\u{1b}[31m\nid", "boom\u{1b}]0;owned\u{7}\r\nnext"],
+    )
+    .unwrap();
+    drop(db);
+    for args in [&["jobs", "list"][..], &["jobs", "list", "--state", "dead"]] {
+        let output = cli(&config, args);
+        assert!(output.status.success(), "{output:?}");
+        let table = String::from_utf8(output.stdout).unwrap();
+        assert!(
+            !table.chars().any(|c| c.is_control() && c != '\n'),
+            "{table:?}"
+        );
+        assert!(table.contains("legacy\\u{1b}[31m\\nid"), "{table}");
+        assert_eq!(table.lines().count(), 2, "{table:?}");
+    }
+}
+
+/// Regression: `loadgen` signs with the configured secrets, so pointed at a production config its
+/// fake jobs ran the real handler.
+#[test]
+fn loadgen_refuses_a_config_with_a_handler_unless_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        free_port(),
+        "",
+        "[handler]\ncommand = [\"true\"]\n",
+    );
+    let output = cli(&config, &["loadgen", "--requests", "1", "--no-check"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--allow-handler"), "{stderr}");
+}

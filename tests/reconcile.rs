@@ -56,13 +56,23 @@ async fn expect_via_admin(
     job_id: &str,
     token: &str,
 ) -> (u16, serde_json::Value) {
+    admin_put(server, admin_port, job_id, &format!("Bearer {token}")).await
+}
+
+/// PUT /v1/expected/{path_segment} with this Authorization header.
+async fn admin_put(
+    server: &TestServer,
+    admin_port: u16,
+    path_segment: &str,
+    authorization: &str,
+) -> (u16, serde_json::Value) {
     let client = sume_receiver::http_client::new_client();
     let request = hyper::Request::builder()
         .method(Method::PUT)
         .uri(format!(
-            "http://127.0.0.1:{admin_port}/v1/expected/{job_id}"
+            "http://127.0.0.1:{admin_port}/v1/expected/{path_segment}"
         ))
-        .header("authorization", format!("Bearer {token}"))
+        .header("authorization", authorization)
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .unwrap();
     let answer = sume_receiver::http_client::send(&client, request, Duration::from_secs(5), 4096)
@@ -210,6 +220,51 @@ async fn the_admin_listener_wants_its_token() {
     let (status, _) = expect_via_admin(&server, admin_port, "job-x", "wrong-token").await;
     assert_eq!(status, 401);
     assert_eq!(expectation_state(&server, "job-x"), None);
+}
+
+/// Regression: `..`, `%00` and the like were registered, to be put in Sume URLs later.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_admin_listener_takes_only_valid_job_ids() {
+    let (server, _sume, admin_port) = start_pair("", Duration::from_millis(20)).await;
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    for (segment, reason) in [
+        ("..", "`.` or `..`"),
+        (".", "`.` or `..`"),
+        ("%2E%2E", "`.` or `..`"),
+        ("a%00b", "control character"),
+        ("a%0Aforged", "control character"),
+        ("%FF", "not UTF-8"),
+    ] {
+        let (status, answer) = admin_put(&server, admin_port, segment, &bearer).await;
+        assert_eq!(status, 400, "{segment}: {answer}");
+        assert!(
+            answer["error"].as_str().unwrap().contains(reason),
+            "{segment}: {answer}"
+        );
+    }
+    let (status, _) = admin_put(&server, admin_port, "a/b", &bearer).await;
+    assert_eq!(status, 404, "a raw '/' is another path, not an id");
+    let count: i64 = server
+        .db()
+        .query_row("SELECT count(*) FROM expected_jobs", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(count, 0);
+
+    // An encoded '/' is part of a valid id; the scheme is case-insensitive (RFC 9110).
+    let (status, answer) = admin_put(
+        &server,
+        admin_port,
+        "a%2Fb",
+        &format!("bearer {ADMIN_TOKEN}"),
+    )
+    .await;
+    assert_eq!((status, answer["job_id"].as_str()), (200, Some("a/b")));
+    assert_eq!(
+        expectation_state(&server, "a/b").as_deref(),
+        Some("waiting")
+    );
+    let (status, _) = admin_put(&server, admin_port, "c", &format!("BEARER {ADMIN_TOKEN}")).await;
+    assert_eq!(status, 200);
 }
 
 #[tokio::test(flavor = "multi_thread")]

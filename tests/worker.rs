@@ -304,3 +304,49 @@ async fn sweep_once_takes_back_expired_leases_and_queues_due_jobs() {
     assert_eq!(state("live-lease"), "retrying");
     ledger.close();
 }
+
+/// Regression: a handler that handed its stdin to a background child and exited 0 was recorded
+/// as timed out for bodies over 64 KiB (the pipe's size): the write of stdin decided the attempt.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handler_that_leaves_its_stdin_to_a_background_child_is_done() {
+    let script = "sleep 4 <&0 & exit 0";
+    let server = TestServer::start(&command_handler(
+        script,
+        "timeout = \"2s\"\nmax_attempts = 1",
+    ))
+    .await;
+    let pad = "x".repeat(200 * 1024);
+    let body = format!(r#"{{"job_id":"job-bg","pad":"{pad}"}}"#);
+    assert_eq!(server.deliver(&body).await.status, 200);
+    wait_for_state(&server, "job-bg", "done").await;
+    assert_eq!(attempts_and_error(&server, "job-bg"), (1, None));
+}
+
+/// Regression: leases were judged by the wall clock alone, so a clock jumping forward (or a
+/// lease set in the past, as here) made the sweeper take back a job this process was still
+/// running, and the job ran twice. In-process, the handler timeout (monotonic) decides.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_job_is_not_taken_back_by_a_wall_clock_jump() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let script = format!("echo run >> {}; sleep 1", runs.display());
+    let handler = command_handler(
+        &script,
+        "timeout = \"10s\"\n\n[sweeper]\ninterval = \"100ms\"",
+    );
+    let server = TestServer::start_in(dir, &handler).await;
+    server.deliver(&job_body("job-clock")).await;
+    wait_for_state(&server, "job-clock", "running").await;
+    server
+        .db()
+        .execute(
+            "UPDATE jobs SET lease_expires_at = 0 WHERE job_id = 'job-clock'",
+            [],
+        )
+        .unwrap();
+    wait_for_state(&server, "job-clock", "done").await;
+    assert_eq!(attempts_and_error(&server, "job-clock"), (1, None));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let runs = std::fs::read_to_string(server.dir.path().join("runs")).unwrap();
+    assert_eq!(runs.lines().count(), 1, "the handler ran once");
+}
