@@ -18,6 +18,7 @@ pub mod job_id;
 pub mod ledger;
 pub mod loadgen;
 pub mod metrics;
+pub mod process;
 pub mod reconcile;
 pub mod server;
 pub mod signature;
@@ -55,7 +56,8 @@ pub async fn run(
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
-    match server::raise_open_files_limit() {
+    process::return_freed_memory();
+    match process::raise_open_files_limit() {
         Ok(limit) => {
             tracing::info!(
                 open_files = limit,

@@ -149,30 +149,3 @@ pub async fn serve<R: Router>(
         }
     }
 }
-
-/// Raises the soft limit on open files to the hard limit (systemd starts services with soft
-/// 1024, hard 524288): each connection is a descriptor, and the ledger needs a few more.
-/// Returns the soft limit now in effect.
-pub fn raise_open_files_limit() -> std::io::Result<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the struct we pass.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: limit.rlim_max,
-                rlim_max: limit.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            limit = raised;
-        }
-    }
-    Ok(limit.rlim_cur)
-}
