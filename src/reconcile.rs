@@ -194,7 +194,7 @@ impl Reconciler {
         };
         Ok(match self.ledger.claim(claim).await? {
             ClaimOutcome::Claimed => {
-                tracing::info!(job_id = ?job_id, status = %job_status, "job recovered by polling: its webhook never arrived");
+                tracing::info!(job_id = ?job_id, status = ?job_status, "job recovered by polling: its webhook never arrived");
                 METRICS.record_recovered();
                 if let Some(queue) = &self.queue {
                     queue.enqueue(job_id);
