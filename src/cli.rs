@@ -86,7 +86,23 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
     match command {
         Command::Serve => unreachable!("serve is started by main"),
         Command::CheckConfig => {
-            println!("configuration is valid");
+            let findings = crate::check::check(config);
+            for warning in &findings.warnings {
+                println!("warning: {warning}");
+            }
+            for error in &findings.errors {
+                println!("error: {error}");
+            }
+            if !findings.errors.is_empty() {
+                bail!(
+                    "the configuration has {} error(s); `serve` would refuse it",
+                    findings.errors.len()
+                );
+            }
+            println!(
+                "configuration is valid ({} warning(s))",
+                findings.warnings.len()
+            );
             Ok(())
         }
         Command::Jobs(jobs) => execute_jobs(jobs, config),
@@ -311,6 +327,7 @@ fn redeliver(job_id: &JobId, config: &Config) -> anyhow::Result<()> {
         .block_on(crate::reconcile::call_sume(
             &crate::http_client::new_client(),
             api,
+            &api.api_key()?,
             job_id,
             "webhook/redeliver",
             hyper::Method::POST,

@@ -11,6 +11,9 @@ use serde::{Deserialize, Deserializer};
 use crate::job_id::JobId;
 
 pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
+/// The secret of the example config and the README's quick start: public, so never live on a
+/// real listener.
+pub const EXAMPLE_SECRET: &str = "whsec_change_me";
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -30,6 +33,9 @@ pub struct Config {
     pub sume_api: Option<SumeApiConfig>,
     /// No `[admin]` section (or no token): no admin listener.
     pub admin: Option<AdminConfig>,
+    /// The file this was read from (`None` when parsed from text), for a reload.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -80,9 +86,13 @@ impl Default for ServerConfig {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SignatureConfig {
+    /// Secrets written in the config file itself. The live set is these plus `secrets_file`'s:
+    /// see [`Config::signing_secrets`].
     #[serde(default)]
     pub secrets: Vec<Secret>,
     /// One secret a line; blank lines and `#` comments are skipped. Merged with `secrets`.
+    /// Read only by the commands that sign or verify (`serve`, `loadgen`), at start and on
+    /// SIGHUP: under systemd it is a credential that exists only while the unit runs.
     pub secrets_file: Option<PathBuf>,
     #[serde(default = "default_tolerance", deserialize_with = "duration")]
     pub tolerance: Duration,
@@ -113,10 +123,6 @@ pub struct Secret(String);
 impl Secret {
     pub fn new(value: impl Into<String>) -> Self {
         Self(value.into())
-    }
-
-    fn empty() -> Self {
-        Self(String::new())
     }
 
     pub fn expose(&self) -> &str {
@@ -311,10 +317,9 @@ const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 #[serde(deny_unknown_fields)]
 pub struct SumeApiConfig {
     pub base_url: String,
+    /// Read when Sume is called (the reconciler at start, `jobs redeliver`): see
+    /// [`SumeApiConfig::api_key`].
     pub api_key_file: PathBuf,
-    /// Read from `api_key_file` at load.
-    #[serde(skip, default = "Secret::empty")]
-    pub api_key: Secret,
     /// Poll an expected job that has no claim this long after it was registered.
     #[serde(default = "default_reconcile_after", deserialize_with = "duration")]
     pub reconcile_after: Duration,
@@ -369,10 +374,18 @@ pub struct AdminConfig {
     #[serde(default = "default_admin_listen")]
     pub listen: SocketAddr,
     /// The bearer token clients of the admin listener must send; no file, no listener.
+    /// Read when the service starts.
     pub token_file: Option<PathBuf>,
-    /// Read from `token_file` at load.
-    #[serde(skip)]
-    pub token: Option<Secret>,
+}
+
+impl AdminConfig {
+    /// The token from `token_file`, if one is configured.
+    pub fn token(&self) -> anyhow::Result<Option<Secret>> {
+        self.token_file
+            .as_deref()
+            .map(|file| read_secret_file("admin.token_file", file))
+            .transpose()
+    }
 }
 
 fn default_admin_listen() -> SocketAddr {
@@ -441,11 +454,15 @@ fn hide_quoted(text: &str) -> String {
 
 impl Config {
     /// Reads, parses and validates the file; the error names the offending key.
+    /// Credential files (secrets, API key, admin token) are not read here: only the commands
+    /// that need them read them (see [`Config::signing_secrets`]).
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        Self::parse(&text, path.parent().unwrap_or(Path::new(".")))
-            .with_context(|| format!("invalid config file {}", path.display()))
+        let mut config = Self::parse(&text, path.parent().unwrap_or(Path::new(".")))
+            .with_context(|| format!("invalid config file {}", path.display()))?;
+        config.source = Some(path.to_owned());
+        Ok(config)
     }
 
     /// Parses and validates config text; relative paths in it are taken from `base_dir`.
@@ -453,10 +470,51 @@ impl Config {
         let mut config: Config = toml::from_str(text)
             .map_err(|error| anyhow::anyhow!(describe_toml_error(text, &error)))?;
         config.resolve_paths(base_dir);
-        config.load_secrets_file()?;
-        config.load_credential_files()?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// [`Config::signing_secrets`] from the file this config came from, read again (for a
+    /// reload); from this config as it is when it was not read from a file.
+    pub fn reload_signing_secrets(&self) -> anyhow::Result<Vec<Secret>> {
+        match &self.source {
+            Some(path) => Config::load(path)?.signing_secrets(),
+            None => self.signing_secrets(),
+        }
+    }
+
+    /// The live signing secrets: `signature.secrets` and the lines of `signature.secrets_file`,
+    /// newest first. Refuses an empty set, an empty secret, and the published example secret
+    /// on a listener that is not loopback.
+    pub fn signing_secrets(&self) -> anyhow::Result<Vec<Secret>> {
+        let mut secrets = self.signature.secrets.clone();
+        if let Some(file) = &self.signature.secrets_file {
+            let text = std::fs::read_to_string(file).with_context(|| {
+                format!("signature.secrets_file: cannot read {}", file.display())
+            })?;
+            secrets.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                    .map(Secret::new),
+            );
+        }
+        if secrets.is_empty() {
+            bail!("signature.secrets: no secret configured (set `secrets` or `secrets_file`)");
+        }
+        if let Some(i) = secrets.iter().position(|s| s.0.trim().is_empty()) {
+            bail!(
+                "signature.secrets[{i}] is empty: an empty secret would accept forged deliveries"
+            );
+        }
+        if secrets.iter().any(|s| s.0 == EXAMPLE_SECRET) && !self.server.listen.ip().is_loopback() {
+            bail!(
+                "signature: the example secret {EXAMPLE_SECRET:?} is published in the README; \
+                 refusing it on {} (not loopback). Set your Sume endpoint's signing secret",
+                self.server.listen
+            );
+        }
+        Ok(secrets)
     }
 
     /// How long after registration an expected job is first polled for.
@@ -477,8 +535,19 @@ impl Config {
                 humantime::format_duration(self.retention.dedupe_ttl)
             ));
         }
+        if self
+            .signature
+            .secrets
+            .iter()
+            .any(|secret| secret.0 == EXAMPLE_SECRET)
+        {
+            warnings.push(format!(
+                "signature.secrets holds the example secret {EXAMPLE_SECRET:?}, published in the \
+                 README: fine for a try on loopback, refused on any other address"
+            ));
+        }
         if let Some(admin) = &self.admin {
-            if admin.token.is_none() {
+            if admin.token_file.is_none() {
                 warnings.push("[admin] has no token_file: the admin listener is off".into());
             } else if !admin.listen.ip().is_loopback() {
                 warnings.push(format!(
@@ -488,18 +557,6 @@ impl Config {
             }
         }
         warnings
-    }
-
-    fn load_credential_files(&mut self) -> anyhow::Result<()> {
-        if let Some(api) = &mut self.sume_api {
-            api.api_key = read_secret_file("sume_api.api_key_file", &api.api_key_file)?;
-        }
-        if let Some(admin) = &mut self.admin {
-            if let Some(file) = &admin.token_file {
-                admin.token = Some(read_secret_file("admin.token_file", file)?);
-            }
-        }
-        Ok(())
     }
 
     fn resolve_paths(&mut self, base_dir: &Path) {
@@ -516,30 +573,10 @@ impl Config {
         }
     }
 
-    fn load_secrets_file(&mut self) -> anyhow::Result<()> {
-        let Some(file) = &self.signature.secrets_file else {
-            return Ok(());
-        };
-        let text = std::fs::read_to_string(file)
-            .with_context(|| format!("signature.secrets_file: cannot read {}", file.display()))?;
-        self.signature.secrets.extend(
-            text.lines()
-                .map(str::trim)
-                .filter(|line| !line.is_empty() && !line.starts_with('#'))
-                .map(Secret::new),
-        );
-        Ok(())
-    }
-
     fn validate(&self) -> anyhow::Result<()> {
         let signature = &self.signature;
-        if signature.secrets.is_empty() {
+        if signature.secrets.is_empty() && signature.secrets_file.is_none() {
             bail!("signature.secrets: no secret configured (set `secrets` or `secrets_file`)");
-        }
-        if let Some(i) = signature.secrets.iter().position(|s| s.0.trim().is_empty()) {
-            bail!(
-                "signature.secrets[{i}] is empty: an empty secret would accept forged deliveries"
-            );
         }
         if signature.tolerance.is_zero() {
             bail!("signature.tolerance must be greater than zero");
@@ -618,6 +655,11 @@ impl Config {
 }
 
 impl SumeApiConfig {
+    /// The API key from `api_key_file`.
+    pub fn api_key(&self) -> anyhow::Result<Secret> {
+        read_secret_file("sume_api.api_key_file", &self.api_key_file)
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         let uri: hyper::Uri = self
             .base_url
@@ -731,18 +773,44 @@ mod tests {
     #[test]
     fn refuses_missing_or_empty_secret() {
         assert!(error("[signature]\n").contains("signature.secrets: no secret"));
-        assert!(error("[signature]\nsecrets = [\"a\", \"\"]\n")
-            .contains("signature.secrets[1] is empty"));
+        let empty = parse("[signature]\nsecrets = [\"a\", \"\"]\n").unwrap();
+        let e = empty.signing_secrets().unwrap_err().to_string();
+        assert!(e.contains("signature.secrets[1] is empty"), "{e}");
         assert!(error("").contains("signature"));
     }
 
+    /// Regression: the secrets file was read by every command, so with a systemd credential
+    /// (present only while the unit runs) `jobs list` and `vacuum` failed on the host.
     #[test]
-    fn refuses_unreadable_secrets_file() {
-        let e = error("[signature]\nsecrets_file = \"/nonexistent/secrets\"\n");
+    fn the_secrets_file_is_read_only_by_who_needs_the_secrets() {
+        let config = parse("[signature]\nsecrets_file = \"/nonexistent/secrets\"\n").unwrap();
+        let e = config.signing_secrets().unwrap_err().to_string();
         assert!(
             e.contains("signature.secrets_file: cannot read /nonexistent/secrets"),
             "{e}"
         );
+    }
+
+    /// Regression: the published example secret was live on any address.
+    #[test]
+    fn the_example_secret_is_refused_off_loopback() {
+        let on = |listen: &str| {
+            parse(&format!(
+                "[server]\nlisten = \"{listen}\"\n[signature]\nsecrets = [\"{EXAMPLE_SECRET}\"]\n"
+            ))
+            .unwrap()
+        };
+        assert!(on("127.0.0.1:8080").signing_secrets().is_ok());
+        assert!(on("127.0.0.1:8080").warnings()[0].contains("example secret"));
+        let e = on("0.0.0.0:8080")
+            .signing_secrets()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("example secret") && e.contains("0.0.0.0:8080"),
+            "{e}"
+        );
+        assert!(on("[::]:8080").signing_secrets().is_err());
     }
 
     #[test]
@@ -753,10 +821,21 @@ mod tests {
             "# rotation\nwhsec_new\n\n  whsec_old  \n",
         )
         .unwrap();
-        let config =
-            Config::parse("[signature]\nsecrets_file = \"secrets\"\n", dir.path()).unwrap();
-        let secrets: Vec<&[u8]> = config.signature.secrets.iter().map(AsRef::as_ref).collect();
-        assert_eq!(secrets, [b"whsec_new".as_slice(), b"whsec_old".as_slice()]);
+        let config = Config::parse(
+            "[signature]\nsecrets = [\"whsec_inline\"]\nsecrets_file = \"secrets\"\n",
+            dir.path(),
+        )
+        .unwrap();
+        let secrets = config.signing_secrets().unwrap();
+        let secrets: Vec<&[u8]> = secrets.iter().map(AsRef::as_ref).collect();
+        assert_eq!(
+            secrets,
+            [
+                b"whsec_inline".as_slice(),
+                b"whsec_new".as_slice(),
+                b"whsec_old".as_slice()
+            ]
+        );
     }
 
     #[test]
@@ -835,7 +914,7 @@ mod tests {
         };
         let config = Config::parse(&section("https://api.sume.example/"), dir.path()).unwrap();
         let api = config.sume_api.unwrap();
-        assert_eq!(api.api_key.expose(), "sk_live_123");
+        assert_eq!(api.api_key().unwrap().expose(), "sk_live_123");
         assert_eq!(
             api.job_url(&JobId::parse("job 1/x").unwrap(), "status"),
             "https://api.sume.example/v1/jobs/job%201%2Fx/status"
@@ -846,10 +925,8 @@ mod tests {
         );
         assert!(e.contains("sume_api.base_url"), "{e}");
         std::fs::write(dir.path().join("key"), "  \n").unwrap();
-        let e = format!(
-            "{:#}",
-            Config::parse(&section("https://x"), dir.path()).unwrap_err()
-        );
+        let config = Config::parse(&section("https://x"), dir.path()).unwrap();
+        let e = format!("{:#}", config.sume_api.unwrap().api_key().unwrap_err());
         assert!(
             e.contains("sume_api.api_key_file") && e.contains("is empty"),
             "{e}"

@@ -1,7 +1,7 @@
 //! The webhook request path: cheap header checks -> body (bounded) -> signature -> job_id ->
 //! durable claim -> answer.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -225,7 +225,8 @@ impl BodyBudget {
 
 /// Verifies and claims deliveries; shared by every connection.
 pub struct Ingest {
-    secrets: Vec<Secret>,
+    /// Swapped whole on SIGHUP; a delivery verifies against the set it read at its start.
+    secrets: RwLock<Arc<Vec<Secret>>>,
     tolerance_secs: u64,
     max_body_bytes: usize,
     body_read_timeout: Duration,
@@ -237,10 +238,15 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    pub fn new(config: &Config, ledger: Arc<Ledger>, queue: Option<Queue>) -> Self {
+    pub fn new(
+        config: &Config,
+        secrets: Vec<Secret>,
+        ledger: Arc<Ledger>,
+        queue: Option<Queue>,
+    ) -> Self {
         let server = &config.server;
         Self {
-            secrets: config.signature.secrets.clone(),
+            secrets: RwLock::new(Arc::new(secrets)),
             tolerance_secs: config.signature.tolerance.as_secs(),
             max_body_bytes: server.max_body_bytes,
             body_read_timeout: server.body_read_timeout,
@@ -249,6 +255,14 @@ impl Ingest {
             ledger,
             queue,
         }
+    }
+
+    pub fn replace_secrets(&self, secrets: Vec<Secret>) {
+        *self.secrets.write().expect("not poisoned") = Arc::new(secrets);
+    }
+
+    pub fn secret_count(&self) -> usize {
+        self.secrets.read().expect("not poisoned").len()
     }
 
     pub async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -291,7 +305,8 @@ impl Ingest {
         let body = tokio::time::timeout(self.body_read_timeout, read)
             .await
             .map_err(|_| IngestError::BodyTimeout(self.body_read_timeout))??;
-        prechecked.signed.verify(&self.secrets, &body)?;
+        let secrets = self.secrets.read().expect("not poisoned").clone();
+        prechecked.signed.verify(&secrets, &body)?;
 
         let claim = parse_claim(body)?;
         let job_id = claim.job_id.clone();

@@ -9,6 +9,7 @@
 //! command line, [`loadgen`] the benchmark client.
 
 pub mod admin;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod handler;
@@ -86,6 +87,7 @@ pub async fn run_on(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let secrets = config.signing_secrets()?;
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 
@@ -119,7 +121,8 @@ pub async fn run_on(
     tasks.spawn(vacuum.run(config.retention.interval));
     match &config.sume_api {
         Some(api) => {
-            let reconciler = Reconciler::new(ledger.clone(), api.clone(), queue.clone());
+            let reconciler = Reconciler::new(ledger.clone(), api.clone(), queue.clone())
+                .context("cannot start reconciliation")?;
             tasks.spawn(reconciler.run(stop.clone()));
             tracing::info!(base_url = %api.base_url, "reconciliation on: expected jobs without a webhook are polled");
         }
@@ -131,9 +134,14 @@ pub async fn run_on(
 
     let app = Arc::new(App {
         webhook_path: config.server.webhook_path.clone(),
-        ingest: ingest::Ingest::new(&config, ledger.clone(), queue),
+        ingest: ingest::Ingest::new(&config, secrets, ledger.clone(), queue),
         ledger: ledger.clone(),
     });
+    tasks.spawn(reload_secrets_on_hangup(
+        config.clone(),
+        app.clone(),
+        stop.clone(),
+    ));
     tracing::info!(
         listen = %listener.local_addr()?,
         webhook_path = %config.server.webhook_path,
@@ -170,19 +178,53 @@ pub async fn run_on(
 /// connections, handler pipes, the admin listener.
 const RESERVED_FILE_DESCRIPTORS: usize = 64;
 
+/// On SIGHUP: reads the signing secrets again (the config file's and `secrets_file`'s) and
+/// swaps them in between two deliveries. A bad file keeps the secrets in use.
+async fn reload_secrets_on_hangup(config: Config, app: Arc<App>, stop: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(error) => {
+            tracing::warn!(%error, "cannot handle SIGHUP: secrets reload only at restart");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = hangups.recv() => {}
+            () = stop.cancelled() => break,
+        }
+        match config.reload_signing_secrets() {
+            Ok(secrets) => {
+                let live = secrets.len();
+                app.ingest.replace_secrets(secrets);
+                tracing::info!(
+                    live,
+                    "SIGHUP: signing secrets reloaded (other settings change at restart)"
+                );
+            }
+            Err(error) => tracing::error!(
+                error = format!("{error:#}"),
+                live = app.ingest.secret_count(),
+                "SIGHUP: reload failed; the secrets in use stay live"
+            ),
+        }
+    }
+}
+
 /// Binds the admin listener when `[admin]` has a token; returns the server to spawn.
 async fn start_admin(
     config: &Config,
     ledger: &Arc<Ledger>,
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<impl Future<Output = ()> + use<>>> {
-    let Some((address, token)) = config
-        .admin
-        .as_ref()
-        .and_then(|admin| Some((admin.listen, admin.token.clone()?)))
-    else {
+    let Some(admin) = &config.admin else {
         return Ok(None);
     };
+    let Some(token) = admin.token()? else {
+        return Ok(None);
+    };
+    let address = admin.listen;
     let listener = TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen on {address} (admin.listen)"))?;

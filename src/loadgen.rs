@@ -18,7 +18,7 @@ use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 
-use crate::config::Config;
+use crate::config::{Config, Secret};
 use crate::ingest::{SIGNATURE_HEADER, TIMESTAMP_HEADER};
 use crate::signature;
 
@@ -88,6 +88,8 @@ pub struct Report {
 struct Run {
     args: LoadgenArgs,
     config: Config,
+    /// The newest live secret, as Sume signs with it.
+    secret: Secret,
     tag: String,
     seed: u64,
     padding: String,
@@ -142,6 +144,7 @@ pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
         deadline: args.duration.map(|d| Instant::now() + d),
         acknowledged: Mutex::new(HashSet::new()),
         tag,
+        secret: config.signing_secrets()?.remove(0),
         config,
         args,
     });
@@ -252,7 +255,7 @@ impl Run {
             .as_secs()
             .to_string();
         let signature = signature::sign(
-            &self.config.signature.secrets[..1],
+            std::slice::from_ref(&self.secret),
             &timestamp,
             body.as_bytes(),
         );

@@ -45,11 +45,13 @@ fn serve(config: Config) -> anyhow::Result<()> {
     })
 }
 
-/// Resolves on SIGTERM (systemd stop) or SIGINT (Ctrl-C).
+/// Resolves on SIGTERM (systemd stop) or SIGINT (Ctrl-C). Also takes SIGHUP from its default
+/// (ending the process): `run` reloads the signing secrets on it.
 fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let _ = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
     Ok(async move {
         tokio::select! {
             _ = terminate.recv() => {}

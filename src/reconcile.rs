@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::SumeApiConfig;
+use crate::config::{Secret, SumeApiConfig};
 use crate::http_client::{self, Answer, HttpClient};
 use crate::job_id::JobId;
 use crate::ledger::{
@@ -45,6 +45,7 @@ pub struct ReconcileReport {
 pub struct Reconciler {
     ledger: Arc<Ledger>,
     api: SumeApiConfig,
+    api_key: Secret,
     client: HttpClient,
     queue: Option<Queue>,
     terminal: HashSet<String>,
@@ -57,10 +58,16 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    pub fn new(ledger: Arc<Ledger>, api: SumeApiConfig, queue: Option<Queue>) -> Self {
+    /// Reads the API key now: a missing key file stops the start, not the first poll.
+    pub fn new(
+        ledger: Arc<Ledger>,
+        api: SumeApiConfig,
+        queue: Option<Queue>,
+    ) -> anyhow::Result<Self> {
         let terminal = api.terminal_statuses.iter().cloned().collect();
-        Self {
+        Ok(Self {
             ledger,
+            api_key: api.api_key()?,
             api,
             client: http_client::new_client(),
             queue,
@@ -68,7 +75,7 @@ impl Reconciler {
             next_call: Instant::now(),
             paused_until: None,
             auth_refusals: 0,
-        }
+        })
     }
 
     pub async fn reconcile_once(&mut self) -> Result<ReconcileReport, StorageError> {
@@ -228,7 +235,15 @@ impl Reconciler {
         action: &str,
         method: hyper::Method,
     ) -> Result<Answer, String> {
-        call_sume(&self.client, &self.api, job_id, action, method).await
+        call_sume(
+            &self.client,
+            &self.api,
+            &self.api_key,
+            job_id,
+            action,
+            method,
+        )
+        .await
     }
 
     pub async fn run(mut self, shutdown: CancellationToken) {
@@ -255,6 +270,7 @@ impl Reconciler {
 pub async fn call_sume(
     client: &HttpClient,
     api: &SumeApiConfig,
+    api_key: &Secret,
     job_id: &JobId,
     action: &str,
     method: hyper::Method,
@@ -262,7 +278,7 @@ pub async fn call_sume(
     let request = Request::builder()
         .method(method)
         .uri(api.job_url(job_id, action))
-        .header(AUTHORIZATION, format!("Bearer {}", api.api_key.expose()))
+        .header(AUTHORIZATION, format!("Bearer {}", api_key.expose()))
         .header("accept", "application/json")
         .body(Full::new(Bytes::new()))
         .map_err(|e| format!("cannot build the request: {e}"))?;

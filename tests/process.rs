@@ -544,3 +544,137 @@ fn loadgen_refuses_a_config_with_a_handler_unless_told() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--allow-handler"), "{stderr}");
 }
+
+/// One signed delivery with `secret`; the status it got.
+async fn deliver_once(port: u16, secret: &str, job_id: &str) -> u16 {
+    let body = job_body(job_id);
+    let timestamp = unix_now().to_string();
+    let request = hyper::Request::post(format!("http://127.0.0.1:{port}{WEBHOOK_PATH}"))
+        .header(sume_receiver::ingest::TIMESTAMP_HEADER, &timestamp)
+        .header(
+            sume_receiver::ingest::SIGNATURE_HEADER,
+            sume_receiver::signature::sign(&[secret], &timestamp, body.as_bytes()),
+        )
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let client = sume_receiver::http_client::new_client();
+    sume_receiver::http_client::send(&client, request, Duration::from_secs(10), 4096)
+        .await
+        .unwrap()
+        .status
+        .as_u16()
+}
+
+fn send_signal(service: &Service, signal: i32) {
+    // SAFETY: sending a signal to our own child has no memory-safety preconditions.
+    unsafe { libc::kill(service.child.id() as i32, signal) };
+}
+
+/// A config whose secrets come from a file only (as with a systemd credential).
+fn write_file_secrets_config(dir: &Path, port: u16, secrets_file: &Path) -> PathBuf {
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n[signature]\nsecrets_file = \"{}\"\n\
+         [database]\npath = \"{}\"\n",
+        secrets_file.display(),
+        dir.join("ledger.sqlite3").display()
+    );
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Regression: SIGHUP ended the service at once (status 129). Now it reloads the secrets without
+/// dropping a delivery; a bad new file keeps the old secrets.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reloads_the_secrets_and_a_bad_file_keeps_the_old_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let secrets = dir.path().join("secrets");
+    std::fs::write(&secrets, "whsec_old\n").unwrap();
+    let config = write_file_secrets_config(dir.path(), port, &secrets);
+    let service = Service::start(&config, port).await;
+    assert_eq!(deliver_once(port, "whsec_old", "job-1").await, 200);
+    assert_eq!(deliver_once(port, "whsec_new", "job-2").await, 401);
+
+    // Rotation: new secret first, old kept, one reload.
+    std::fs::write(&secrets, "whsec_new\nwhsec_old\n").unwrap();
+    send_signal(&service, libc::SIGHUP);
+    let log = dir.path().join("service.log");
+    let reloaded = eventually(Duration::from_secs(5), || {
+        std::fs::read_to_string(&log).is_ok_and(|log| log.contains("live=2"))
+    })
+    .await;
+    assert!(reloaded, "{}", std::fs::read_to_string(&log).unwrap());
+    assert_eq!(deliver_once(port, "whsec_new", "job-3").await, 200);
+    assert_eq!(deliver_once(port, "whsec_old", "job-4").await, 200);
+
+    // A broken file: the error is logged, the two secrets stay live.
+    std::fs::write(&secrets, "# nothing\n").unwrap();
+    send_signal(&service, libc::SIGHUP);
+    let refused = eventually(Duration::from_secs(5), || {
+        std::fs::read_to_string(&log).is_ok_and(|log| log.contains("reload failed"))
+    })
+    .await;
+    assert!(refused, "{}", std::fs::read_to_string(&log).unwrap());
+    assert_eq!(deliver_once(port, "whsec_new", "job-5").await, 200);
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !log_text.contains("whsec_"),
+        "a secret reached the log:\n{log_text}"
+    );
+    service.stop_cleanly().await;
+}
+
+/// Regression: with `secrets_file` pointing at a systemd credential (absent outside the unit),
+/// `jobs list`, `vacuum` and `check-config` failed on the host.
+#[tokio::test(flavor = "multi_thread")]
+async fn commands_that_need_no_secret_do_not_read_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let secrets = dir.path().join("secrets");
+    std::fs::write(&secrets, "whsec_only_while_running\n").unwrap();
+    let config = write_file_secrets_config(dir.path(), port, &secrets);
+    Service::start(&config, port).await.stop_cleanly().await;
+    std::fs::remove_file(&secrets).unwrap();
+
+    for args in [&["jobs", "list"][..], &["vacuum"], &["check-config"]] {
+        let output = cli(&config, args);
+        assert!(output.status.success(), "{args:?}: {output:?}");
+    }
+    let check = String::from_utf8(cli(&config, &["check-config"]).stdout).unwrap();
+    assert!(
+        check.contains("warning: signature.secrets_file: cannot read"),
+        "{check}"
+    );
+    let serve = cli(&config, &["serve"]);
+    assert!(!serve.status.success());
+    assert!(String::from_utf8_lossy(&serve.stderr).contains("secrets_file"));
+}
+
+/// Regression: the example config's secret stayed live on a public address, and check-config
+/// called the config valid.
+#[test]
+fn the_example_secret_is_refused_on_a_public_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[server]\nlisten = \"0.0.0.0:{}\"\n[signature]\nsecrets = [\"{}\"]\n[database]\npath = \"{}\"\n",
+        free_port(),
+        sume_receiver::config::EXAMPLE_SECRET,
+        dir.path().join("ledger.sqlite3").display()
+    );
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, text).unwrap();
+    let serve = cli(&config, &["serve"]);
+    assert!(!serve.status.success());
+    assert!(
+        String::from_utf8_lossy(&serve.stderr).contains("example secret"),
+        "{serve:?}"
+    );
+    let check = cli(&config, &["check-config"]);
+    assert!(!check.status.success());
+    assert!(
+        String::from_utf8_lossy(&check.stdout)
+            .contains("error: signing secrets: signature: the example secret"),
+        "{check:?}"
+    );
+}

@@ -1,0 +1,191 @@
+//! `check-config`: everything `serve` would refuse, found before it starts, plus its warnings.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::config::{Config, HandlerKind};
+
+/// What the check found: errors stop `serve` (non-zero exit), warnings do not.
+#[derive(Debug, Default)]
+pub struct Findings {
+    pub errors: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+/// Checks what parsing cannot: the credential files, the ledger's directory, the handler.
+pub fn check(config: &Config) -> Findings {
+    let mut findings = Findings {
+        warnings: config.warnings(),
+        ..Findings::default()
+    };
+    credential(
+        &mut findings,
+        "signing secrets",
+        config.signing_secrets().map(drop),
+    );
+    if let Some(api) = &config.sume_api {
+        credential(
+            &mut findings,
+            "sume_api.api_key_file",
+            api.api_key().map(drop),
+        );
+    }
+    if let Some(admin) = &config.admin {
+        credential(&mut findings, "admin.token_file", admin.token().map(drop));
+    }
+    if let Err(error) = ledger_directory_writable(&config.database.path) {
+        findings.errors.push(error);
+    }
+    if let Some(HandlerKind::Command(argv)) = config.handler.as_ref().map(|h| h.kind()) {
+        if let Err(error) = executable(&argv[0]) {
+            findings.errors.push(format!("handler.command: {error}"));
+        }
+    }
+    findings
+}
+
+/// A credential file this user cannot read is a warning, not an error: under systemd it is a
+/// credential that exists only while the unit runs. Anything else wrong with it is an error.
+fn credential(findings: &mut Findings, what: &str, loaded: anyhow::Result<()>) {
+    let Err(error) = loaded else {
+        return;
+    };
+    let unreadable = error
+        .root_cause()
+        .downcast_ref::<std::io::Error>()
+        .is_some();
+    if unreadable {
+        findings.warnings.push(format!(
+            "{error:#} (not checked: a systemd credential exists only while the unit runs, \
+             and `serve` reads it then)"
+        ));
+    } else {
+        findings.errors.push(format!("{what}: {error:#}"));
+    }
+}
+
+/// The ledger file (if it exists) and its directory (or the nearest existing ancestor, which
+/// `serve` would create it in) must be writable by this user.
+fn ledger_directory_writable(ledger: &Path) -> Result<(), String> {
+    if ledger.exists() && !accessible(ledger, libc::W_OK) {
+        return Err(format!(
+            "database.path: {} is not writable by this user",
+            ledger.display()
+        ));
+    }
+    let mut dir = ledger.parent().map_or(PathBuf::from("."), Path::to_owned);
+    if dir.as_os_str().is_empty() {
+        dir = PathBuf::from(".");
+    }
+    while !dir.exists() {
+        match dir.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => dir = parent.to_owned(),
+            _ => break,
+        }
+    }
+    if !accessible(&dir, libc::W_OK | libc::X_OK) {
+        return Err(format!(
+            "database.path: cannot create the ledger or its WAL in {}: not writable by this user",
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The program a handler names: a path, or a name looked up in PATH like the service does.
+fn executable(program: &str) -> Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = if program.contains('/') {
+        vec![PathBuf::from(program)]
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|dir| dir.join(program))
+            .collect()
+    };
+    candidates
+        .into_iter()
+        .find(|path| path.is_file() && accessible(path, libc::X_OK))
+        .ok_or_else(|| format!("{program:?} is not an executable file (or not found in PATH)"))
+}
+
+/// access(2): whether this process's user may read/write/execute `path` as `mode` says.
+fn accessible(path: &Path, mode: libc::c_int) -> bool {
+    let Ok(path) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: access reads the NUL-terminated path we pass and nothing else.
+    unsafe { libc::access(path.as_ptr(), mode) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path, extra: &str) -> Config {
+        Config::parse(
+            &format!("[signature]\nsecrets = [\"whsec_a\"]\n[database]\npath = \"sub/ledger.db\"\n{extra}"),
+            dir,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_good_config_has_no_findings() {
+        let dir = tempfile::tempdir().unwrap();
+        let findings = check(&config(dir.path(), "[handler]\ncommand = [\"true\"]\n"));
+        assert!(findings.errors.is_empty(), "{findings:?}");
+        assert!(findings.warnings.is_empty(), "{findings:?}");
+    }
+
+    /// Regression: check-config passed configs that `serve` then rejected.
+    #[test]
+    fn a_missing_handler_program_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_executable = dir.path().join("handler.sh");
+        std::fs::write(&not_executable, "#!/bin/sh\n").unwrap();
+        let not_executable = not_executable.display().to_string();
+        for program in [
+            "no-such-program-here",
+            "/nonexistent/handler",
+            &not_executable,
+        ] {
+            let findings = check(&config(
+                dir.path(),
+                &format!("[handler]\ncommand = [\"{program}\"]\n"),
+            ));
+            assert!(
+                findings.errors[0].contains("handler.command")
+                    && findings.errors[0].contains(program),
+                "{findings:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unreadable_credential_is_a_warning_and_a_bad_one_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = Config::parse(
+            "[signature]\nsecrets_file = \"/run/credentials/x/secrets\"\n",
+            dir.path(),
+        )
+        .unwrap();
+        let findings = check(&missing);
+        assert!(findings.errors.is_empty(), "{findings:?}");
+        assert!(
+            findings.warnings[0].contains("systemd credential"),
+            "{findings:?}"
+        );
+
+        std::fs::write(dir.path().join("secrets"), "whsec_ok\n").unwrap();
+        let example = Config::parse(
+            "[server]\nlisten = \"0.0.0.0:8080\"\n[signature]\nsecrets = [\"whsec_change_me\"]\n",
+            dir.path(),
+        )
+        .unwrap();
+        let findings = check(&example);
+        assert!(
+            findings.errors[0].contains("example secret"),
+            "{findings:?}"
+        );
+    }
+}
