@@ -2,6 +2,7 @@
 //!
 //! `PUT /v1/expected/{job_id}` (or POST) with `Authorization: Bearer <token>` registers a job
 //! for reconciliation; registering twice is harmless. Off unless `[admin] token_file` is set.
+//! It also serves `/healthz`, `/readyz` and `/metrics` (no token: read-only, loopback).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,10 @@ pub async fn expect(
 
 impl Router for Admin {
     async fn route(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        // Read-only and on loopback by default: Prometheus and health checks need no token.
+        if let Some(response) = crate::server::operational(&self.ledger, &request).await {
+            return response;
+        }
         let authorized = request
             .headers()
             .get(AUTHORIZATION)

@@ -11,10 +11,18 @@ use crate::job_id::JobId;
 use crate::ledger::{self, JobDetail, JobSummary, State};
 use crate::vacuum::Vacuum;
 
+/// `--version`: the crate version and the git commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("SUME_RECEIVER_COMMIT"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "sume-receiver",
-    version,
+    version = VERSION,
     about = "Receives Sume job webhooks and runs each job's work exactly once."
 )]
 pub struct Cli {
@@ -38,6 +46,31 @@ pub enum Command {
     Vacuum,
     /// Benchmark a running receiver: send signed deliveries, report, check its ledger.
     Loadgen(crate::loadgen::LoadgenArgs),
+    /// Print the man page or shell completions (for packagers); needs no config.
+    #[command(subcommand)]
+    Generate(Generate),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Generate {
+    /// The man page, sume-receiver(1), in roff.
+    Man,
+    /// Completions for a shell.
+    Completions { shell: clap_complete::Shell },
+}
+
+/// Writes what `generate` asks for to stdout.
+pub fn generate(what: Generate) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    let mut out = std::io::stdout().lock();
+    match what {
+        Generate::Man => clap_mangen::Man::new(command).render(&mut out)?,
+        Generate::Completions { shell } => {
+            clap_complete::generate(shell, &mut command, "sume-receiver", &mut out)
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Subcommand)]
@@ -84,7 +117,7 @@ impl clap::builder::ValueParserFactory for State {
 /// Runs a command that is not `serve` (which needs the async runtime; see `main.rs`).
 pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
     match command {
-        Command::Serve => unreachable!("serve is started by main"),
+        Command::Serve | Command::Generate(_) => unreachable!("started by main"),
         Command::CheckConfig => {
             let findings = crate::check::check(config);
             for warning in &findings.warnings {

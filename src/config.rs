@@ -63,6 +63,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Bytes of request bodies held in memory at once, over all connections.
     pub max_inflight_body_bytes: usize,
+    /// Serve `/metrics` on this (public) listener too; the admin listener always serves it.
+    pub expose_metrics: bool,
 }
 
 impl Default for ServerConfig {
@@ -79,6 +81,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(30),
             max_connections: 1024,
             max_inflight_body_bytes: 64 * 1024 * 1024,
+            expose_metrics: true,
         }
     }
 }

@@ -82,6 +82,10 @@ async fn run_command(
         )
         .env("SUME_ATTEMPT", attempt.number.to_string())
         .env("SUME_DELIVERY_SOURCE", attempt.source.as_str())
+        // The service's conversation with systemd is its own (NotifyAccess=main anyway).
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

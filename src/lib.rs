@@ -19,6 +19,7 @@ pub mod job_id;
 pub mod ledger;
 pub mod loadgen;
 pub mod metrics;
+pub mod notify;
 pub mod process;
 pub mod reconcile;
 pub mod server;
@@ -136,6 +137,7 @@ pub async fn run_on(
         webhook_path: config.server.webhook_path.clone(),
         ingest: ingest::Ingest::new(&config, secrets, ledger.clone(), queue),
         ledger: ledger.clone(),
+        expose_metrics: config.server.expose_metrics,
     });
     tasks.spawn(reload_secrets_on_hangup(
         config.clone(),
@@ -154,10 +156,13 @@ pub async fn run_on(
         async move { server::serve(listener, app, &server_config, stop).await }
     });
 
+    tasks.spawn(notify::watchdog(ledger.clone(), stop.clone()));
+    notify::ready();
     let writer_failed = tokio::select! {
         () = shutdown => false,
         () = ledger.writer_failed() => true,
     };
+    notify::stopping();
     if writer_failed {
         tracing::error!("stopping: the ledger writer failed, so no delivery can be claimed");
     } else {

@@ -22,10 +22,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let config = Config::load(&cli.config)?;
     match cli.command {
-        Command::Serve => serve(config),
-        command => cli::execute(command, &config),
+        Command::Generate(what) => cli::generate(what),
+        Command::Serve => serve(Config::load(&cli.config)?),
+        command => cli::execute(command, &Config::load(&cli.config)?),
     }
 }
 

@@ -82,6 +82,15 @@ impl Metrics {
         self.deliveries[outcome as usize].fetch_add(1, Relaxed);
     }
 
+    /// Deliveries since start: (claimed, duplicates, refused for any reason).
+    pub fn delivery_totals(&self) -> (u64, u64, u64) {
+        let count = |outcome: DeliveryOutcome| self.deliveries[outcome as usize].load(Relaxed);
+        let claimed = count(DeliveryOutcome::Claimed);
+        let duplicates = count(DeliveryOutcome::Duplicate);
+        let all: u64 = DeliveryOutcome::ALL.into_iter().map(count).sum();
+        (claimed, duplicates, all - claimed - duplicates)
+    }
+
     pub fn record_commit(&self, batch_size: usize, committed: bool) {
         let counter = if committed {
             &self.commits

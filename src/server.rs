@@ -27,13 +27,15 @@ use crate::throttle::Throttled;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Paths the server answers itself; the webhook path may not take one of them.
-pub const RESERVED_PATHS: &[&str] = &["/healthz", "/metrics"];
+pub const RESERVED_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics"];
 
 /// What every connection shares.
 pub struct App {
     pub webhook_path: String,
     pub ingest: Ingest,
     pub ledger: Arc<Ledger>,
+    /// `[server] expose_metrics`: `/metrics` on the public listener too.
+    pub expose_metrics: bool,
 }
 
 /// Answers the requests of one listener.
@@ -47,9 +49,8 @@ pub trait Router: Send + Sync + 'static {
 impl Router for App {
     async fn route(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
         let path = request.uri().path();
-        let method = request.method();
         if path == self.webhook_path {
-            return if method == Method::POST {
+            return if request.method() == Method::POST {
                 self.ingest.handle(request).await
             } else {
                 let mut response = error_response(StatusCode::METHOD_NOT_ALLOWED, "use POST");
@@ -59,30 +60,50 @@ impl Router for App {
                 response
             };
         }
-        match (method, path) {
-            (&Method::GET | &Method::HEAD, "/healthz") => {
-                json_response(StatusCode::OK, &serde_json::json!({ "status": "ok" }))
-            }
-            (&Method::GET, "/metrics") => self.metrics().await,
-            _ => error_response(StatusCode::NOT_FOUND, "not found"),
+        if path == "/metrics" && !self.expose_metrics {
+            return error_response(StatusCode::NOT_FOUND, "not found");
+        }
+        match operational(&self.ledger, &request).await {
+            Some(response) => response,
+            None => error_response(StatusCode::NOT_FOUND, "not found"),
         }
     }
 }
 
-impl App {
-    async fn metrics(&self) -> Response<Full<Bytes>> {
-        match self.ledger.read(ledger::count_unfinished).await {
-            Ok(unfinished) => {
-                let mut response =
-                    Response::new(Full::new(Bytes::from(METRICS.render(&unfinished))));
-                response.headers_mut().insert(
-                    CONTENT_TYPE,
-                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-                );
-                response
-            }
-            Err(error) => error_response(StatusCode::SERVICE_UNAVAILABLE, &error.to_string()),
+/// `/healthz`, `/readyz` and `/metrics`: served on the public listener and on the admin one.
+/// `None` when the request is for none of them.
+pub async fn operational(
+    ledger: &Ledger,
+    request: &Request<Incoming>,
+) -> Option<Response<Full<Bytes>>> {
+    let read = matches!(*request.method(), Method::GET | Method::HEAD);
+    Some(match (read, request.uri().path()) {
+        // Liveness: the process answers.
+        (true, "/healthz") => json_response(StatusCode::OK, &serde_json::json!({ "status": "ok" })),
+        // Readiness: a delivery sent now would be claimed.
+        (true, "/readyz") => match ledger.readiness() {
+            Ok(()) => json_response(StatusCode::OK, &serde_json::json!({ "status": "ready" })),
+            Err(reason) => json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &serde_json::json!({ "status": "not ready", "reason": reason }),
+            ),
+        },
+        (true, "/metrics") => metrics(ledger).await,
+        _ => return None,
+    })
+}
+
+async fn metrics(ledger: &Ledger) -> Response<Full<Bytes>> {
+    match ledger.read(ledger::count_unfinished).await {
+        Ok(unfinished) => {
+            let mut response = Response::new(Full::new(Bytes::from(METRICS.render(&unfinished))));
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            response
         }
+        Err(error) => error_response(StatusCode::SERVICE_UNAVAILABLE, &error.to_string()),
     }
 }
 

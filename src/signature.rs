@@ -1,7 +1,7 @@
 //! Sume webhook signature verification: a pure function over the headers, the raw body and a clock.
 //!
 //! Sume signs `{timestamp}.{raw body}` with HMAC-SHA256 once per live secret and sends the digests
-//! as a comma-separated list of `sume-v1=<hex>` entries (see `shared/SUME.md`). A request is
+//! as a comma-separated list of `sume-v1=<hex>` entries (see `SUME.md`). A request is
 //! genuine when any entry matches the digest under any secret we hold, and its timestamp is within
 //! the tolerance of our clock.
 

@@ -495,3 +495,75 @@ async fn a_dead_ledger_writer_stops_the_service_with_an_error() {
     let error = format!("{:#}", stopped.unwrap_err());
     assert!(error.contains("ledger writer"), "{error}");
 }
+
+/// Regression: /healthz stayed 200 while deliveries got 503 on a full disk. /readyz says whether
+/// a delivery sent now would be claimed; /healthz stays a liveness check.
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_flips_while_commits_fail_and_back() {
+    let server = TestServer::start("[database]\nbusy_timeout = \"300ms\"\n").await;
+    let get = |path: &'static str| server.request(Method::GET, path, &[], "");
+    assert_eq!(get("/readyz").await.unwrap().status, 200);
+
+    let blocker = server.db();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    assert_eq!(server.deliver(&job_body("job-blocked")).await.status, 503);
+    let answer = get("/readyz").await.unwrap();
+    assert_eq!(answer.status, 503);
+    assert_eq!(json(&answer)["reason"], "the last ledger commit failed");
+    assert_eq!(get("/healthz").await.unwrap().status, 200, "still alive");
+
+    blocker.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(server.deliver(&job_body("job-after")).await.status, 200);
+    assert_eq!(get("/readyz").await.unwrap().status, 200);
+}
+
+/// /metrics, /healthz and /readyz on the admin listener (no token needed for these), and
+/// `expose_metrics = false` takes /metrics off the public listener.
+#[tokio::test(flavor = "multi_thread")]
+async fn operational_endpoints_on_the_admin_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin_token"), "t0ken").unwrap();
+    let admin_port = free_port();
+    let server = TestServer::start_in(
+        dir,
+        &format!(
+            "[server]\nexpose_metrics = false\n\n[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n"
+        ),
+    )
+    .await;
+    assert_eq!(
+        server
+            .request(Method::GET, "/metrics", &[], "")
+            .await
+            .unwrap()
+            .status,
+        404
+    );
+    assert_eq!(
+        server
+            .request(Method::GET, "/healthz", &[], "")
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    let client = sume_receiver::http_client::new_client();
+    for (path, expected) in [
+        ("/metrics", "sume_deliveries_total"),
+        ("/healthz", "ok"),
+        ("/readyz", "ready"),
+    ] {
+        let request = hyper::Request::get(format!("http://127.0.0.1:{admin_port}{path}"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let answer =
+            sume_receiver::http_client::send(&client, request, Duration::from_secs(5), 1 << 16)
+                .await
+                .unwrap();
+        assert_eq!(answer.status, 200, "{path}");
+        assert!(
+            String::from_utf8_lossy(&answer.body).contains(expected),
+            "{path}"
+        );
+    }
+}

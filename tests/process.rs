@@ -40,6 +40,10 @@ struct Service {
 
 impl Service {
     async fn start(config: &Path, port: u16) -> Service {
+        Self::start_with_env(config, port, &[]).await
+    }
+
+    async fn start_with_env(config: &Path, port: u16, env: &[(&str, &str)]) -> Service {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -48,6 +52,7 @@ impl Service {
         let child = Command::new(BINARY)
             .args(["serve", "--config"])
             .arg(config)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -677,4 +682,66 @@ fn the_example_secret_is_refused_on_a_public_address() {
             .contains("error: signing secrets: signature: the example secret"),
         "{check:?}"
     );
+}
+
+/// `Type=notify`: READY=1 once serving, watchdog pings (with a status line) while the ledger
+/// writer answers, STOPPING=1 at shutdown. Handlers do not inherit the notify socket.
+#[tokio::test(flavor = "multi_thread")]
+async fn systemd_hears_ready_watchdog_pings_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let env_file = dir.path().join("handler.env");
+    let script = format!("env > {}", env_file.display());
+    let config = write_config(
+        dir.path(),
+        port,
+        "",
+        &format!("[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\n"),
+    );
+    let socket_path = dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let receive = || {
+        let mut buffer = [0u8; 4096];
+        let read = socket.recv(&mut buffer).expect("a notification");
+        String::from_utf8_lossy(&buffer[..read]).into_owned()
+    };
+    let service = Service::start_with_env(
+        &config,
+        port,
+        &[
+            ("NOTIFY_SOCKET", socket_path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "600000"),
+        ],
+    )
+    .await;
+    let ready = receive();
+    assert!(ready.contains("READY=1"), "{ready}");
+    Sender {
+        port,
+        client: sume_receiver::http_client::new_client(),
+    }
+    .deliver_until_acknowledged("job-notify")
+    .await;
+    let ping = receive();
+    assert!(ping.contains("WATCHDOG=1"), "{ping}");
+    assert!(ping.contains("STATUS=serving"), "{ping}");
+    assert!(
+        eventually(Duration::from_secs(5), || env_file.exists()).await,
+        "the handler ran"
+    );
+    let handler_env = std::fs::read_to_string(&env_file).unwrap();
+    assert!(!handler_env.contains("NOTIFY_SOCKET"), "{handler_env}");
+    assert!(!handler_env.contains("WATCHDOG_"), "{handler_env}");
+    service.terminate();
+    let stopping = loop {
+        let message = receive();
+        if !message.contains("WATCHDOG=1") {
+            break message;
+        }
+    };
+    assert!(stopping.contains("STOPPING=1"), "{stopping}");
+    assert!(service.wait_exit(Duration::from_secs(10)).await.success());
 }

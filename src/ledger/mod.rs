@@ -185,6 +185,21 @@ impl Ledger {
         self.writer.queued()
     }
 
+    /// Whether a delivery sent now would be claimed: the writer is alive, its last commit
+    /// went through, and its queue has room. The reason when not.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.writer.failed().is_cancelled() {
+            return Err("the ledger writer has stopped");
+        }
+        if !self.writer.last_commit_ok() {
+            return Err("the last ledger commit failed");
+        }
+        if self.writer.queued() * 10 >= WRITER_QUEUE_CAPACITY * 9 {
+            return Err("the ledger writer's queue is nearly full");
+        }
+        Ok(())
+    }
+
     /// Resolves if the writer thread dies of a panic: from then on nothing can be committed,
     /// and the service must exit so that systemd restarts it.
     pub async fn writer_failed(&self) {

@@ -33,6 +33,8 @@ type BatchItem = Box<dyn FnOnce(Option<&Connection>) -> Completion + Send>;
 pub(super) struct Writer {
     queue: mpsc::Sender<BatchItem>,
     stopping: Arc<AtomicBool>,
+    /// Whether the last batch that changed anything (or failed) committed.
+    last_commit_ok: Arc<AtomicBool>,
     /// Cancelled when the thread died of a panic: nothing will ever be written again.
     failed: CancellationToken,
 }
@@ -44,13 +46,19 @@ impl Writer {
     ) -> anyhow::Result<(Writer, std::thread::JoinHandle<()>)> {
         let (queue, inbox) = mpsc::channel(QUEUE_CAPACITY);
         let stopping = Arc::new(AtomicBool::new(false));
+        let last_commit_ok = Arc::new(AtomicBool::new(true));
         let failed = CancellationToken::new();
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn({
-                let (stopping, failed) = (stopping.clone(), failed.clone());
+                let (stopping, last_commit_ok, failed) =
+                    (stopping.clone(), last_commit_ok.clone(), failed.clone());
                 move || {
-                    let run = AssertUnwindSafe(|| run(conn, inbox, max_batch, &stopping));
+                    let state = Shared {
+                        stopping: &stopping,
+                        last_commit_ok: &last_commit_ok,
+                    };
+                    let run = AssertUnwindSafe(|| run(conn, inbox, max_batch, state));
                     if std::panic::catch_unwind(run).is_err() {
                         tracing::error!("the ledger writer thread panicked; no change can be committed any more");
                         failed.cancel();
@@ -61,6 +69,7 @@ impl Writer {
             Writer {
                 queue,
                 stopping,
+                last_commit_ok,
                 failed,
             },
             thread,
@@ -102,6 +111,10 @@ impl Writer {
 
     pub(super) fn failed(&self) -> &CancellationToken {
         &self.failed
+    }
+
+    pub(super) fn last_commit_ok(&self) -> bool {
+        self.last_commit_ok.load(Ordering::Relaxed)
     }
 
     /// Asks the thread to stop once everything queued so far is committed.
@@ -154,15 +167,25 @@ fn run_in_savepoint<T>(
     }
 }
 
-fn run(
-    conn: Connection,
-    mut inbox: mpsc::Receiver<BatchItem>,
-    max_batch: usize,
-    stopping: &AtomicBool,
-) {
+/// What the writer thread shares with the [`Writer`] handle.
+#[derive(Clone, Copy)]
+struct Shared<'a> {
+    stopping: &'a AtomicBool,
+    last_commit_ok: &'a AtomicBool,
+}
+
+fn run(conn: Connection, mut inbox: mpsc::Receiver<BatchItem>, max_batch: usize, shared: Shared) {
     let mut batch = Vec::with_capacity(max_batch);
     let mut failures = Throttled::new("ledger transaction failed");
-    while !stopping.load(Ordering::SeqCst) {
+    let mut commit = |batch: &mut Vec<BatchItem>| {
+        let changes_before = conn.total_changes();
+        let committed = commit_batch(&conn, batch.drain(..), &mut failures);
+        // A batch that changed nothing (the watchdog's probe) says nothing about the disk.
+        if !committed || conn.total_changes() != changes_before {
+            shared.last_commit_ok.store(committed, Ordering::Relaxed);
+        }
+    };
+    while !shared.stopping.load(Ordering::SeqCst) {
         let Some(item) = inbox.blocking_recv() else {
             break;
         };
@@ -173,27 +196,28 @@ fn run(
                 Err(_) => break,
             }
         }
-        commit_batch(&conn, batch.drain(..), &mut failures);
+        commit(&mut batch);
     }
     // Stopping: everything queued before the stop still gets its answer.
     inbox.close();
     while let Ok(item) = inbox.try_recv() {
         batch.push(item);
         if batch.len() == max_batch {
-            commit_batch(&conn, batch.drain(..), &mut failures);
+            commit(&mut batch);
         }
     }
     if !batch.is_empty() {
-        commit_batch(&conn, batch.drain(..), &mut failures);
+        commit(&mut batch);
     }
     tracing::debug!("ledger writer stopped");
 }
 
+/// Runs and commits one batch, then answers its callers; `true` if it committed.
 fn commit_batch(
     conn: &Connection,
     batch: impl ExactSizeIterator<Item = BatchItem>,
     failures: &mut Throttled,
-) {
+) -> bool {
     let size = batch.len();
     let begin = conn
         .prepare_cached("BEGIN IMMEDIATE")
@@ -236,7 +260,9 @@ fn commit_batch(
         Ok(()) => failures.recovered(),
     }
     crate::metrics::METRICS.record_commit(size, committed.is_ok());
+    let ok = committed.is_ok();
     for complete in completions {
         complete(committed.clone());
     }
+    ok
 }
