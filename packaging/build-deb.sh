@@ -16,4 +16,4 @@ bin=target/release/sume-receiver
 "$bin" generate completions bash > "$generated/sume-receiver.bash"
 "$bin" generate completions zsh > "$generated/_sume-receiver"
 "$bin" generate completions fish > "$generated/sume-receiver.fish"
-cargo deb --no-build --locked "$@"
+cargo deb --no-build --locked --strip "$@"

@@ -45,8 +45,9 @@ pub fn check(config: &Config) -> Findings {
     findings
 }
 
-/// A credential file this user cannot read is a warning, not an error: under systemd it is a
-/// credential that exists only while the unit runs. Anything else wrong with it is an error.
+/// A credential file this user cannot read is a warning, not an error: it may be readable by the
+/// service's user only, or be a systemd credential that exists only while the unit runs.
+/// Anything else wrong with it is an error.
 fn credential(findings: &mut Findings, what: &str, loaded: anyhow::Result<()>) {
     let Err(error) = loaded else {
         return;
@@ -57,8 +58,8 @@ fn credential(findings: &mut Findings, what: &str, loaded: anyhow::Result<()>) {
         .is_some();
     if unreadable {
         findings.warnings.push(format!(
-            "{error:#} (not checked: a systemd credential exists only while the unit runs, \
-             and `serve` reads it then)"
+            "{error:#} (not checked here: it may be readable by the service's user only, or be \
+             a systemd credential that exists only while the unit runs; `serve` reads it)"
         ));
     } else {
         findings.errors.push(format!("{what}: {error:#}"));
