@@ -44,6 +44,17 @@ pub enum Command {
     Jobs(JobsCommand),
     /// Apply retention now (purge old bodies, forget old job_ids); safe while the service runs.
     Vacuum,
+    /// Write a consistent copy of the ledger to a new file while the service runs, then check
+    /// the copy (PRAGMA integrity_check).
+    Backup {
+        /// The file to create (it must not exist).
+        path: PathBuf,
+    },
+    /// Sign a test delivery with the newest secret and send it to the receiver; prints the
+    /// status, the answer and the latency.
+    SendTest(crate::send::SendTestArgs),
+    /// Print the two signature headers for a body, and a ready curl line.
+    Sign(crate::send::SignArgs),
     /// Benchmark a running receiver: send signed deliveries, report, check its ledger.
     Loadgen(crate::loadgen::LoadgenArgs),
     /// Print the man page or shell completions (for packagers); needs no config.
@@ -93,6 +104,11 @@ pub enum JobsCommand {
     },
     /// Run a `done` or `dead` job again from its stored body.
     Retry { job_id: JobId },
+    /// Counts by state, the oldest unfinished job, last hour's deliveries, dead in the last day.
+    Stats {
+        #[arg(long)]
+        json: bool,
+    },
     /// Register a job the application submitted to Sume: if its webhook never arrives, the
     /// service polls Sume for it. Idempotent.
     Expect { job_id: JobId },
@@ -166,6 +182,23 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Backup { path } => {
+            let started = std::time::Instant::now();
+            let report = ledger::backup(&config.database, &path)?;
+            println!(
+                "backed up {} jobs to {} ({:.1} MiB) in {:.1} s; integrity_check ok",
+                report.jobs,
+                path.display(),
+                report.bytes as f64 / (1024.0 * 1024.0),
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        Command::Sign(args) => crate::send::sign(&args, config),
+        Command::SendTest(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(crate::send::send_test(&args, config)),
         Command::Loadgen(args) => {
             let json = args.json;
             let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -189,6 +222,8 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
         JobsCommand::List { state, limit, json } => {
             let jobs = ledger::list_jobs(&open()?, state, limit).context("cannot list jobs")?;
             if json {
+                let jobs: Vec<serde_json::Value> =
+                    jobs.iter().map(readable_json).collect::<Result<_, _>>()?;
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else {
                 print!("{}", jobs_table(&jobs));
@@ -199,14 +234,28 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
                 .context("cannot read the job")?
                 .with_context(|| format!("no job {job_id:?} in the ledger"))?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&job)?);
+                println!("{}", serde_json::to_string_pretty(&readable_json(&job)?)?);
             } else {
                 print!("{}", job_details(&job));
             }
         }
         JobsCommand::Retry { job_id } => {
             ledger::retry_job(&open()?, job_id.as_str(), ledger::now_ms())?;
-            println!("job {job_id} is queued to run again (the running service picks it up at its next sweep)");
+            if crate::service_running(&config.database.path) {
+                let within = humantime::format_duration(config.sweeper.interval);
+                println!("job {job_id} is queued to run again: the running service picks it up within {within} (its next sweep)");
+            } else {
+                println!("job {job_id} is queued to run again; no service is running on this ledger, so it runs at the next start");
+            }
+        }
+        JobsCommand::Stats { json } => {
+            let now = ledger::now_ms();
+            let stats = ledger::job_stats(&open()?, now).context("cannot count jobs")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&readable_json(&stats)?)?);
+            } else {
+                print!("{}", stats_table(&stats, now));
+            }
         }
         JobsCommand::Expect { job_id } => {
             let reconcile_after = config.reconcile_after();
@@ -254,6 +303,34 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
         JobsCommand::Redeliver { job_id } => redeliver(&job_id, config)?,
     }
     Ok(())
+}
+
+/// A row as JSON for people and scripts: every `*_at` time (Unix ms) gets a `*_at_utc` twin in
+/// RFC 3339, and a stored body that is JSON is shown as JSON, not as a string holding it.
+fn readable_json(row: &impl serde::Serialize) -> serde_json::Result<serde_json::Value> {
+    let mut value = serde_json::to_value(row)?;
+    if let Some(object) = value.as_object_mut() {
+        let times: Vec<(String, serde_json::Value)> = object
+            .iter()
+            .filter(|(key, _)| key.ends_with("_at"))
+            .map(|(key, ms)| {
+                let utc = ms
+                    .as_i64()
+                    .map_or(serde_json::Value::Null, |ms| format_time(Some(ms)).into());
+                (format!("{key}_utc"), utc)
+            })
+            .collect();
+        object.extend(times);
+        if let Some(body) = object.get_mut("body") {
+            if let Some(parsed) = body
+                .as_str()
+                .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+            {
+                *body = parsed;
+            }
+        }
+    }
+    Ok(value)
 }
 
 fn format_time(ms: Option<i64>) -> String {
@@ -314,6 +391,34 @@ fn printable(text: &str) -> String {
             }
         })
         .collect()
+}
+
+fn stats_table(stats: &ledger::JobStats, now: i64) -> String {
+    let mut rows: Vec<Vec<String>> = stats
+        .by_state
+        .iter()
+        .map(|(state, count)| vec![state.clone(), count.to_string()])
+        .collect();
+    let oldest = stats
+        .oldest_unfinished_received_at
+        .map_or("-".into(), |at| {
+            let age = Duration::from_secs(u64::try_from((now - at) / 1000).unwrap_or(0));
+            format!(
+                "{} ({} ago)",
+                format_time(Some(at)),
+                humantime::format_duration(age)
+            )
+        });
+    rows.push(vec!["oldest unfinished".into(), oldest]);
+    rows.push(vec![
+        "received, last hour".into(),
+        stats.received_last_hour.to_string(),
+    ]);
+    rows.push(vec![
+        "dead, last 24 h".into(),
+        stats.dead_last_day.to_string(),
+    ]);
+    table(&["STATE", "JOBS"], &rows, "")
 }
 
 /// Left-aligned columns, two spaces apart, sized to their widest cell.

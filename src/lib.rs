@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod notify;
 pub mod process;
 pub mod reconcile;
+pub mod send;
 pub mod server;
 pub mod signature;
 pub mod sweeper;
@@ -32,7 +33,7 @@ pub mod worker;
 use std::fs::File;
 use std::future::Future;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -283,16 +284,7 @@ impl InstanceLock {
             .unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create database directory {}", dir.display()))?;
-        // The real path: two configs that reach one ledger through different paths (a
-        // symlink to the file or its directory, a relative path) still meet on one lock file.
-        let real = std::fs::canonicalize(database).or_else(|_| {
-            let name = database.file_name().unwrap_or_default();
-            std::fs::canonicalize(dir).map(|dir| dir.join(name))
-        });
-        let real = real.with_context(|| format!("cannot resolve {}", database.display()))?;
-        let mut path = real.into_os_string();
-        path.push(".lock");
-        let path = std::path::PathBuf::from(path);
+        let path = lock_path(database)?;
         let file = File::options()
             .create(true)
             .truncate(false)
@@ -313,4 +305,35 @@ impl InstanceLock {
             }
         }
     }
+}
+
+/// `<real path of the database>.lock`. The real path: two configs that reach one ledger through
+/// different paths (a symlink to the file or its directory, a relative path) still meet on one
+/// lock file.
+fn lock_path(database: &Path) -> anyhow::Result<PathBuf> {
+    let dir = database
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let real = std::fs::canonicalize(database).or_else(|_| {
+        let name = database.file_name().unwrap_or_default();
+        std::fs::canonicalize(dir).map(|dir| dir.join(name))
+    });
+    let mut path = real
+        .with_context(|| format!("cannot resolve {}", database.display()))?
+        .into_os_string();
+    path.push(".lock");
+    Ok(PathBuf::from(path))
+}
+
+/// Whether a service is running on this ledger now (it holds the instance lock). Asked with a
+/// shared lock held for an instant; a service starting in that instant fails and is restarted.
+pub fn service_running(database: &Path) -> bool {
+    let Ok(file) = lock_path(database).and_then(|path| Ok(File::open(path)?)) else {
+        return false;
+    };
+    matches!(
+        file.try_lock_shared(),
+        Err(std::fs::TryLockError::WouldBlock)
+    )
 }

@@ -407,7 +407,16 @@ async fn cli_lists_shows_and_retries_jobs() {
     let job: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
     assert_eq!(job["state"], "dead");
     assert_eq!(job["attempts"], 1);
-    assert_eq!(job["body"], job_body("job-cli"));
+    // The body as JSON, not a string holding JSON; times also in RFC 3339.
+    assert_eq!(
+        job["body"],
+        serde_json::from_str::<serde_json::Value>(&job_body("job-cli")).unwrap()
+    );
+    assert!(
+        job["received_at_utc"].as_str().unwrap().ends_with('Z'),
+        "{job}"
+    );
+    assert!(job["received_at"].is_i64(), "{job}");
     assert!(job["last_error"]
         .as_str()
         .unwrap()
@@ -744,4 +753,145 @@ async fn systemd_hears_ready_watchdog_pings_and_stopping() {
     };
     assert!(stopping.contains("STOPPING=1"), "{stopping}");
     assert!(service.wait_exit(Duration::from_secs(10)).await.success());
+}
+
+/// send-test and sign, against the real service: a signed test delivery is acknowledged (then a
+/// duplicate), sign's headers verify, and a receiver with another secret makes send-test fail.
+#[tokio::test(flavor = "multi_thread")]
+async fn send_test_and_sign_make_deliveries_the_receiver_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), port, "", "");
+    let service = Service::start(&config, port).await;
+
+    let first = cli(&config, &["send-test", "--job-id", "job-send-test"]);
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert!(first.status.success(), "{first:?}");
+    assert!(
+        stdout.starts_with("200 OK in ") && stdout.contains(r#""duplicate":false"#),
+        "{stdout}"
+    );
+    let again = cli(&config, &["send-test", "--job-id", "job-send-test"]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains(r#""duplicate":true"#));
+
+    let body_file = dir.path().join("body.json");
+    std::fs::write(&body_file, job_body("job-signed-by-hand")).unwrap();
+    let signed = cli(&config, &["sign", "--body", body_file.to_str().unwrap()]);
+    assert!(signed.status.success(), "{signed:?}");
+    let printed = String::from_utf8(signed.stdout).unwrap();
+    let header = |name: &str| -> String {
+        printed
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("no {name} in {printed}"))
+            .to_owned()
+    };
+    let curl = printed.lines().nth(2).unwrap();
+    assert!(
+        curl.starts_with("curl -sS -X POST 'http://127.0.0.1:")
+            && curl.contains("--data-binary '@"),
+        "{curl}"
+    );
+    let request = hyper::Request::post(format!("http://127.0.0.1:{port}{WEBHOOK_PATH}"))
+        .header(
+            sume_receiver::ingest::TIMESTAMP_HEADER,
+            header(sume_receiver::ingest::TIMESTAMP_HEADER),
+        )
+        .header(
+            sume_receiver::ingest::SIGNATURE_HEADER,
+            header(sume_receiver::ingest::SIGNATURE_HEADER),
+        )
+        .body(http_body_util::Full::new(bytes::Bytes::from(job_body(
+            "job-signed-by-hand",
+        ))))
+        .unwrap();
+    let answer = sume_receiver::http_client::send(
+        &sume_receiver::http_client::new_client(),
+        request,
+        Duration::from_secs(5),
+        4096,
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.status, 200);
+
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = other_dir.path().join("config.toml");
+    std::fs::write(
+        &other,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\n[signature]\nsecrets = [\"whsec_other\"]\n"
+        ),
+    )
+    .unwrap();
+    let refused = cli(&other, &["send-test"]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stdout).starts_with("401"),
+        "{refused:?}"
+    );
+    service.stop_cleanly().await;
+}
+
+/// backup while the service runs: a checked, private copy that holds the jobs; refuses to
+/// overwrite. jobs retry tells whether a service will pick the job up now or at the next start;
+/// jobs stats counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn backup_stats_and_retry_tell_the_truth() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let extra = "[handler]\ncommand = [\"false\"]\nmax_attempts = 1\n";
+    let config = write_config(dir.path(), port, "", extra);
+    let service = Service::start(&config, port).await;
+    let sender = Sender {
+        port,
+        client: sume_receiver::http_client::new_client(),
+    };
+    for job in ["job-a", "job-b", "job-c"] {
+        sender.deliver_until_acknowledged(job).await;
+    }
+    let db = dir.path().join("ledger.sqlite3");
+    assert!(
+        eventually(Duration::from_secs(5), || ledger_rows(&db)
+            .values()
+            .all(|(state, _)| state == "dead"))
+        .await
+    );
+
+    let copy = dir.path().join("backup.sqlite3");
+    let backup = cli(&config, &["backup", copy.to_str().unwrap()]);
+    assert!(backup.status.success(), "{backup:?}");
+    assert!(
+        String::from_utf8_lossy(&backup.stdout).contains("backed up 3 jobs"),
+        "{backup:?}"
+    );
+    assert_eq!(ledger_rows(&copy).len(), 3);
+    assert_eq!(
+        std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let again = cli(&config, &["backup", copy.to_str().unwrap()]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+
+    let stats = cli(&config, &["jobs", "stats", "--json"]);
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["by_state"]["dead"], 3, "{stats}");
+    assert_eq!(stats["received_last_hour"], 3, "{stats}");
+    assert_eq!(stats["dead_last_day"], 3, "{stats}");
+    let table = String::from_utf8(cli(&config, &["jobs", "stats"]).stdout).unwrap();
+    assert!(table.contains("dead, last 24 h"), "{table}");
+
+    let retry = cli(&config, &["jobs", "retry", "job-a"]);
+    assert!(
+        String::from_utf8_lossy(&retry.stdout).contains("the running service picks it up"),
+        "{retry:?}"
+    );
+    service.stop_cleanly().await;
+    let retry = cli(&config, &["jobs", "retry", "job-b"]);
+    assert!(
+        String::from_utf8_lossy(&retry.stdout).contains("runs at the next start"),
+        "{retry:?}"
+    );
 }

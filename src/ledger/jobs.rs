@@ -391,6 +391,53 @@ pub fn count_unfinished(conn: &Connection) -> rusqlite::Result<Vec<(State, u64)>
     Ok(counts)
 }
 
+/// What `jobs stats` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobStats {
+    pub by_state: std::collections::BTreeMap<String, u64>,
+    /// When the oldest job still waiting or running was received (Unix ms).
+    pub oldest_unfinished_received_at: Option<i64>,
+    pub received_last_hour: u64,
+    pub dead_last_day: u64,
+}
+
+/// Counts for `jobs stats`. Scans the table: a command for people, not for every scrape.
+pub fn job_stats(conn: &Connection, now: i64) -> rusqlite::Result<JobStats> {
+    const HOUR_MS: i64 = 3_600_000;
+    let mut by_state: std::collections::BTreeMap<String, u64> = State::ALL
+        .iter()
+        .map(|s| (s.as_str().to_owned(), 0))
+        .collect();
+    let mut statement = conn.prepare("SELECT state, count(*) FROM jobs GROUP BY state")?;
+    let rows = statement.query_map([], |row| {
+        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+    })?;
+    for row in rows {
+        let (state, count) = row?;
+        by_state.insert(state, count.unsigned_abs());
+    }
+    let count = |sql: &str, since: i64| -> rusqlite::Result<u64> {
+        conn.query_row(sql, [since], |row| row.get::<_, i64>(0))
+            .map(i64::unsigned_abs)
+    };
+    Ok(JobStats {
+        by_state,
+        oldest_unfinished_received_at: conn.query_row(
+            "SELECT min(received_at) FROM jobs WHERE state IN ('claimed', 'running', 'retrying')",
+            [],
+            |row| row.get(0),
+        )?,
+        received_last_hour: count(
+            "SELECT count(*) FROM jobs WHERE received_at >= ?1",
+            now - HOUR_MS,
+        )?,
+        dead_last_day: count(
+            "SELECT count(*) FROM jobs WHERE state = 'dead' AND finished_at >= ?1",
+            now - 24 * HOUR_MS,
+        )?,
+    })
+}
+
 /// Why `jobs retry` refused.
 #[derive(Debug, thiserror::Error)]
 pub enum RetryError {
