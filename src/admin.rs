@@ -78,14 +78,14 @@ impl Router for Admin {
         };
         match expect(&self.ledger, job_id.clone(), self.reconcile_after).await {
             Ok(registered) => {
-                tracing::info!(job_id = ?job_id, registered, "expected job registered");
+                tracing::info!(job_id = %job_id, registered, "expected job registered");
                 json_response(
                     StatusCode::OK,
                     &serde_json::json!({ "job_id": job_id, "registered": registered }),
                 )
             }
             Err(error) => {
-                tracing::warn!(job_id = ?job_id, %error, "could not register an expected job");
+                tracing::warn!(job_id = %job_id, %error, "could not register an expected job");
                 error_response(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "storage unavailable, retry later",

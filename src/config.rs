@@ -33,6 +33,8 @@ pub struct Config {
     pub sume_api: Option<SumeApiConfig>,
     /// No `[admin]` section (or no token): no admin listener.
     pub admin: Option<AdminConfig>,
+    #[serde(default)]
+    pub log: LogConfig,
     /// The file this was read from (`None` when parsed from text), for a reload.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -177,6 +179,33 @@ pub enum Synchronous {
     Full,
     /// fsync only at checkpoints: survives a process crash, may lose the last commits on power loss.
     Normal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// journald under systemd, text elsewhere.
+    Auto,
+    Text,
+    Json,
+    Journald,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// One `info` line per acknowledged delivery (refusals are always logged, at `warn`).
+    pub access: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Auto,
+            access: true,
+        }
+    }
 }
 
 /// What the service checks of the ledger's pages before it serves from it.

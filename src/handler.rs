@@ -141,7 +141,7 @@ async fn run_command(
         Ok(()) => {
             if !tail.is_empty() {
                 // What a successful handler says on stderr belongs in the service's log.
-                tracing::info!(job_id = ?attempt.job_id, output = ?tail, "handler stderr");
+                tracing::info!(job_id = %attempt.job_id, output = ?tail, "handler stderr");
             }
             Ok(())
         }

@@ -231,6 +231,8 @@ pub struct Ingest {
     max_body_bytes: usize,
     body_read_timeout: Duration,
     claim_timeout: Duration,
+    /// `[log] access`: an info line per acknowledged delivery.
+    access_log: bool,
     budget: BodyBudget,
     ledger: Arc<Ledger>,
     /// Where a new claim goes to be worked on; `None` when no handler is configured.
@@ -251,6 +253,7 @@ impl Ingest {
             max_body_bytes: server.max_body_bytes,
             body_read_timeout: server.body_read_timeout,
             claim_timeout: server.claim_timeout,
+            access_log: config.log.access,
             budget: BodyBudget::new(server.max_inflight_body_bytes, server.max_body_bytes),
             ledger,
             queue,
@@ -265,16 +268,27 @@ impl Ingest {
         self.secrets.read().expect("not poisoned").len()
     }
 
+    /// Answers one delivery; logs it (the access log) with its outcome, status and latency.
     pub async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let started = std::time::Instant::now();
         match self.ingest(request).await {
             Ok((job_id, outcome)) => {
                 let duplicate = outcome == ClaimOutcome::Duplicate;
-                METRICS.record_delivery(if duplicate {
+                let outcome = if duplicate {
                     DeliveryOutcome::Duplicate
                 } else {
                     DeliveryOutcome::Claimed
-                });
-                tracing::debug!(job_id = ?job_id, duplicate, "delivery acknowledged");
+                };
+                METRICS.record_delivery(outcome);
+                if self.access_log {
+                    tracing::info!(
+                        job_id = %job_id,
+                        outcome = outcome.label(),
+                        status = 200,
+                        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+                        "delivery"
+                    );
+                }
                 json_response(
                     StatusCode::OK,
                     &serde_json::json!({ "job_id": job_id, "duplicate": duplicate }),
@@ -282,7 +296,13 @@ impl Ingest {
             }
             Err(error) => {
                 METRICS.record_delivery(error.outcome());
-                tracing::warn!(status = error.status().as_u16(), error = ?error.to_string(), "delivery refused");
+                tracing::warn!(
+                    outcome = error.outcome().label(),
+                    status = error.status().as_u16(),
+                    latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+                    error = ?error.to_string(),
+                    "delivery refused"
+                );
                 error.into_response()
             }
         }
@@ -314,7 +334,7 @@ impl Ingest {
             .await
             .map_err(|_| IngestError::ClaimTimeout(self.claim_timeout))??;
         if outcome == ClaimOutcome::Claimed {
-            tracing::debug!(job_id = ?job_id, "job claimed");
+            tracing::debug!(job_id = %job_id, "job claimed");
             if let Some(queue) = &self.queue {
                 queue.enqueue(&job_id);
             }

@@ -79,14 +79,17 @@ impl std::str::FromStr for JobId {
     }
 }
 
-/// Quoted and escaped, like a string's Debug: log lines use `job_id = ?id`.
+/// Quoted and escaped, like a string's Debug.
 impl fmt::Debug for JobId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&self.0, f)
     }
 }
 
-/// The id as it is. Safe for terminals and log lines: it holds no control characters.
+/// The id as it is. Safe for terminals and log lines as it is (it holds no control
+/// characters), so log fields use `job_id = %id`: journal fields and JSON logs then carry the
+/// plain id (`journalctl JOB_ID=...`). Ids read back from the ledger as plain strings, which
+/// older versions did not check, are logged with `?` instead.
 impl fmt::Display for JobId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

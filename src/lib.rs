@@ -18,6 +18,7 @@ pub mod ingest;
 pub mod job_id;
 pub mod ledger;
 pub mod loadgen;
+pub mod logging;
 pub mod metrics;
 pub mod notify;
 pub mod process;

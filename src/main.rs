@@ -1,17 +1,15 @@
 //! The sume-receiver binary: parse the command line, load the config, start logging, run.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
 use sume_receiver::cli::{self, Cli, Command};
 use sume_receiver::config::Config;
+use sume_receiver::logging;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let serving = matches!(cli.command, Command::Serve);
-    init_tracing(if serving { "info" } else { "warn" });
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -22,10 +20,15 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Generate(what) = cli.command {
+        return cli::generate(what);
+    }
+    let config = Config::load(&cli.config)?;
+    let serving = matches!(cli.command, Command::Serve);
+    logging::init(if serving { "info" } else { "warn" }, config.log.format);
     match cli.command {
-        Command::Generate(what) => cli::generate(what),
-        Command::Serve => serve(Config::load(&cli.config)?),
-        command => cli::execute(command, &Config::load(&cli.config)?),
+        Command::Serve => serve(config),
+        command => cli::execute(command, &config),
     }
 }
 
@@ -58,14 +61,4 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
             _ = interrupt.recv() => {}
         }
     })
-}
-
-fn init_tracing(default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
 }

@@ -29,7 +29,7 @@ impl DeliveryOutcome {
         DeliveryOutcome::Unavailable,
     ];
 
-    fn label(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             DeliveryOutcome::Claimed => "claimed",
             DeliveryOutcome::Duplicate => "duplicate",

@@ -119,7 +119,7 @@ impl Reconciler {
                     }
                 }
                 Ok(job_id) if now >= give_up_at => {
-                    tracing::warn!(job_id = ?job_id, polls = expectation.polls, "giving up on an expected job: its webhook never arrived and Sume never reported it terminal");
+                    tracing::warn!(job_id = %job_id, polls = expectation.polls, "giving up on an expected job: its webhook never arrived and Sume never reported it terminal");
                     METRICS.record_given_up();
                     PollResult::GivenUp {
                         error: Some("no terminal status within give_up_after".to_owned()),
@@ -158,7 +158,7 @@ impl Reconciler {
         let answer = match self.call(job_id, "status", hyper::Method::GET).await {
             Ok(answer) => answer,
             Err(error) => {
-                tracing::warn!(job_id = ?job_id, error = ?error, "polling Sume failed; will retry");
+                tracing::warn!(job_id = %job_id, error = ?error, "polling Sume failed; will retry");
                 METRICS.record_poll(false);
                 return Ok(again(None, Some(error)));
             }
@@ -201,7 +201,7 @@ impl Reconciler {
         };
         Ok(match self.ledger.claim(claim).await? {
             ClaimOutcome::Claimed => {
-                tracing::info!(job_id = ?job_id, status = ?job_status, "job recovered by polling: its webhook never arrived");
+                tracing::info!(job_id = %job_id, status = ?job_status, "job recovered by polling: its webhook never arrived");
                 METRICS.record_recovered();
                 if let Some(queue) = &self.queue {
                     queue.enqueue(job_id);

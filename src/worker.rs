@@ -50,7 +50,7 @@ impl Queue {
         }
         if self.sender.try_send(job_id.clone()).is_err() {
             held.remove(job_id);
-            tracing::debug!(job_id = ?job_id, "work queue full; the sweeper will pick the job up");
+            tracing::debug!(job_id = %job_id, "work queue full; the sweeper will pick the job up");
             return false;
         }
         true
@@ -189,12 +189,12 @@ impl JobRun {
             // Already started, finished, or purged: nothing to do.
             Ok(None) => return None,
             Err(error) => {
-                tracing::warn!(job_id = ?job_id, %error, "could not start the job; the sweeper retries");
+                tracing::warn!(job_id = %job_id, %error, "could not start the job; the sweeper retries");
                 return None;
             }
         };
         let started = std::time::Instant::now();
-        tracing::info!(job_id = ?job_id, attempt = attempt.number, "running handler");
+        tracing::info!(job_id = %job_id, attempt = attempt.number, "running handler");
         let (end, retry_in) = match self
             .handler
             .run(&attempt, timeout, &self.stop_handlers)
@@ -235,25 +235,25 @@ impl JobRun {
                 let elapsed_ms = started.elapsed().as_millis() as u64;
                 match (&end, state) {
                     (_, State::Done) => {
-                        tracing::info!(job_id = ?job_id, attempt = attempt.number, elapsed_ms, "job done")
+                        tracing::info!(job_id = %job_id, attempt = attempt.number, elapsed_ms, "job done")
                     }
                     (AttemptEnd::Failed { error, .. }, State::Dead) => {
-                        tracing::error!(job_id = ?job_id, attempt = attempt.number, ?error, "job dead: out of attempts")
+                        tracing::error!(job_id = %job_id, attempt = attempt.number, ?error, "job dead: out of attempts")
                     }
                     (AttemptEnd::Failed { error, .. }, _) => {
-                        tracing::warn!(job_id = ?job_id, attempt = attempt.number, ?error, retry_in = ?retry_in, "attempt failed; will retry")
+                        tracing::warn!(job_id = %job_id, attempt = attempt.number, ?error, retry_in = ?retry_in, "attempt failed; will retry")
                     }
                     _ => {}
                 }
                 retry_in.filter(|_| state == State::Retrying)
             }
             Ok(None) => {
-                tracing::warn!(job_id = ?job_id, attempt = attempt.number, "the attempt no longer owned the job when it ended (lease taken back)");
+                tracing::warn!(job_id = %job_id, attempt = attempt.number, "the attempt no longer owned the job when it ended (lease taken back)");
                 None
             }
             Err(error) => {
                 // The row stays `running`; when its lease expires the sweeper runs it again.
-                tracing::error!(job_id = ?job_id, %error, "could not record the attempt's end");
+                tracing::error!(job_id = %job_id, %error, "could not record the attempt's end");
                 None
             }
         }
@@ -269,11 +269,11 @@ impl JobRun {
             .await
         {
             Ok(_) => {
-                tracing::warn!(job_id = ?job_id, "handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")
+                tracing::warn!(job_id = %job_id, "handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")
             }
             // The row stays `running`; the next start takes it back (counted, as after a crash).
             Err(error) => {
-                tracing::error!(job_id = ?job_id, %error, "could not give back an interrupted attempt")
+                tracing::error!(job_id = %job_id, %error, "could not give back an interrupted attempt")
             }
         }
     }

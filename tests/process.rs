@@ -895,3 +895,39 @@ async fn backup_stats_and_retry_tell_the_truth() {
         "{retry:?}"
     );
 }
+
+/// The access log: one line per delivery with its fields; JSON for log shippers.
+#[tokio::test(flavor = "multi_thread")]
+async fn json_logs_carry_one_line_per_delivery() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), port, "", "[log]\nformat = \"json\"\n");
+    let service = Service::start(&config, port).await;
+    assert!(cli(&config, &["send-test", "--job-id", "job-logged"])
+        .status
+        .success());
+    assert_eq!(deliver_once(port, "whsec_wrong", "job-forged").await, 401);
+    service.stop_cleanly().await;
+    let log = std::fs::read_to_string(dir.path().join("service.log")).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let delivery = lines
+        .iter()
+        .find(|line| line["message"] == "delivery")
+        .expect("an access log line");
+    assert_eq!(delivery["job_id"], "job-logged");
+    assert_eq!(delivery["outcome"], "claimed");
+    assert_eq!(delivery["status"], 200);
+    assert!(delivery["latency_ms"].as_f64().unwrap() > 0.0);
+    let refused = lines
+        .iter()
+        .find(|line| line["message"] == "delivery refused")
+        .expect("a refusal line");
+    assert_eq!(
+        (refused["status"].as_u64(), refused["level"].as_str()),
+        (Some(401), Some("WARN"))
+    );
+    assert!(!log.contains(SECRET), "a secret reached the log");
+}
