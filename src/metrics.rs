@@ -1,12 +1,26 @@
-//! Process-wide counters, served in the Prometheus text format at `GET /metrics`.
+//! Process-wide metrics in a prometheus-client registry, served at `GET /metrics`.
+//!
+//! Everything recorded is registered once here, so nothing can be recorded and then forgotten
+//! at render time. Values that live in the ledger or the process (jobs by state, file sizes,
+//! memory) are read at scrape time and passed in as a [`Snapshot`]. A leaf module: it knows
+//! labels, not the types of the modules that record into it.
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::{LazyLock, Mutex};
 
-use crate::ledger::State;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
 
-/// One set of counters per process: the service runs one receiver.
-pub static METRICS: Metrics = Metrics::new();
+/// One set of metrics per process: the service runs one receiver.
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+type Labels = [(&'static str, &'static str); 1];
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
 
 /// Deliveries by the answer they got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,15 +34,6 @@ pub enum DeliveryOutcome {
 }
 
 impl DeliveryOutcome {
-    const ALL: [DeliveryOutcome; 6] = [
-        DeliveryOutcome::Claimed,
-        DeliveryOutcome::Duplicate,
-        DeliveryOutcome::Unauthorized,
-        DeliveryOutcome::BadRequest,
-        DeliveryOutcome::TooLarge,
-        DeliveryOutcome::Unavailable,
-    ];
-
     pub fn label(self) -> &'static str {
         match self {
             DeliveryOutcome::Claimed => "claimed",
@@ -41,169 +46,401 @@ impl DeliveryOutcome {
     }
 }
 
-pub struct Metrics {
-    deliveries: [AtomicU64; 6],
-    commits: AtomicU64,
-    failed_commits: AtomicU64,
-    batched_writes: AtomicU64,
-    attempts_done: AtomicU64,
-    attempts_failed: AtomicU64,
-    jobs_dead: AtomicU64,
-    swept: AtomicU64,
-    bodies_purged: AtomicU64,
-    jobs_forgotten: AtomicU64,
-    polls: AtomicU64,
-    polls_failed: AtomicU64,
-    jobs_recovered: AtomicU64,
-    expectations_given_up: AtomicU64,
+/// How a handler attempt ended, as far as the metrics go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptResult {
+    Done,
+    /// Failed, to be retried.
+    Failed,
+    /// Failed for the last time: the job is dead.
+    Dead,
 }
 
+/// What the ledger and the process look like at scrape time.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Waiting and running jobs by state (`claimed`, `running`, `retrying`).
+    pub unfinished: Vec<(&'static str, u64)>,
+    /// Age of the oldest job still waiting or running, in seconds.
+    pub oldest_unfinished_age_seconds: f64,
+    /// Expected jobs by state (`waiting`, `arrived`, `recovered`, `given_up`).
+    pub expected: Vec<(&'static str, u64)>,
+    pub ledger_bytes: u64,
+    pub wal_bytes: u64,
+    pub writer_queue_depth: u64,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    deliveries: Family<Labels, Counter>,
+    commits: Family<Labels, Counter>,
+    batch_size: Histogram,
+    claim_commit: Histogram,
+    writer_queue_depth: Gauge,
+    attempts: Family<Labels, Counter>,
+    attempt_duration: Histograms,
+    jobs_dead: Counter,
+    swept: Counter,
+    jobs: Family<Labels, Gauge>,
+    /// done/dead: counted at start and after each retention run, plus what this process adds.
+    finished: [AtomicI64; 2],
+    oldest_unfinished: Gauge<f64, std::sync::atomic::AtomicU64>,
+    ledger_files: Family<Labels, Gauge>,
+    polls: Family<Labels, Counter>,
+    recovered: Counter,
+    given_up: Counter,
+    expected: Family<Labels, Gauge>,
+    bodies_purged: Counter,
+    jobs_forgotten: Counter,
+    expectations_forgotten: Counter,
+    process_memory: Gauge,
+    process_fds: Gauge,
+    process_cpu: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// Scrapes set the snapshot gauges, then encode: one at a time.
+    scrape: Mutex<()>,
+}
+
+const DONE: usize = 0;
+const DEAD: usize = 1;
+
 impl Metrics {
-    const fn new() -> Self {
-        Self {
-            deliveries: [const { AtomicU64::new(0) }; 6],
-            commits: AtomicU64::new(0),
-            failed_commits: AtomicU64::new(0),
-            batched_writes: AtomicU64::new(0),
-            attempts_done: AtomicU64::new(0),
-            attempts_failed: AtomicU64::new(0),
-            jobs_dead: AtomicU64::new(0),
-            swept: AtomicU64::new(0),
-            bodies_purged: AtomicU64::new(0),
-            jobs_forgotten: AtomicU64::new(0),
-            polls: AtomicU64::new(0),
-            polls_failed: AtomicU64::new(0),
-            jobs_recovered: AtomicU64::new(0),
-            expectations_given_up: AtomicU64::new(0),
+    fn new() -> Self {
+        let mut registry = Registry::default();
+        let seconds: fn() -> Histogram = || Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        let metrics = Metrics {
+            deliveries: Family::default(),
+            commits: Family::default(),
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            claim_commit: seconds(),
+            writer_queue_depth: Gauge::default(),
+            attempts: Family::default(),
+            attempt_duration: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.01, 4.0, 10))
+            }),
+            jobs_dead: Counter::default(),
+            swept: Counter::default(),
+            jobs: Family::default(),
+            finished: [AtomicI64::new(0), AtomicI64::new(0)],
+            oldest_unfinished: Gauge::default(),
+            ledger_files: Family::default(),
+            polls: Family::default(),
+            recovered: Counter::default(),
+            given_up: Counter::default(),
+            expected: Family::default(),
+            bodies_purged: Counter::default(),
+            jobs_forgotten: Counter::default(),
+            expectations_forgotten: Counter::default(),
+            process_memory: Gauge::default(),
+            process_fds: Gauge::default(),
+            process_cpu: Counter::default(),
+            scrape: Mutex::new(()),
+            registry: Registry::default(),
+        };
+        let m = &metrics;
+        registry.register(
+            "sume_deliveries",
+            "Webhook deliveries by the answer they got (outcome).",
+            m.deliveries.clone(),
+        );
+        registry.register(
+            "sume_ledger_commits",
+            "Ledger transactions by result (committed, failed).",
+            m.commits.clone(),
+        );
+        registry.register(
+            "sume_ledger_batch_size",
+            "Changes per group-commit transaction.",
+            m.batch_size.clone(),
+        );
+        registry.register_with_unit(
+            "sume_claim_commit",
+            "Time from a delivery's claim being queued to its commit (or failure).",
+            Unit::Seconds,
+            m.claim_commit.clone(),
+        );
+        registry.register(
+            "sume_ledger_writer_queue_depth",
+            "Changes waiting for the ledger writer.",
+            m.writer_queue_depth.clone(),
+        );
+        registry.register(
+            "sume_attempts",
+            "Handler attempts by result (done, failed).",
+            m.attempts.clone(),
+        );
+        registry.register_with_unit(
+            "sume_attempt_duration",
+            "How long handler attempts ran, by result (done, failed).",
+            Unit::Seconds,
+            m.attempt_duration.clone(),
+        );
+        registry.register(
+            "sume_jobs_dead",
+            "Jobs that used all their attempts.",
+            m.jobs_dead.clone(),
+        );
+        registry.register(
+            "sume_jobs_swept",
+            "Jobs the sweeper queued again.",
+            m.swept.clone(),
+        );
+        registry.register(
+            "sume_jobs",
+            "Jobs in the ledger by state (done and dead: as of the last start or retention \
+             run, plus what this process finished since).",
+            m.jobs.clone(),
+        );
+        registry.register_with_unit(
+            "sume_oldest_unfinished_job_age",
+            "Age of the oldest job still claimed, running or retrying (0 when none).",
+            Unit::Seconds,
+            m.oldest_unfinished.clone(),
+        );
+        registry.register_with_unit(
+            "sume_ledger_file",
+            "Size of the ledger's files (file: db, wal).",
+            Unit::Bytes,
+            m.ledger_files.clone(),
+        );
+        registry.register(
+            "sume_reconcile_polls",
+            "Calls to Sume's status endpoint by result (answered, failed).",
+            m.polls.clone(),
+        );
+        registry.register(
+            "sume_reconcile_recovered",
+            "Jobs claimed by polling: their webhook never arrived.",
+            m.recovered.clone(),
+        );
+        registry.register(
+            "sume_reconcile_given_up",
+            "Expected jobs given up on: no webhook and no terminal status within give_up_after.",
+            m.given_up.clone(),
+        );
+        registry.register(
+            "sume_expected_jobs",
+            "Expected jobs by state (waiting, arrived, recovered, given_up).",
+            m.expected.clone(),
+        );
+        registry.register(
+            "sume_retention_bodies_purged",
+            "Bodies of finished jobs dropped by retention.",
+            m.bodies_purged.clone(),
+        );
+        registry.register(
+            "sume_retention_jobs_forgotten",
+            "Finished jobs deleted by retention (after dedupe_ttl).",
+            m.jobs_forgotten.clone(),
+        );
+        registry.register(
+            "sume_retention_expectations_forgotten",
+            "Resolved expected jobs deleted by retention.",
+            m.expectations_forgotten.clone(),
+        );
+        registry.register(
+            "sume_receiver_build",
+            "The running build.",
+            Info::new([
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("commit", env!("SUME_RECEIVER_COMMIT")),
+            ]),
+        );
+        registry.register_with_unit(
+            "process_resident_memory",
+            "Resident memory of this process.",
+            Unit::Bytes,
+            m.process_memory.clone(),
+        );
+        registry.register(
+            "process_open_fds",
+            "Open file descriptors of this process.",
+            m.process_fds.clone(),
+        );
+        registry.register_with_unit(
+            "process_cpu",
+            "CPU time used by this process (user and system).",
+            Unit::Seconds,
+            m.process_cpu.clone(),
+        );
+        Metrics {
+            registry,
+            ..metrics
         }
     }
 
     pub fn record_delivery(&self, outcome: DeliveryOutcome) {
-        self.deliveries[outcome as usize].fetch_add(1, Relaxed);
+        self.deliveries
+            .get_or_create(&[("outcome", outcome.label())])
+            .inc();
     }
 
     /// Deliveries since start: (claimed, duplicates, refused for any reason).
     pub fn delivery_totals(&self) -> (u64, u64, u64) {
-        let count = |outcome: DeliveryOutcome| self.deliveries[outcome as usize].load(Relaxed);
-        let claimed = count(DeliveryOutcome::Claimed);
-        let duplicates = count(DeliveryOutcome::Duplicate);
-        let all: u64 = DeliveryOutcome::ALL.into_iter().map(count).sum();
-        (claimed, duplicates, all - claimed - duplicates)
+        let mut totals = (0, 0, 0);
+        for outcome in [
+            DeliveryOutcome::Claimed,
+            DeliveryOutcome::Duplicate,
+            DeliveryOutcome::Unauthorized,
+            DeliveryOutcome::BadRequest,
+            DeliveryOutcome::TooLarge,
+            DeliveryOutcome::Unavailable,
+        ] {
+            let count = self
+                .deliveries
+                .get_or_create(&[("outcome", outcome.label())])
+                .get();
+            match outcome {
+                DeliveryOutcome::Claimed => totals.0 += count,
+                DeliveryOutcome::Duplicate => totals.1 += count,
+                _ => totals.2 += count,
+            }
+        }
+        totals
     }
 
     pub fn record_commit(&self, batch_size: usize, committed: bool) {
-        let counter = if committed {
-            &self.commits
-        } else {
-            &self.failed_commits
-        };
-        counter.fetch_add(1, Relaxed);
-        self.batched_writes.fetch_add(batch_size as u64, Relaxed);
+        let result = if committed { "committed" } else { "failed" };
+        self.commits.get_or_create(&[("result", result)]).inc();
+        self.batch_size.observe(batch_size as f64);
     }
 
-    pub fn record_attempt_end(&self, state: State) {
-        match state {
-            State::Done => self.attempts_done.fetch_add(1, Relaxed),
-            State::Dead => {
-                self.attempts_failed.fetch_add(1, Relaxed);
-                self.jobs_dead.fetch_add(1, Relaxed)
-            }
-            _ => self.attempts_failed.fetch_add(1, Relaxed),
+    pub fn record_claim_commit(&self, seconds: f64) {
+        self.claim_commit.observe(seconds);
+    }
+
+    pub fn record_attempt_end(&self, result: AttemptResult, seconds: Option<f64>) {
+        let label = match result {
+            AttemptResult::Done => "done",
+            AttemptResult::Failed | AttemptResult::Dead => "failed",
         };
+        self.attempts.get_or_create(&[("result", label)]).inc();
+        if let Some(seconds) = seconds {
+            self.attempt_duration
+                .get_or_create(&[("result", label)])
+                .observe(seconds);
+        }
+        match result {
+            AttemptResult::Done => self.finished[DONE].fetch_add(1, Relaxed),
+            AttemptResult::Dead => {
+                self.jobs_dead.inc();
+                self.finished[DEAD].fetch_add(1, Relaxed)
+            }
+            AttemptResult::Failed => 0,
+        };
+    }
+
+    /// The ledger's counts of done and dead jobs, counted afresh (at start, after retention).
+    pub fn set_finished_jobs(&self, done: u64, dead: u64) {
+        self.finished[DONE].store(i64::try_from(done).unwrap_or(i64::MAX), Relaxed);
+        self.finished[DEAD].store(i64::try_from(dead).unwrap_or(i64::MAX), Relaxed);
     }
 
     pub fn record_swept(&self, count: usize) {
-        self.swept.fetch_add(count as u64, Relaxed);
+        self.swept.inc_by(count as u64);
     }
 
-    pub fn record_vacuum(&self, report: &crate::vacuum::VacuumReport) {
-        self.bodies_purged
-            .fetch_add(report.bodies_purged as u64, Relaxed);
-        self.jobs_forgotten
-            .fetch_add(report.jobs_forgotten as u64, Relaxed);
+    pub fn record_retention(&self, bodies: usize, jobs: usize, expectations: usize) {
+        self.bodies_purged.inc_by(bodies as u64);
+        self.jobs_forgotten.inc_by(jobs as u64);
+        self.expectations_forgotten.inc_by(expectations as u64);
     }
 
     /// One call to Sume's status endpoint, and whether it got an answer.
     pub fn record_poll(&self, answered: bool) {
-        self.polls.fetch_add(1, Relaxed);
-        if !answered {
-            self.polls_failed.fetch_add(1, Relaxed);
-        }
+        let result = if answered { "answered" } else { "failed" };
+        self.polls.get_or_create(&[("result", result)]).inc();
     }
 
     pub fn record_recovered(&self) {
-        self.jobs_recovered.fetch_add(1, Relaxed);
+        self.recovered.inc();
     }
 
     pub fn record_given_up(&self) {
-        self.expectations_given_up.fetch_add(1, Relaxed);
+        self.given_up.inc();
     }
 
-    /// The Prometheus text exposition, with the current unfinished-job counts from the ledger.
-    pub fn render(&self, unfinished: &[(State, u64)]) -> String {
-        let mut out = String::new();
-        let mut counter = |name: &str, help: &str, samples: &[(&str, u64)]| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (labels, value) in samples {
-                let _ = writeln!(out, "{name}{labels} {value}");
-            }
-        };
-        let deliveries: Vec<(String, u64)> = DeliveryOutcome::ALL
-            .iter()
-            .map(|o| {
-                (
-                    format!("{{outcome=\"{}\"}}", o.label()),
-                    self.deliveries[*o as usize].load(Relaxed),
-                )
-            })
-            .collect();
-        let deliveries: Vec<(&str, u64)> =
-            deliveries.iter().map(|(l, v)| (l.as_str(), *v)).collect();
-        counter(
-            "sume_deliveries_total",
-            "Webhook deliveries by the answer they got.",
-            &deliveries,
-        );
-        counter(
-            "sume_ledger_commits_total",
-            "Ledger transactions committed.",
-            &[("", self.commits.load(Relaxed))],
-        );
-        counter(
-            "sume_ledger_commit_failures_total",
-            "Ledger transactions that failed.",
-            &[("", self.failed_commits.load(Relaxed))],
-        );
-        counter(
-            "sume_ledger_writes_total",
-            "Changes written through group commits (writes / commits = mean batch).",
-            &[("", self.batched_writes.load(Relaxed))],
-        );
-        counter(
-            "sume_attempts_total",
-            "Handler attempts by result.",
-            &[
-                ("{result=\"done\"}", self.attempts_done.load(Relaxed)),
-                ("{result=\"failed\"}", self.attempts_failed.load(Relaxed)),
-            ],
-        );
-        counter(
-            "sume_jobs_dead_total",
-            "Jobs that used all their attempts.",
-            &[("", self.jobs_dead.load(Relaxed))],
-        );
-        counter(
-            "sume_jobs_swept_total",
-            "Jobs the sweeper queued again.",
-            &[("", self.swept.load(Relaxed))],
-        );
-        let _ = writeln!(
-            out,
-            "# HELP sume_jobs Unfinished jobs in the ledger by state.\n# TYPE sume_jobs gauge"
-        );
-        for (state, count) in unfinished {
-            let _ = writeln!(out, "sume_jobs{{state=\"{state}\"}} {count}");
+    /// The Prometheus text exposition, with the scrape-time values of `snapshot`.
+    pub fn render(&self, snapshot: &Snapshot) -> String {
+        let _one_scrape_at_a_time = self.scrape.lock().expect("not poisoned");
+        for (state, count) in &snapshot.unfinished {
+            self.jobs
+                .get_or_create(&[("state", state)])
+                .set(gauge(*count));
         }
+        for (index, state) in [(DONE, "done"), (DEAD, "dead")] {
+            let count = self.finished[index].load(Relaxed);
+            self.jobs.get_or_create(&[("state", state)]).set(count);
+        }
+        for (state, count) in &snapshot.expected {
+            self.expected
+                .get_or_create(&[("state", state)])
+                .set(gauge(*count));
+        }
+        self.oldest_unfinished
+            .set(snapshot.oldest_unfinished_age_seconds);
+        self.ledger_files
+            .get_or_create(&[("file", "db")])
+            .set(gauge(snapshot.ledger_bytes));
+        self.ledger_files
+            .get_or_create(&[("file", "wal")])
+            .set(gauge(snapshot.wal_bytes));
+        self.writer_queue_depth
+            .set(gauge(snapshot.writer_queue_depth));
+        let process = ProcessStats::read();
+        self.process_memory.set(gauge(process.resident_bytes));
+        self.process_fds.set(gauge(process.open_fds));
+        // A counter only goes up: add what was used since the last scrape.
+        let used = process.cpu_seconds - self.process_cpu.get();
+        if used > 0.0 {
+            self.process_cpu.inc_by(used);
+        }
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
+    }
+}
+
+fn gauge(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// This process, from /proc/self (zeros where it cannot be read).
+#[derive(Debug, Default)]
+struct ProcessStats {
+    resident_bytes: u64,
+    open_fds: u64,
+    cpu_seconds: f64,
+}
+
+impl ProcessStats {
+    fn read() -> Self {
+        // SAFETY: sysconf has no preconditions.
+        let (page, ticks) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PAGESIZE).max(1) as u64,
+                libc::sysconf(libc::_SC_CLK_TCK).max(1) as f64,
+            )
+        };
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let resident_pages: u64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|pages| pages.parse().ok())
+            .unwrap_or(0);
+        // Fields after the command name (which may hold spaces): utime is the 12th, stime 13th.
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let field = |index: usize| -> f64 {
+            after_name
+                .split_whitespace()
+                .nth(index)
+                .and_then(|value| value.parse().ok())
+                .unwrap_or(0.0)
+        };
+        ProcessStats {
+            resident_bytes: resident_pages * page,
+            open_fds: std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count() as u64),
+            cpu_seconds: (field(11) + field(12)) / ticks,
+        }
     }
 }

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
 use crate::ingest::{json_response, Ingest};
-use crate::ledger::{self, Ledger};
+use crate::ledger::Ledger;
 use crate::metrics::METRICS;
 use crate::throttle::Throttled;
 
@@ -94,12 +94,14 @@ pub async fn operational(
 }
 
 async fn metrics(ledger: &Ledger) -> Response<Full<Bytes>> {
-    match ledger.read(ledger::count_unfinished).await {
-        Ok(unfinished) => {
-            let mut response = Response::new(Full::new(Bytes::from(METRICS.render(&unfinished))));
+    match ledger.metrics_snapshot().await {
+        Ok(snapshot) => {
+            let mut response = Response::new(Full::new(Bytes::from(METRICS.render(&snapshot))));
             response.headers_mut().insert(
                 CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
             );
             response
         }

@@ -70,7 +70,12 @@ impl Vacuum {
                 break;
             }
         }
-        METRICS.record_vacuum(&report);
+        METRICS.record_retention(
+            report.bodies_purged,
+            report.jobs_forgotten,
+            report.expectations_forgotten,
+        );
+        self.ledger.recount_finished().await?;
         if report != VacuumReport::default() {
             tracing::info!(
                 bodies_purged = report.bodies_purged,

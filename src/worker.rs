@@ -16,7 +16,7 @@ use crate::config::HandlerConfig;
 use crate::handler::{AttemptError, Handler};
 use crate::job_id::JobId;
 use crate::ledger::{self, duration_ms, now_ms, Attempt, AttemptEnd, Ledger, State};
-use crate::metrics::METRICS;
+use crate::metrics::{AttemptResult, METRICS};
 
 /// Jobs waiting in memory for a free worker. Past this, new claims wait in the ledger for the
 /// sweeper instead: memory stays bounded under any backlog.
@@ -231,7 +231,12 @@ impl JobRun {
             .await
         {
             Ok(Some(state)) => {
-                METRICS.record_attempt_end(state);
+                let result = match state {
+                    State::Done => AttemptResult::Done,
+                    State::Dead => AttemptResult::Dead,
+                    _ => AttemptResult::Failed,
+                };
+                METRICS.record_attempt_end(result, Some(started.elapsed().as_secs_f64()));
                 let elapsed_ms = started.elapsed().as_millis() as u64;
                 match (&end, state) {
                     (_, State::Done) => {

@@ -131,6 +131,25 @@ pub fn delete_resolved_expectations(
         .execute(params![before, limit as i64])
 }
 
+/// Expected jobs by state, every state named (0 when none).
+pub fn count_expectations(conn: &Connection) -> rusqlite::Result<Vec<(&'static str, u64)>> {
+    let mut counts: Vec<(&'static str, u64)> = ["waiting", "arrived", "recovered", "given_up"]
+        .map(|state| (state, 0))
+        .to_vec();
+    let mut statement =
+        conn.prepare_cached("SELECT state, count(*) FROM expected_jobs GROUP BY state")?;
+    let rows = statement.query_map([], |row| {
+        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+    })?;
+    for row in rows {
+        let (state, count) = row?;
+        if let Some(entry) = counts.iter_mut().find(|(name, _)| *name == state) {
+            entry.1 = count.unsigned_abs();
+        }
+    }
+    Ok(counts)
+}
+
 /// One row of `jobs expected`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Expectation {

@@ -7,6 +7,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::Serialize;
 
 use crate::job_id::JobId;
+use crate::metrics::{AttemptResult, METRICS};
 
 // The statements that must stay cheap however large the ledger grows; tests check that each
 // reads only its partial index (EXPLAIN QUERY PLAN).
@@ -267,8 +268,14 @@ pub fn expire_leases(
         let state: String =
             take_back.query_row(params![job_id, now, max_attempts, error], |row| row.get(0))?;
         taken_back += 1;
-        if state == State::Dead.as_str() {
-            crate::metrics::METRICS.record_attempt_end(State::Dead);
+        let dead = state == State::Dead.as_str();
+        let result = if dead {
+            AttemptResult::Dead
+        } else {
+            AttemptResult::Failed
+        };
+        METRICS.record_attempt_end(result, None);
+        if dead {
             tracing::error!(job_id = ?job_id, error, "job dead: its last attempt never finished");
         }
     }
@@ -389,6 +396,32 @@ pub fn count_unfinished(conn: &Connection) -> rusqlite::Result<Vec<(State, u64)>
         }
     }
     Ok(counts)
+}
+
+/// The oldest job still waiting or running: when it was received (Unix ms).
+pub fn oldest_unfinished(conn: &Connection) -> rusqlite::Result<Option<i64>> {
+    conn.prepare_cached(
+        "SELECT min(received_at) FROM (
+             SELECT received_at FROM jobs WHERE state IN ('claimed', 'retrying')
+             UNION ALL SELECT received_at FROM jobs WHERE state = 'running')",
+    )?
+    .query_row([], |row| row.get(0))
+}
+
+/// How many jobs are done and dead. Walks the index of finished jobs: for the start and the
+/// retention runs, not for every scrape.
+pub fn count_finished(conn: &Connection) -> rusqlite::Result<(u64, u64)> {
+    conn.query_row(
+        "SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'dead')
+         FROM jobs WHERE state IN ('done', 'dead')",
+        [],
+        |row| {
+            Ok((
+                row.get::<_, i64>(0)?.unsigned_abs(),
+                row.get::<_, i64>(1)?.unsigned_abs(),
+            ))
+        },
+    )
 }
 
 /// What `jobs stats` shows.

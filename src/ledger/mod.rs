@@ -14,6 +14,7 @@ use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use crate::config::{CheckAtStart, DatabaseConfig, Synchronous};
+use crate::metrics::{Snapshot, METRICS};
 
 use checkpoint::Checkpointer;
 pub use expected::*;
@@ -175,9 +176,51 @@ impl Ledger {
     /// Records a delivery's claim; refused at once with [`StorageError::Overloaded`] when the
     /// writer's queue is full, so that the delivery is answered 503 instead of waiting.
     pub async fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
-        self.writer
+        let queued = std::time::Instant::now();
+        let outcome = self
+            .writer
             .try_submit(move |conn| insert_claim(conn, &claim, now_ms()))
-            .await
+            .await;
+        METRICS.record_claim_commit(queued.elapsed().as_secs_f64());
+        outcome
+    }
+
+    /// What `/metrics` shows of the ledger: unfinished jobs by state (partial indexes only),
+    /// the oldest one's age, expected jobs, file sizes, the writer's queue.
+    pub async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
+        let (unfinished, oldest, expected) = self
+            .read(|conn| {
+                Ok((
+                    count_unfinished(conn)?,
+                    oldest_unfinished(conn)?,
+                    count_expectations(conn)?,
+                ))
+            })
+            .await?;
+        let size = |suffix: &str| {
+            let mut path = self.path.clone().into_os_string();
+            path.push(suffix);
+            std::fs::metadata(path).map_or(0, |meta| meta.len())
+        };
+        Ok(Snapshot {
+            unfinished: unfinished
+                .into_iter()
+                .map(|(state, count)| (state.as_str(), count))
+                .collect(),
+            oldest_unfinished_age_seconds: oldest
+                .map_or(0.0, |at| (now_ms() - at).max(0) as f64 / 1000.0),
+            expected,
+            ledger_bytes: size(""),
+            wal_bytes: size("-wal"),
+            writer_queue_depth: self.writer.queued() as u64,
+        })
+    }
+
+    /// Counts done and dead jobs afresh for `/metrics` (at start, after retention).
+    pub async fn recount_finished(&self) -> Result<(), StorageError> {
+        let (done, dead) = self.read(count_finished).await?;
+        METRICS.set_finished_jobs(done, dead);
+        Ok(())
     }
 
     /// Changes waiting for the writer thread.

@@ -1,0 +1,136 @@
+//! /metrics after a known mix of deliveries, handler runs, a poll and a retention run: exact
+//! counts, and every metric the README names. (Its own test binary: the metrics are per process.)
+
+mod common;
+
+use std::time::Duration;
+
+use common::sume::{MockSume, StatusAnswer, API_KEY};
+use common::*;
+use hyper::Method;
+
+/// The value of one sample line (`name{labels} value`) of the exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_exactly_what_happened() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let webhook_url = format!("http://{}{WEBHOOK_PATH}", listener.local_addr().unwrap());
+    let sume = MockSume::start(&webhook_url, &[SECRET], Duration::from_millis(20)).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("api_key"), API_KEY).unwrap();
+    std::fs::write(dir.path().join("admin_token"), "t0ken").unwrap();
+    let admin_port = free_port();
+    let config = format!(
+        "[handler]\ncommand = [\"sh\", \"-c\", \"[ \\\"$SUME_JOB_ID\\\" != job-fail ]\"]\nmax_attempts = 1\n\n\
+         [sume_api]\nbase_url = \"{}\"\napi_key_file = \"api_key\"\nreconcile_after = \"100ms\"\n\
+         poll_backoff = \"100ms\"\nmax_poll_backoff = \"400ms\"\nmax_requests_per_second = 50\n\n\
+         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n\n\
+         [retention]\nttl = \"1s\"\ndedupe_ttl = \"1h\"\ninterval = \"200ms\"\n",
+        sume.base_url()
+    );
+    let server = TestServer::start_with(dir, &config, listener).await;
+
+    assert_eq!(server.deliver(&job_body("job-ok")).await.status, 200);
+    assert_eq!(server.deliver(&job_body("job-ok")).await.status, 200);
+    assert_eq!(server.deliver(&job_body("job-fail")).await.status, 200);
+    let forged = server
+        .deliver_signed(&job_body("job-forged"), unix_now(), &["whsec_wrong"])
+        .await;
+    assert_eq!(forged.status, 401);
+    assert_eq!(server.deliver("not json").await.status, 400);
+    // A job whose webhook never comes: registered, then found terminal by one poll.
+    sume.set_answers(
+        "job-polled",
+        vec![StatusAnswer::status("job-polled", "completed")],
+    );
+    let request = hyper::Request::put(format!(
+        "http://127.0.0.1:{admin_port}/v1/expected/job-polled"
+    ))
+    .header("authorization", "Bearer t0ken")
+    .body(http_body_util::Full::new(bytes::Bytes::new()))
+    .unwrap();
+    let client = sume_receiver::http_client::new_client();
+    sume_receiver::http_client::send(&client, request, Duration::from_secs(5), 4096)
+        .await
+        .unwrap();
+
+    // Everything ran, and retention dropped the three finished jobs' bodies (ttl 1 s).
+    let settled = eventually(Duration::from_secs(15), || {
+        let purged: i64 = server
+            .db()
+            .query_row(
+                "SELECT count(*) FROM jobs WHERE body IS NULL AND state IN ('done', 'dead')",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        purged == 3
+    })
+    .await;
+    assert!(settled, "the jobs never finished and were purged");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let scrape = server
+        .request(Method::GET, "/metrics", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(scrape.status, 200);
+    let text = String::from_utf8(scrape.body.to_vec()).unwrap();
+    for (series, expected) in [
+        (r#"sume_deliveries_total{outcome="claimed"}"#, 2.0),
+        (r#"sume_deliveries_total{outcome="duplicate"}"#, 1.0),
+        (r#"sume_deliveries_total{outcome="unauthorized"}"#, 1.0),
+        (r#"sume_deliveries_total{outcome="bad_request"}"#, 1.0),
+        (r#"sume_attempts_total{result="done"}"#, 2.0),
+        (r#"sume_attempts_total{result="failed"}"#, 1.0),
+        ("sume_jobs_dead_total", 1.0),
+        (r#"sume_jobs{state="done"}"#, 2.0),
+        (r#"sume_jobs{state="dead"}"#, 1.0),
+        (r#"sume_jobs{state="claimed"}"#, 0.0),
+        (r#"sume_jobs{state="running"}"#, 0.0),
+        (r#"sume_reconcile_polls_total{result="answered"}"#, 1.0),
+        ("sume_reconcile_recovered_total", 1.0),
+        ("sume_reconcile_given_up_total", 0.0),
+        (r#"sume_expected_jobs{state="recovered"}"#, 1.0),
+        ("sume_retention_bodies_purged_total", 3.0),
+        ("sume_retention_jobs_forgotten_total", 0.0),
+        // Claims that reached the ledger: two for job-ok, one for job-fail, one by the poll.
+        ("sume_claim_commit_seconds_count", 4.0),
+        (r#"sume_attempt_duration_seconds_count{result="done"}"#, 2.0),
+        ("sume_oldest_unfinished_job_age_seconds", 0.0),
+        ("sume_ledger_writer_queue_depth", 0.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(expected), "{series}\n{text}");
+    }
+    assert!(sample(&text, r#"sume_ledger_file_bytes{file="db"}"#).unwrap() > 0.0);
+    assert!(sample(&text, "process_resident_memory_bytes").unwrap() > 1e6);
+    assert!(sample(&text, "process_open_fds").unwrap() > 3.0);
+    assert!(
+        text.contains("sume_receiver_build_info{version=\""),
+        "{text}"
+    );
+
+    // Every metric the README's table names is served.
+    let readme = include_str!("../README.md");
+    let table = &readme[readme
+        .find("| metric |")
+        .expect("the README's metrics table")..];
+    let named: Vec<&str> = table
+        .lines()
+        .take_while(|line| line.starts_with('|'))
+        .filter_map(|line| line.split('`').nth(1))
+        .collect();
+    assert!(named.len() >= 20, "{named:?}");
+    for name in named {
+        let family = name.split('{').next().unwrap();
+        assert!(
+            text.lines().any(|line| line.starts_with(family)),
+            "README names {family}, /metrics lacks it"
+        );
+    }
+}
