@@ -531,35 +531,19 @@ async fn operational_endpoints_on_the_admin_listener() {
         ),
     )
     .await;
-    assert_eq!(
-        server
-            .request(Method::GET, "/metrics", &[], "")
-            .await
-            .unwrap()
-            .status,
-        404
-    );
-    assert_eq!(
-        server
-            .request(Method::GET, "/healthz", &[], "")
-            .await
-            .unwrap()
-            .status,
-        200
-    );
-    let client = sume_receiver::http_client::new_client();
+    assert_eq!(server.get_status("/metrics").await, 404);
+    assert_eq!(server.get_status("/healthz").await, 200);
     for (path, expected) in [
         ("/metrics", "sume_deliveries_total"),
         ("/healthz", "ok"),
         ("/readyz", "ready"),
     ] {
-        let request = hyper::Request::get(format!("http://127.0.0.1:{admin_port}{path}"))
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .unwrap();
-        let answer =
-            sume_receiver::http_client::send(&client, request, Duration::from_secs(5), 1 << 16)
-                .await
-                .unwrap();
+        let answer = send_to(
+            Method::GET,
+            &format!("http://127.0.0.1:{admin_port}{path}"),
+            &[],
+        )
+        .await;
         assert_eq!(answer.status, 200, "{path}");
         assert!(
             String::from_utf8_lossy(&answer.body).contains(expected),

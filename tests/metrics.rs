@@ -48,16 +48,9 @@ async fn metrics_count_exactly_what_happened() {
         "job-polled",
         vec![StatusAnswer::status("job-polled", "completed")],
     );
-    let request = hyper::Request::put(format!(
-        "http://127.0.0.1:{admin_port}/v1/expected/job-polled"
-    ))
-    .header("authorization", "Bearer t0ken")
-    .body(http_body_util::Full::new(bytes::Bytes::new()))
-    .unwrap();
-    let client = sume_receiver::http_client::new_client();
-    sume_receiver::http_client::send(&client, request, Duration::from_secs(5), 4096)
-        .await
-        .unwrap();
+    let url = format!("http://127.0.0.1:{admin_port}/v1/expected/job-polled");
+    let registered = send_to(Method::PUT, &url, &[("authorization", "Bearer t0ken")]).await;
+    assert_eq!(registered.status, 200);
 
     // Everything ran, and retention dropped the three finished jobs' bodies (ttl 1 s).
     let settled = eventually(Duration::from_secs(15), || {

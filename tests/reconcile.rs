@@ -66,18 +66,8 @@ async fn admin_put(
     path_segment: &str,
     authorization: &str,
 ) -> (u16, serde_json::Value) {
-    let client = sume_receiver::http_client::new_client();
-    let request = hyper::Request::builder()
-        .method(Method::PUT)
-        .uri(format!(
-            "http://127.0.0.1:{admin_port}/v1/expected/{path_segment}"
-        ))
-        .header("authorization", authorization)
-        .body(http_body_util::Full::new(bytes::Bytes::new()))
-        .unwrap();
-    let answer = sume_receiver::http_client::send(&client, request, Duration::from_secs(5), 4096)
-        .await
-        .unwrap();
+    let url = format!("http://127.0.0.1:{admin_port}/v1/expected/{path_segment}");
+    let answer = send_to(Method::PUT, &url, &[("authorization", authorization)]).await;
     let _ = server;
     (
         answer.status.as_u16(),
@@ -370,14 +360,7 @@ async fn a_refused_api_key_pauses_polling_without_crashing() {
     // Backoff 100, 200, 400, 400 ms...: a handful of calls, not one per tick per job.
     let calls = sume.status_calls("job-auth").len();
     assert!((1..=8).contains(&calls), "{calls} calls");
-    assert_eq!(
-        server
-            .request(Method::GET, "/healthz", &[], "")
-            .await
-            .unwrap()
-            .status,
-        200
-    );
+    assert_eq!(server.get_status("/healthz").await, 200);
     // Once the key is accepted again, polling resumes and recovers the job.
     sume.set_accepted_key(API_KEY);
     wait_done(&server, "job-auth").await;

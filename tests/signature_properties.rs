@@ -16,6 +16,20 @@ fn fresh_timestamp() -> impl Strategy<Value = String> {
     (-(TOLERANCE as i64)..=TOLERANCE as i64).prop_map(|offset| (NOW + offset).to_string())
 }
 
+/// `bytes` with the byte at `position` replaced, or `None` when that changes nothing.
+fn with_byte_changed(
+    bytes: &[u8],
+    position: prop::sample::Index,
+    replacement: u8,
+) -> Option<Vec<u8>> {
+    let mut changed = bytes.to_vec();
+    let at = position.index(changed.len());
+    (changed[at] != replacement).then(|| {
+        changed[at] = replacement;
+        changed
+    })
+}
+
 fn hex_digit_value(c: u8) -> u8 {
     (c as char).to_digit(16).expect("a hex digit") as u8
 }
@@ -69,10 +83,9 @@ proptest! {
         replacement in any::<u8>(),
     ) {
         let header = signature::sign(&[&signing], &timestamp, &body);
-        let mut changed = body.clone();
-        let at = position.index(changed.len());
-        prop_assume!(changed[at] != replacement);
-        changed[at] = replacement;
+        let changed = with_byte_changed(&body, position, replacement);
+        prop_assume!(changed.is_some());
+        let changed = changed.unwrap();
         prop_assert!(
             signature::verify(&[&signing], &timestamp, &changed, &header, NOW, TOLERANCE).is_err()
         );
@@ -87,11 +100,9 @@ proptest! {
         replacement in any::<u8>(),
     ) {
         let header = signature::sign(&[&signing], &timestamp, &body);
-        let mut changed = timestamp.clone().into_bytes();
-        let at = position.index(changed.len());
-        prop_assume!(changed[at] != replacement);
-        changed[at] = replacement;
-        let changed = String::from_utf8_lossy(&changed).into_owned();
+        let changed = with_byte_changed(timestamp.as_bytes(), position, replacement);
+        prop_assume!(changed.is_some());
+        let changed = String::from_utf8_lossy(&changed.unwrap()).into_owned();
         prop_assert!(
             signature::verify(&[&signing], &changed, &body, &header, NOW, TOLERANCE).is_err()
         );
@@ -106,15 +117,14 @@ proptest! {
         replacement in any::<u8>(),
     ) {
         let header = signature::sign(&[&signing], &timestamp, &body);
-        let mut changed = header.clone().into_bytes();
-        let at = position.index(changed.len());
+        let original = header.as_bytes()[position.index(header.len())];
         // A hex digit in the other case is the same byte of the digest, not a change.
-        let same_digit = changed[at].is_ascii_hexdigit()
+        let same_digit = original.is_ascii_hexdigit()
             && replacement.is_ascii_hexdigit()
-            && hex_digit_value(changed[at]) == hex_digit_value(replacement);
-        prop_assume!(changed[at] != replacement && !same_digit);
-        changed[at] = replacement;
-        let changed = String::from_utf8_lossy(&changed).into_owned();
+            && hex_digit_value(original) == hex_digit_value(replacement);
+        let changed = with_byte_changed(header.as_bytes(), position, replacement);
+        prop_assume!(changed.is_some() && !same_digit);
+        let changed = String::from_utf8_lossy(&changed.unwrap()).into_owned();
         prop_assert!(
             signature::verify(&[&signing], &timestamp, &body, &changed, NOW, TOLERANCE).is_err()
         );

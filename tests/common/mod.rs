@@ -140,6 +140,15 @@ impl TestServer {
         http_client::send(&self.client, request, Duration::from_secs(15), 1 << 20).await
     }
 
+    /// The status of `GET path`.
+    pub async fn get_status(&self, path: &str) -> u16 {
+        self.request(Method::GET, path, &[], "")
+            .await
+            .unwrap()
+            .status
+            .as_u16()
+    }
+
     /// POSTs `body` to the webhook path, signed now with the test secret (a fresh delivery).
     pub async fn deliver(&self, body: &str) -> Answer {
         self.deliver_signed(body, unix_now(), &[SECRET]).await
@@ -166,6 +175,23 @@ impl TestServer {
         let result = self.task.take().unwrap().await.unwrap();
         (result, self.dir)
     }
+}
+
+/// One request with an empty body to any `url` (another listener than the server's own).
+pub async fn send_to(method: Method, url: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut builder = Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let request = builder.body(Full::new(Bytes::new())).unwrap();
+    http_client::send(
+        &http_client::new_client(),
+        request,
+        Duration::from_secs(5),
+        1 << 16,
+    )
+    .await
+    .unwrap()
 }
 
 /// A ledger of its own in `dir`, opened as the service opens it (writer thread started).
