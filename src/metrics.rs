@@ -34,6 +34,15 @@ pub enum DeliveryOutcome {
 }
 
 impl DeliveryOutcome {
+    const ALL: [DeliveryOutcome; 6] = [
+        DeliveryOutcome::Claimed,
+        DeliveryOutcome::Duplicate,
+        DeliveryOutcome::Unauthorized,
+        DeliveryOutcome::BadRequest,
+        DeliveryOutcome::TooLarge,
+        DeliveryOutcome::Unavailable,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             DeliveryOutcome::Claimed => "claimed",
@@ -262,6 +271,20 @@ impl Metrics {
             Unit::Seconds,
             m.process_cpu.clone(),
         );
+        // Every label value exists from the start: a rate over a series that appears only at
+        // its first event misses that event.
+        for outcome in DeliveryOutcome::ALL {
+            drop(m.deliveries.get_or_create(&[("outcome", outcome.label())]));
+        }
+        for (family, results) in [
+            (&m.commits, ["committed", "failed"]),
+            (&m.attempts, ["done", "failed"]),
+            (&m.polls, ["answered", "failed"]),
+        ] {
+            for result in results {
+                drop(family.get_or_create(&[("result", result)]));
+            }
+        }
         Metrics {
             registry,
             ..metrics
@@ -277,14 +300,7 @@ impl Metrics {
     /// Deliveries since start: (claimed, duplicates, refused for any reason).
     pub fn delivery_totals(&self) -> (u64, u64, u64) {
         let mut totals = (0, 0, 0);
-        for outcome in [
-            DeliveryOutcome::Claimed,
-            DeliveryOutcome::Duplicate,
-            DeliveryOutcome::Unauthorized,
-            DeliveryOutcome::BadRequest,
-            DeliveryOutcome::TooLarge,
-            DeliveryOutcome::Unavailable,
-        ] {
+        for outcome in DeliveryOutcome::ALL {
             let count = self
                 .deliveries
                 .get_or_create(&[("outcome", outcome.label())])
