@@ -118,6 +118,25 @@ impl Service {
     }
 }
 
+/// A delivery of `body` to the receiver on `port`, signed now with `secret`.
+fn signed_delivery(
+    port: u16,
+    secret: &str,
+    body: &str,
+) -> hyper::Request<http_body_util::Full<bytes::Bytes>> {
+    let timestamp = unix_now().to_string();
+    hyper::Request::post(format!("http://127.0.0.1:{port}{WEBHOOK_PATH}"))
+        .header(sume_receiver::ingest::TIMESTAMP_HEADER, &timestamp)
+        .header(
+            sume_receiver::ingest::SIGNATURE_HEADER,
+            sume_receiver::signature::sign(&[secret], &timestamp, body.as_bytes()),
+        )
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_owned(),
+        )))
+        .unwrap()
+}
+
 /// Signs and POSTs deliveries to a receiver that may be down: retries until it answers 200.
 struct Sender {
     port: u16,
@@ -128,16 +147,7 @@ impl Sender {
     async fn deliver_until_acknowledged(&self, job_id: &str) -> bool {
         let body = job_body(job_id);
         for _ in 0..2000 {
-            let timestamp = unix_now().to_string();
-            let request =
-                hyper::Request::post(format!("http://127.0.0.1:{}{WEBHOOK_PATH}", self.port))
-                    .header(sume_receiver::ingest::TIMESTAMP_HEADER, &timestamp)
-                    .header(
-                        sume_receiver::ingest::SIGNATURE_HEADER,
-                        sume_receiver::signature::sign(&[SECRET], &timestamp, body.as_bytes()),
-                    )
-                    .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
-                    .unwrap();
+            let request = signed_delivery(self.port, SECRET, &body);
             match sume_receiver::http_client::send(
                 &self.client,
                 request,
@@ -561,16 +571,7 @@ fn loadgen_refuses_a_config_with_a_handler_unless_told() {
 
 /// One signed delivery with `secret`; the status it got.
 async fn deliver_once(port: u16, secret: &str, job_id: &str) -> u16 {
-    let body = job_body(job_id);
-    let timestamp = unix_now().to_string();
-    let request = hyper::Request::post(format!("http://127.0.0.1:{port}{WEBHOOK_PATH}"))
-        .header(sume_receiver::ingest::TIMESTAMP_HEADER, &timestamp)
-        .header(
-            sume_receiver::ingest::SIGNATURE_HEADER,
-            sume_receiver::signature::sign(&[secret], &timestamp, body.as_bytes()),
-        )
-        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-        .unwrap();
+    let request = signed_delivery(port, secret, &job_body(job_id));
     let client = sume_receiver::http_client::new_client();
     sume_receiver::http_client::send(&client, request, Duration::from_secs(10), 4096)
         .await
