@@ -109,7 +109,6 @@ pub async fn run_on(
                 .context("cannot recover unfinished jobs")?;
             tracing::info!(
                 interrupted = recovered.leases_expired,
-                queued = recovered.queued,
                 "recovered unfinished jobs"
             );
             tasks.spawn(worker.run(stop.clone(), config.server.shutdown_grace));
@@ -277,12 +276,12 @@ pub(crate) async fn repeat_every<F, Fut, T>(
 }
 
 /// An exclusive lock on `<database>.lock`: two receivers on one ledger would run jobs twice.
-struct InstanceLock {
+pub(crate) struct InstanceLock {
     _file: File,
 }
 
 impl InstanceLock {
-    fn acquire(database: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn acquire(database: &Path) -> anyhow::Result<Self> {
         let dir = database
             .parent()
             .filter(|dir| !dir.as_os_str().is_empty())

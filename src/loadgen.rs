@@ -20,6 +20,8 @@ use serde::Serialize;
 
 use crate::config::{Config, Secret};
 use crate::ingest::{SIGNATURE_HEADER, TIMESTAMP_HEADER};
+use crate::job_id::JobId;
+use crate::ledger::{ClaimOutcome, NewClaim, Source};
 use crate::signature;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -53,6 +55,11 @@ pub struct LoadgenArgs {
     /// Send `GET /healthz` instead of deliveries: the HTTP stack alone, no ledger.
     #[arg(long)]
     pub healthz: bool,
+    /// No receiver, no HTTP: claim straight into the config's ledger through the writer's own
+    /// commit, --connections claims per transaction (as many as that many connections have in
+    /// flight). The durable limit the full path is measured against; the service must be stopped.
+    #[arg(long, conflicts_with_all = ["healthz", "rate"])]
+    pub sqlite_alone: bool,
     /// Skip the ledger check (for a receiver on another machine).
     #[arg(long)]
     pub no_check: bool,
@@ -108,6 +115,29 @@ struct Tally {
     duplicate: usize,
 }
 
+impl Tally {
+    fn merge(&mut self, other: Tally) {
+        self.latencies_us.extend(other.latencies_us);
+        for (status, count) in other.statuses {
+            *self.statuses.entry(status).or_default() += count;
+        }
+        self.new += other.new;
+        self.duplicate += other.duplicate;
+    }
+
+    /// One delivery's answer: its status, its time, and whether it was a first claim.
+    fn record(&mut self, status: &str, elapsed: Duration, duplicate: Option<bool>) {
+        self.latencies_us
+            .push(elapsed.as_micros().min(u32::MAX as u128) as u32);
+        *self.statuses.entry(status.to_owned()).or_default() += 1;
+        match duplicate {
+            Some(true) => self.duplicate += 1,
+            Some(false) => self.new += 1,
+            None => {}
+        }
+    }
+}
+
 pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
     // It signs with the configured secrets: pointed at a production config, its deliveries are
     // genuine to the receiver and its handler would run thousands of fake jobs.
@@ -149,19 +179,18 @@ pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
         args,
     });
     let started = Instant::now();
-    let mut connections = tokio::task::JoinSet::new();
-    for _ in 0..run.args.connections {
-        connections.spawn(run.clone().connection());
-    }
     let mut total = Tally::default();
-    while let Some(tally) = connections.join_next().await {
-        let tally = tally??;
-        total.latencies_us.extend(tally.latencies_us);
-        for (status, count) in tally.statuses {
-            *total.statuses.entry(status).or_default() += count;
+    if run.args.sqlite_alone {
+        let run = run.clone();
+        total = tokio::task::spawn_blocking(move || run.claim_without_service()).await??;
+    } else {
+        let mut connections = tokio::task::JoinSet::new();
+        for _ in 0..run.args.connections {
+            connections.spawn(run.clone().connection());
         }
-        total.new += tally.new;
-        total.duplicate += tally.duplicate;
+        while let Some(tally) = connections.join_next().await {
+            total.merge(tally??);
+        }
     }
     let seconds = started.elapsed().as_secs_f64();
     total.latencies_us.sort_unstable();
@@ -237,6 +266,47 @@ impl Run {
         }
     }
 
+    fn body(&self, index: usize) -> String {
+        format!(
+            r#"{{"job_id":"{}","type":"job.completed","status":"completed","result":{{"pad":"{}"}}}}"#,
+            self.job_id(index),
+            self.padding
+        )
+    }
+
+    /// The `--sqlite-alone` run: batches of --connections claims, each claim's latency the
+    /// commit time of its batch.
+    fn claim_without_service(&self) -> anyhow::Result<Tally> {
+        let _lock = crate::InstanceLock::acquire(&self.config.database.path)?;
+        let writer = crate::ledger::WriterAlone::open(&self.config.database)?;
+        let mut tally = Tally::default();
+        loop {
+            let batch: Vec<usize> = std::iter::from_fn(|| self.next_delivery())
+                .take(self.args.connections)
+                .collect();
+            if batch.is_empty() {
+                return Ok(tally);
+            }
+            let claims = batch
+                .iter()
+                .map(|&index| NewClaim {
+                    job_id: JobId::parse(&self.job_id(index)).expect("generated ids are valid"),
+                    event_type: Some("job.completed".into()),
+                    body: self.body(index),
+                    source: Source::Webhook,
+                })
+                .collect();
+            let started = Instant::now();
+            let outcomes = writer.claim(claims).context("a batch of claims failed")?;
+            let elapsed = started.elapsed();
+            let mut acknowledged = self.acknowledged.lock().expect("not poisoned");
+            for (index, outcome) in batch.into_iter().zip(outcomes) {
+                tally.record("claimed", elapsed, Some(outcome == ClaimOutcome::Duplicate));
+                acknowledged.insert(index);
+            }
+        }
+    }
+
     fn request(&self, index: Option<usize>) -> anyhow::Result<Request<Full<Bytes>>> {
         let server = &self.config.server;
         let host = server.listen.to_string();
@@ -245,11 +315,7 @@ impl Run {
                 .header("host", host)
                 .body(Full::default())?);
         };
-        let body = format!(
-            r#"{{"job_id":"{}","type":"job.completed","status":"completed","result":{{"pad":"{}"}}}}"#,
-            self.job_id(index),
-            self.padding
-        );
+        let body = self.body(index);
         let timestamp = SystemTime::now()
             .duration_since(UNIX_EPOCH)?
             .as_secs()
@@ -312,25 +378,17 @@ impl Run {
                 .context("request failed")?;
             let status = response.status();
             let body = response.into_body().collect().await?.to_bytes();
-            tally
-                .latencies_us
-                .push(started.elapsed().as_micros().min(u32::MAX as u128) as u32);
-            *tally
-                .statuses
-                .entry(status.as_u16().to_string())
-                .or_default() += 1;
+            let elapsed = started.elapsed();
+            let mut duplicate = None;
             if let (Some(index), true) = (index, status.is_success()) {
                 let answer: serde_json::Value = serde_json::from_slice(&body)?;
-                if answer["duplicate"] == true {
-                    tally.duplicate += 1;
-                } else {
-                    tally.new += 1;
-                }
+                duplicate = Some(answer["duplicate"] == true);
                 self.acknowledged
                     .lock()
                     .expect("not poisoned")
                     .insert(index);
             }
+            tally.record(status.as_str(), elapsed, duplicate);
         }
         Ok(tally)
     }

@@ -16,7 +16,7 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::StorageError;
+use super::{insert_claim, ClaimOutcome, NewClaim, StorageError};
 use crate::throttle::Throttled;
 
 /// Changes waiting for the writer. Past this, claims are refused at once (see the module doc).
@@ -82,7 +82,7 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        let (item, answer) = batch_item(op);
+        let (item, answer) = batch_item(op, Isolation::Savepoint);
         self.queue
             .send(item)
             .await
@@ -90,13 +90,14 @@ impl Writer {
         answer.await.map_err(|_| StorageError::Closed)?
     }
 
-    /// Queues `op` only if there is room now; [`StorageError::Overloaded`] otherwise.
-    pub(super) async fn try_submit<T, F>(&self, op: F) -> Result<T, StorageError>
+    /// Queues `op`, a single statement, only if there is room now; [`StorageError::Overloaded`]
+    /// otherwise.
+    pub(super) async fn try_submit_statement<T, F>(&self, op: F) -> Result<T, StorageError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        let (item, answer) = batch_item(op);
+        let (item, answer) = batch_item(op, Isolation::SingleStatement);
         self.queue.try_send(item).map_err(|error| match error {
             mpsc::error::TrySendError::Full(_) => StorageError::Overloaded,
             mpsc::error::TrySendError::Closed(_) => StorageError::Closed,
@@ -126,14 +127,30 @@ impl Writer {
     }
 }
 
-fn batch_item<T, F>(op: F) -> (BatchItem, oneshot::Receiver<Result<T, StorageError>>)
+/// How one caller's change is kept from undoing the others in its batch when it fails.
+#[derive(Clone, Copy)]
+enum Isolation {
+    /// Several statements: a savepoint undoes only this caller's on failure.
+    Savepoint,
+    /// One statement, which SQLite already applies all or nothing: a savepoint would only cost
+    /// time (a claim is one `INSERT ... ON CONFLICT DO NOTHING`).
+    SingleStatement,
+}
+
+fn batch_item<T, F>(
+    op: F,
+    isolation: Isolation,
+) -> (BatchItem, oneshot::Receiver<Result<T, StorageError>>)
 where
     T: Send + 'static,
     F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
 {
     let (reply, answer) = oneshot::channel();
     let item: BatchItem = Box::new(move |conn| {
-        let result = conn.map(|conn| run_in_savepoint(conn, op));
+        let result = conn.map(|conn| match isolation {
+            Isolation::Savepoint => run_in_savepoint(conn, op),
+            Isolation::SingleStatement => op(conn).map_err(StorageError::from),
+        });
         Box::new(move |committed| {
             let outcome = match (committed, result) {
                 (Ok(()), Some(result)) => result,
@@ -165,6 +182,32 @@ fn run_in_savepoint<T>(
             Err(error.into())
         }
     }
+}
+
+/// Commits `claims` as the writer thread would commit them had they arrived together.
+pub(super) fn commit_claims(
+    conn: &Connection,
+    claims: Vec<NewClaim>,
+    now: i64,
+) -> Result<Vec<ClaimOutcome>, StorageError> {
+    let (items, answers): (Vec<_>, Vec<_>) = claims
+        .into_iter()
+        .map(|claim| {
+            batch_item(
+                move |conn| insert_claim(conn, &claim, now),
+                Isolation::SingleStatement,
+            )
+        })
+        .unzip();
+    commit_batch(
+        conn,
+        items.into_iter(),
+        &mut Throttled::new("claims failed"),
+    );
+    answers
+        .into_iter()
+        .map(|mut answer| answer.try_recv().map_err(|_| StorageError::Closed)?)
+        .collect()
 }
 
 /// What the writer thread shares with the [`Writer`] handle.
