@@ -242,8 +242,8 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
         JobsCommand::Retry { job_id } => {
             ledger::retry_job(&open()?, job_id.as_str(), ledger::now_ms())?;
             if crate::service_running(&config.database.path) {
-                let within = humantime::format_duration(config.sweeper.interval);
-                println!("job {job_id} is queued to run again: the running service picks it up within {within} (its next sweep)");
+                let within = humantime::format_duration(crate::worker::IDLE_LOOK);
+                println!("job {job_id} is queued to run again: the running service picks it up within {within} (or as soon as a worker slot is free)");
             } else {
                 println!("job {job_id} is queued to run again; no service is running on this ledger, so it runs at the next start");
             }

@@ -190,7 +190,7 @@ impl Metrics {
         );
         registry.register(
             "sume_jobs_swept",
-            "Jobs the sweeper queued again.",
+            "Attempts whose lease the sweeper took back.",
             m.swept.clone(),
         );
         registry.register(

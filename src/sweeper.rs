@@ -1,8 +1,8 @@
-//! The sweeper: puts back to work the jobs nothing in this process is working on.
+//! The sweeper: takes back the leases of attempts that will never end.
 //!
-//! It takes back expired leases (a handler's process died with the receiver, or overran), and
-//! queues `claimed`/`retrying` jobs that are due but not held in memory (claimed while the queue
-//! was full, retried by the CLI, or left over from before a restart).
+//! An attempt whose lease expired (its handler overran, or its receiver died) is recorded as
+//! failed and its job made due again (or `dead` on its last attempt); the worker then takes it
+//! from the ledger like any other due job.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,9 +12,6 @@ use tokio_util::sync::CancellationToken;
 use crate::ledger::{self, now_ms, Ledger, StorageError};
 use crate::metrics::METRICS;
 use crate::worker::Queue;
-
-/// Most due jobs queued per sweep; the rest wait for the next one.
-const SWEEP_BATCH: usize = 1000;
 
 pub struct Sweeper {
     ledger: Arc<Ledger>,
@@ -26,7 +23,6 @@ pub struct Sweeper {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SweepReport {
     pub leases_expired: usize,
-    pub queued: usize,
 }
 
 impl Sweeper {
@@ -72,31 +68,14 @@ impl Sweeper {
                 })
             })
             .await?;
-        // Ask for more than a batch so that jobs this process already holds do not crowd out
-        // the ones it lost.
-        let due = self
-            .ledger
-            .read(move |conn| ledger::due_jobs(conn, now, SWEEP_BATCH * 2))
-            .await?;
-        let queued = due
-            .iter()
-            .filter(|job_id| !self.queue.holds(job_id.as_str()))
-            .take(SWEEP_BATCH)
-            .filter(|job_id| self.queue.enqueue(job_id))
-            .count();
-        let report = SweepReport {
-            leases_expired: expired,
-            queued,
-        };
-        if queued > 0 || expired > 0 {
-            METRICS.record_swept(queued);
-            tracing::info!(
-                leases_expired = report.leases_expired,
-                queued,
-                "sweep queued jobs again"
-            );
+        if expired > 0 {
+            METRICS.record_swept(expired);
+            tracing::info!(leases_expired = expired, "sweep took back expired leases");
+            self.queue.look_in_ledger();
         }
-        Ok(report)
+        Ok(SweepReport {
+            leases_expired: expired,
+        })
     }
 
     pub async fn run(self, interval: Duration, shutdown: CancellationToken) {

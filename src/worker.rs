@@ -1,14 +1,16 @@
 //! The worker: runs each claimed job's handler outside the request, under a lease, with retries.
 //!
-//! A job_id enters the in-process [`Queue`] when its claim commits (or when the sweeper finds it
-//! due); the worker starts it through the ledger writer (`claimed`/`retrying` -> `running`, which
-//! also stops a second start), runs the handler, and records `done`, `retrying` or `dead`.
+//! A job_id enters the in-process [`Queue`] when its claim commits; whenever that queue runs dry
+//! with a slot free, the worker takes due jobs from the ledger itself (claimed while the queue
+//! was full, left from before a restart, retries whose time has come, leases the sweeper took
+//! back). It starts each through the ledger writer (`claimed`/`retrying` -> `running`, which also
+//! stops a second start), runs the handler, and records `done`, `retrying` or `dead`.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -18,9 +20,16 @@ use crate::job_id::JobId;
 use crate::ledger::{self, duration_ms, now_ms, Attempt, AttemptEnd, Ledger, State};
 use crate::metrics::{AttemptResult, METRICS};
 
-/// Jobs waiting in memory for a free worker. Past this, new claims wait in the ledger for the
-/// sweeper instead: memory stays bounded under any backlog.
+/// Jobs waiting in memory for a free worker. Past this, new claims wait in the ledger until the
+/// worker takes them from there: memory stays bounded under any backlog.
 const QUEUE_CAPACITY: usize = 10_000;
+/// Most due jobs taken from the ledger at once when the in-memory queue runs dry.
+const PULL_BATCH: usize = 1_000;
+/// An idle worker looks in the ledger at least this often: jobs that another process made due
+/// (`jobs retry`) start within it.
+pub const IDLE_LOOK: Duration = Duration::from_secs(1);
+/// When every due job found is already being started here: look again this soon.
+const STARTING_LOOK: Duration = Duration::from_millis(20);
 
 /// The in-process queue of job_ids to run. It refuses a job_id that is already queued or running,
 /// so the sweeper, the request path and retry timers can all offer the same job.
@@ -28,6 +37,8 @@ const QUEUE_CAPACITY: usize = 10_000;
 pub struct Queue {
     sender: mpsc::Sender<JobId>,
     held: Arc<Mutex<HashSet<JobId>>>,
+    /// Wakes an idle worker to look in the ledger now.
+    ledger_changed: Arc<Notify>,
 }
 
 impl Queue {
@@ -37,9 +48,16 @@ impl Queue {
             Queue {
                 sender,
                 held: Arc::default(),
+                ledger_changed: Arc::default(),
             },
             receiver,
         )
+    }
+
+    /// Tells the worker that the ledger has jobs due now or sooner than it thought (leases
+    /// taken back, a retry scheduled).
+    pub fn look_in_ledger(&self) {
+        self.ledger_changed.notify_one();
     }
 
     /// Offers a job; `true` if it was queued now.
@@ -50,7 +68,7 @@ impl Queue {
         }
         if self.sender.try_send(job_id.clone()).is_err() {
             held.remove(job_id);
-            tracing::debug!(job_id = %job_id, "work queue full; the sweeper will pick the job up");
+            tracing::debug!(job_id = %job_id, "work queue full; the job waits in the ledger");
             return false;
         }
         true
@@ -106,12 +124,8 @@ impl Worker {
                 slot = slots.clone().acquire_owned() => slot.expect("semaphore never closes"),
                 () = shutdown.cancelled() => break,
             };
-            let job_id = tokio::select! {
-                job_id = self.receiver.recv() => match job_id {
-                    Some(job_id) => job_id,
-                    None => break,
-                },
-                () = shutdown.cancelled() => break,
+            let Some(job_id) = self.next_job(&shutdown).await else {
+                break;
             };
             let job = JobRun {
                 ledger: self.ledger.clone(),
@@ -120,7 +134,6 @@ impl Worker {
                 lease_slack: self.lease_slack,
                 queue: self.queue.clone(),
                 stop_handlers: stop_handlers.clone(),
-                shutdown: shutdown.clone(),
             };
             running.spawn(async move {
                 job.run(job_id).await;
@@ -147,6 +160,75 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// The next job to start: from the in-memory queue, or else from the ledger. `None` at
+    /// shutdown.
+    async fn next_job(&mut self, shutdown: &CancellationToken) -> Option<JobId> {
+        loop {
+            match self.receiver.try_recv() {
+                Ok(job_id) => return Some(job_id),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+            let wait = self.take_due_jobs().await;
+            if wait.is_zero() {
+                continue;
+            }
+            tokio::select! {
+                job_id = self.receiver.recv() => return job_id,
+                () = self.queue.ledger_changed.notified() => {}
+                () = tokio::time::sleep(wait) => {}
+                () = shutdown.cancelled() => return None,
+            }
+        }
+    }
+
+    /// Queues due jobs from the ledger that this process does not hold yet. Returns zero if it
+    /// queued some, else how long until one may be due.
+    async fn take_due_jobs(&self) -> Duration {
+        let now = now_ms();
+        // Jobs being started here are still due in the ledger for a moment: ask for enough
+        // that they cannot fill the batch.
+        let limit = PULL_BATCH + self.config.concurrency;
+        let due = match self
+            .ledger
+            .read(move |conn| ledger::due_jobs(conn, now, limit))
+            .await
+        {
+            Ok(due) => due,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read due jobs from the ledger; trying again");
+                return IDLE_LOOK;
+            }
+        };
+        if !due.unrunnable.is_empty() {
+            let unrunnable = due.unrunnable;
+            let given_up = self
+                .ledger
+                .write(move |conn| ledger::give_up_unrunnable(conn, &unrunnable, now_ms()))
+                .await;
+            if let Err(error) = given_up.and(self.ledger.recount_finished().await) {
+                tracing::warn!(%error, "cannot give up jobs whose stored job_id cannot run");
+            }
+            return Duration::ZERO;
+        }
+        let queued = due
+            .runnable
+            .iter()
+            .filter(|job_id| self.queue.enqueue(job_id))
+            .count();
+        if queued > 0 {
+            return Duration::ZERO;
+        }
+        if !due.runnable.is_empty() {
+            return STARTING_LOOK;
+        }
+        due.next_at.map_or(IDLE_LOOK, |at| {
+            Duration::from_millis(u64::try_from(at - now).unwrap_or(0)).min(IDLE_LOOK)
+        })
+    }
+}
+
 /// Everything one job's run needs, detached from the worker loop.
 struct JobRun {
     ledger: Arc<Ledger>,
@@ -155,27 +237,20 @@ struct JobRun {
     lease_slack: Duration,
     queue: Queue,
     stop_handlers: CancellationToken,
-    shutdown: CancellationToken,
 }
 
 impl JobRun {
     async fn run(self, job_id: JobId) {
-        let retry_in = self.attempt(&job_id).await;
+        let retrying = self.attempt(&job_id).await;
         self.queue.release(&job_id);
-        if let Some(delay) = retry_in {
-            let (queue, shutdown) = (self.queue.clone(), self.shutdown.clone());
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = tokio::time::sleep(delay) => { queue.enqueue(&job_id); }
-                    // The ledger keeps the due time; the next start or a sweep picks it up.
-                    () = shutdown.cancelled() => {}
-                }
-            });
+        if retrying {
+            // The ledger holds the retry's due time; the worker may be waiting past it.
+            self.queue.look_in_ledger();
         }
     }
 
-    /// Runs one attempt; returns the delay before the next one when the job is to be retried.
-    async fn attempt(&self, job_id: &JobId) -> Option<Duration> {
+    /// Runs one attempt; `true` when the job is to be retried.
+    async fn attempt(&self, job_id: &JobId) -> bool {
         let timeout = self.config.timeout;
         let now = now_ms();
         let lease_until = now + duration_ms(timeout + self.lease_slack);
@@ -187,10 +262,10 @@ impl JobRun {
         {
             Ok(Some(attempt)) => attempt,
             // Already started, finished, or purged: nothing to do.
-            Ok(None) => return None,
+            Ok(None) => return false,
             Err(error) => {
-                tracing::warn!(job_id = %job_id, %error, "could not start the job; the sweeper retries");
-                return None;
+                tracing::warn!(job_id = %job_id, %error, "could not start the job; it stays due in the ledger");
+                return false;
             }
         };
         let started = std::time::Instant::now();
@@ -203,7 +278,7 @@ impl JobRun {
             Ok(()) => (AttemptEnd::Done, None),
             Err(AttemptError::Interrupted) => {
                 self.release(attempt).await;
-                return None;
+                return false;
             }
             Err(AttemptError::Failed(error)) if attempt.number < self.config.max_attempts => {
                 let delay = backoff(&self.config, attempt.number);
@@ -250,16 +325,16 @@ impl JobRun {
                     }
                     _ => {}
                 }
-                retry_in.filter(|_| state == State::Retrying)
+                state == State::Retrying
             }
             Ok(None) => {
                 tracing::warn!(job_id = %job_id, attempt = attempt.number, "the attempt no longer owned the job when it ended (lease taken back)");
-                None
+                false
             }
             Err(error) => {
                 // The row stays `running`; when its lease expires the sweeper runs it again.
                 tracing::error!(job_id = %job_id, %error, "could not record the attempt's end");
-                None
+                false
             }
         }
     }

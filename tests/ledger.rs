@@ -271,6 +271,7 @@ fn background_statements_read_only_their_partial_indexes() {
     let conn = rusqlite::Connection::open(&config.database.path).unwrap();
     for (sql, index) in [
         (ledger::DUE_JOBS_SQL, "jobs_due"),
+        (ledger::NEXT_DUE_SQL, "jobs_due"),
         (ledger::EXPIRED_LEASES_SQL, "jobs_leased"),
         (ledger::PURGE_BODIES_SQL, "jobs_finished_with_body"),
         (ledger::DELETE_FINISHED_SQL, "jobs_finished"),

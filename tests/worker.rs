@@ -220,7 +220,7 @@ async fn without_a_handler_jobs_stay_claimed() {
 
 /// The sweeper on its own: a ledger, a worker queue, and rows put there by hand.
 #[tokio::test(flavor = "multi_thread")]
-async fn sweep_once_takes_back_expired_leases_and_queues_due_jobs() {
+async fn sweep_once_takes_back_expired_leases() {
     let dir = tempfile::tempdir().unwrap();
     let (config, ledger) = open_ledger(dir.path());
     let handler = HandlerConfig {
@@ -265,15 +265,11 @@ async fn sweep_once_takes_back_expired_leases_and_queues_due_jobs() {
         .unwrap();
 
     let report = sweeper.sweep_once().await.unwrap();
-    assert_eq!(
-        report,
-        SweepReport {
-            leases_expired: 2,
-            queued: 2
-        }
+    assert_eq!(report, SweepReport { leases_expired: 2 });
+    assert!(
+        !queue.holds("lost-claim") && !queue.holds("expired-lease"),
+        "due jobs are the worker's to take from the ledger"
     );
-    assert!(queue.holds("lost-claim") && queue.holds("expired-lease"));
-    assert!(!queue.holds("future-retry") && !queue.holds("live-lease"));
     let state = |job_id: &str| {
         let conn = rusqlite::Connection::open(&config.database.path).unwrap();
         conn.query_row("SELECT state FROM jobs WHERE job_id = ?1", [job_id], |r| {
@@ -289,13 +285,10 @@ async fn sweep_once_takes_back_expired_leases_and_queues_due_jobs() {
     );
     assert_eq!(state("live-lease"), "running");
 
-    // Nothing changed: a second sweep finds the queued jobs already held.
+    // Nothing left to take back.
     assert_eq!(
         sweeper.sweep_once().await.unwrap(),
-        SweepReport {
-            leases_expired: 0,
-            queued: 0
-        }
+        SweepReport { leases_expired: 0 }
     );
 
     // At start, every running row is taken back at once, live lease or not.
@@ -349,4 +342,72 @@ async fn a_running_job_is_not_taken_back_by_a_wall_clock_jump() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let runs = std::fs::read_to_string(server.dir.path().join("runs")).unwrap();
     assert_eq!(runs.lines().count(), 1, "the handler ran once");
+}
+
+/// Inserts `count` claimed jobs straight into a stopped ledger, as a backlog left by a
+/// previous run (or by claims made while the in-memory queue was full).
+fn claimed_backlog(dir: &std::path::Path, job_ids: impl Iterator<Item = String>) {
+    let (_config, ledger) = open_ledger(dir);
+    ledger.close();
+    let mut conn = rusqlite::Connection::open(dir.join("ledger.sqlite3")).unwrap();
+    let tx = conn.transaction().unwrap();
+    for job_id in job_ids {
+        tx.execute(
+            "INSERT INTO jobs (job_id, state, body, received_at, next_attempt_at, updated_at)
+             VALUES (?1, 'claimed', ?2, 1, 1, 1)",
+            [&job_id, &job_body(&job_id)],
+        )
+        .unwrap();
+    }
+    tx.commit().unwrap();
+}
+
+/// Regression: a backlog in the ledger was fed to the worker only by the sweeper, at most 1,000
+/// jobs per `sweeper.interval` (here an hour): 500 of these 1,500 would have waited an hour.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backlog_in_the_ledger_drains_without_waiting_for_sweeps() {
+    let dir = tempfile::tempdir().unwrap();
+    claimed_backlog(dir.path(), (0..1500).map(|i| format!("backlog-{i}")));
+    let server = TestServer::start_in(
+        dir,
+        &command_handler(
+            "cat > /dev/null",
+            "concurrency = 8\n[sweeper]\ninterval = \"1h\"",
+        ),
+    )
+    .await;
+    let done = || -> i64 {
+        server
+            .db()
+            .query_row(
+                "SELECT count(*) FROM jobs WHERE state = 'done'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap()
+    };
+    let drained = eventually(Duration::from_secs(60), || done() == 1500).await;
+    assert!(drained, "{} of 1500 done", done());
+    server.stop().await.0.unwrap();
+}
+
+/// A stored job_id that cannot run (written before ids were checked) is given up as `dead`
+/// with the reason, instead of coming back as due work at every look into the ledger.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stored_job_id_that_cannot_run_is_given_up() {
+    let dir = tempfile::tempdir().unwrap();
+    claimed_backlog(
+        dir.path(),
+        ["bad\nid".to_owned(), "good-id".to_owned()].into_iter(),
+    );
+    let server = TestServer::start_in(dir, &command_handler("cat > /dev/null", "")).await;
+    wait_for_state(&server, "good-id", "done").await;
+    wait_for_state(&server, "bad\nid", "dead").await;
+    let (attempts, error) = attempts_and_error(&server, "bad\nid");
+    assert_eq!(attempts, 0);
+    assert!(
+        error.as_deref().unwrap_or("").contains("cannot run"),
+        "{error:?}"
+    );
+    server.stop().await.0.unwrap();
 }

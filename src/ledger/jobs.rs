@@ -16,6 +16,8 @@ pub const EXPIRED_LEASES_SQL: &str = "SELECT job_id FROM jobs
 pub const DUE_JOBS_SQL: &str = "SELECT job_id FROM jobs
          WHERE state IN ('claimed', 'retrying') AND next_attempt_at <= ?1
          ORDER BY next_attempt_at LIMIT ?2";
+pub const NEXT_DUE_SQL: &str = "SELECT min(next_attempt_at) FROM jobs
+         WHERE state IN ('claimed', 'retrying')";
 /// INDEXED BY: the planner would otherwise pick jobs_finished, which also holds every
 /// tombstone, and walk all of them on each run.
 pub const PURGE_BODIES_SQL: &str = "UPDATE jobs SET body = NULL WHERE rowid IN (
@@ -282,22 +284,55 @@ pub fn expire_leases(
     Ok(taken_back)
 }
 
-/// Jobs waiting to run whose time has come, oldest first. A stored id that is not a valid
-/// [`JobId`] (written before ids were checked) can never run; it is logged and skipped.
-pub fn due_jobs(conn: &Connection, now: i64, limit: usize) -> rusqlite::Result<Vec<JobId>> {
+/// Jobs waiting to run whose time has come, oldest first, split into those that can run and
+/// stored ids that are not a valid [`JobId`] (written before ids were checked).
+pub fn due_jobs(conn: &Connection, now: i64, limit: usize) -> rusqlite::Result<DueJobs> {
     let mut statement = conn.prepare_cached(DUE_JOBS_SQL)?;
     let rows = statement.query_map(params![now, limit as i64], |row| row.get::<_, String>(0))?;
-    let mut due = Vec::new();
+    let mut due = DueJobs::default();
     for text in rows {
         let text = text?;
         match JobId::parse(&text) {
-            Ok(job_id) => due.push(job_id),
-            Err(error) => {
-                tracing::warn!(job_id = ?text, %error, "skipping a stored job that cannot run")
-            }
+            Ok(job_id) => due.runnable.push(job_id),
+            Err(error) => due.unrunnable.push((text, error.to_string())),
         }
     }
+    due.next_at = conn
+        .prepare_cached(NEXT_DUE_SQL)?
+        .query_row([], |row| row.get(0))?;
     Ok(due)
+}
+
+/// What [`due_jobs`] found.
+#[derive(Debug, Default)]
+pub struct DueJobs {
+    pub runnable: Vec<JobId>,
+    /// Stored ids that can never run, with the reason.
+    pub unrunnable: Vec<(String, String)>,
+    /// When the earliest waiting job is due (it may be one of the above).
+    pub next_at: Option<i64>,
+}
+
+/// Makes jobs whose stored id can never run `dead`, with the reason as their last error, so
+/// that they stop coming back as due work. No attempt ran: only the finished count changes
+/// ([`crate::ledger::Ledger::recount_finished`]).
+pub fn give_up_unrunnable(
+    conn: &Connection,
+    unrunnable: &[(String, String)],
+    now: i64,
+) -> rusqlite::Result<()> {
+    let mut give_up = conn.prepare_cached(
+        "UPDATE jobs SET state = 'dead', next_attempt_at = NULL, finished_at = ?2,
+                         last_error = ?3, updated_at = ?2
+         WHERE job_id = ?1 AND state IN ('claimed', 'retrying')",
+    )?;
+    for (job_id, reason) in unrunnable {
+        let error = format!("the stored job_id cannot run: {reason}");
+        if give_up.execute(params![job_id, now, error])? == 1 {
+            tracing::error!(job_id = ?job_id, reason, "job dead: its stored job_id cannot run");
+        }
+    }
+    Ok(())
 }
 
 /// One row of `jobs list`.
