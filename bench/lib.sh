@@ -28,6 +28,9 @@ listen = "127.0.0.1:$port"
 [signature]
 secrets = ["whsec_benchmark"]
 
+[log]
+access = ${ACCESS_LOG:-true}
+
 [database]
 path = "ledger.sqlite3"
 $2
@@ -53,7 +56,13 @@ start_receiver() {
 stop_receiver() {
   local peak
   peak=$(awk '/VmHWM/ {print $2}' "/proc/$receiver_pid/status")
-  kill -TERM "$receiver_pid"; wait "$receiver_pid" || true
+  kill -TERM "$receiver_pid"
+  # Called as $(stop_receiver) too, where `wait` cannot wait for it: the next case must not
+  # start while this receiver still holds the port or its ledger.
+  while [ -e "/proc/$receiver_pid" ] && ! grep -q '^State:.*zombie' "/proc/$receiver_pid/status" 2>/dev/null; do
+    sleep 0.05
+  done
+  wait "$receiver_pid" 2>/dev/null || true
   receiver_pid=""
   echo "$peak"
 }

@@ -2,12 +2,16 @@
 # The ingest benchmark: the HTTP ceiling and the durable path side by side, in one run, on this
 # machine. Each case runs against a fresh receiver (fresh ledger, fresh peak RSS).
 #
-#   bench/run.sh            full run (~6 minutes): 15 s per case, C = 64, B = 1 KiB, D = 0.3,
-#                           a C sweep, and a ledger pre-filled with 1,000,000 jobs
+#   bench/run.sh            full run (~12 minutes): 15 s per case, C = 64, B = 1 KiB, D = 0.3,
+#                           a C sweep, a ledger pre-filled with 1,000,000 jobs, "SQLite alone"
+#                           (the writer's claim loop without HTTP: the limit), and the work
+#                           pipeline (a trivial handler fed from memory, and a backlog drain)
 #   bench/run.sh --smoke    a few hundred deliveries per case, checks correctness only (CI)
 #
 # Knobs (environment): DURATION (15s), CONNECTIONS (64), DUP_RATIO (0.3), BODY_BYTES (1024),
-# PREFILL (1000000), SWEEP ("1 16 64 256"), BIN (a prebuilt sume-receiver; default: build release).
+# PREFILL (1000000), SWEEP ("1 16 64 256"), WORK_JOBS (8000: below the in-memory queue's 10,000),
+# BACKLOG (100000), WORK_CONCURRENCY ("4 32"), ACCESS_LOG (false; the access log costs ~10 %),
+# BIN (a prebuilt sume-receiver; default: build release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,11 +20,14 @@ smoke=false
 
 if $smoke; then
   DURATION=${DURATION:-30s}; REQUESTS=${REQUESTS:-400}; CONNECTIONS=${CONNECTIONS:-8}
-  PREFILL=${PREFILL:-2000}; SWEEP=${SWEEP:-"1 8"}
+  PREFILL=${PREFILL:-2000}; SWEEP=${SWEEP:-"1 8"}; WORK_JOBS=${WORK_JOBS:-300}
+  BACKLOG=${BACKLOG:-1500}; WORK_CONCURRENCY=${WORK_CONCURRENCY:-"4"}
 else
   DURATION=${DURATION:-15s}; REQUESTS=${REQUESTS:-100000000}; CONNECTIONS=${CONNECTIONS:-64}
-  PREFILL=${PREFILL:-1000000}; SWEEP=${SWEEP:-"1 16 64 256"}
+  PREFILL=${PREFILL:-1000000}; SWEEP=${SWEEP:-"1 16 64 256"}; WORK_JOBS=${WORK_JOBS:-8000}
+  BACKLOG=${BACKLOG:-100000}; WORK_CONCURRENCY=${WORK_CONCURRENCY:-"4 32"}
 fi
+export ACCESS_LOG=${ACCESS_LOG:-false}
 DUP_RATIO=${DUP_RATIO:-0.3}; BODY_BYTES=${BODY_BYTES:-1024}
 
 source bench/lib.sh
@@ -41,6 +48,75 @@ run_case() {
   local summary
   summary=$(echo "$report" | python3 -c "import json,sys; r=json.load(sys.stdin); print('%.0f/s p99 %.2f ms; ledger check %s' % (r['per_second'], r['p99_ms'], r['ledger_check']))")
   echo "  $name: $summary; peak RSS ${rss} KiB" >&2
+}
+
+# run_alone NAME [prepare-function] -- LOADGEN_ARGS...: the writer's claim loop, no receiver.
+run_alone() {
+  local name=$1 prepare=$2; shift 3
+  local dir="$work/$name"; mkdir -p "$dir"
+  write_config "$dir" ''
+  [ -n "$prepare" ] && "$prepare" "$dir"
+  local report; report=$(loadgen "$dir" --sqlite-alone --connections "$CONNECTIONS" "$@")
+  echo "{\"name\": \"$name\", \"connections\": $CONNECTIONS, \"rss_kib\": null, \"report\": $report}" >> "$results"
+  echo "$report" | python3 -c "import json,sys; r=json.load(sys.stdin); print('  $name: %.0f claims/s, commit p99 %.2f ms; ledger check %s' % (r['per_second'], r['p99_ms'], r['ledger_check']))" >&2
+}
+
+# Jobs a trivial handler (`true`) finished per second: the span from the first to the last
+# finished_at, so both cases below are measured alike.
+jobs_per_second() {
+  sqlite3 "$1/ledger.sqlite3" "SELECT count(*), count(*) * 1000.0 / max(1, max(finished_at) - min(finished_at)) FROM jobs WHERE state = 'done'"
+}
+
+wait_until_done() {  # DIR COUNT
+  for _ in $(seq 3000); do
+    [ "$(sqlite3 "$1/ledger.sqlite3" "SELECT count(*) FROM jobs WHERE state = 'done'")" -ge "$2" ] && return 0
+    sleep 0.2
+  done
+  echo "only $(sqlite3 "$1/ledger.sqlite3" "SELECT count(*) FROM jobs WHERE state = 'done'") of $2 jobs done" >&2; exit 1
+}
+
+handler_toml() {
+  printf '\n[handler]\ncommand = ["true"]\nconcurrency = %s\n' "$1"
+}
+
+# The worker fed from memory: WORK_JOBS deliveries (fewer than the in-memory queue holds) sent
+# at full speed, each run by the handler.
+run_work_from_memory() {
+  local c=$1 dir="$work/work-memory-c$1"; mkdir -p "$dir"
+  write_config "$dir" "$(handler_toml "$c")"
+  start_receiver "$dir"
+  loadgen "$dir" --connections 16 --requests "$WORK_JOBS" --dup-ratio 0 --allow-handler >/dev/null
+  wait_until_done "$dir" "$WORK_JOBS"
+  local rss; rss=$(stop_receiver)
+  record_work "work-memory-c$c" "$c" "$dir" "$rss"
+}
+
+# The worker fed from the ledger: BACKLOG claimed jobs left in a stopped ledger (as after a
+# restart, or claims made while the in-memory queue was full), drained by a fresh start.
+run_work_backlog() {
+  local c=$1 dir="$work/work-backlog-c$1"; mkdir -p "$dir"
+  write_config "$dir" "$(handler_toml "$c")"
+  start_receiver "$dir"; stop_receiver >/dev/null
+  sqlite3 "$dir/ledger.sqlite3" >/dev/null <<SQL
+BEGIN;
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $BACKLOG)
+INSERT INTO jobs (job_id, state, source, event_type, body, received_at, next_attempt_at, updated_at)
+SELECT lower(hex(randomblob(8))) || '-backlog', 'claimed', 'webhook', 'job.completed',
+       '{"job_id":"backlog-' || i || '","type":"job.completed","result":{"pad":"' || hex(zeroblob(450)) || '"}}',
+       now, now, now
+FROM n, (SELECT $NOW_MS_SQL AS now);
+COMMIT;
+SQL
+  start_receiver "$dir"
+  wait_until_done "$dir" "$BACKLOG"
+  local rss; rss=$(stop_receiver)
+  record_work "work-backlog-c$c" "$c" "$dir" "$rss"
+}
+
+record_work() {  # NAME CONCURRENCY DIR RSS
+  local done_and_rate; done_and_rate=$(jobs_per_second "$3")
+  echo "{\"name\": \"$1\", \"concurrency\": $2, \"rss_kib\": $4, \"jobs\": ${done_and_rate%%|*}, \"jobs_per_second\": ${done_and_rate##*|}}" >> "$work/work.jsonl"
+  echo "  $1: ${done_and_rate%%|*} jobs at ${done_and_rate##*|}/s; peak RSS $4 KiB" >&2
 }
 
 # A ledger that already holds $PREFILL finished jobs with ~1 KiB bodies and random job_ids,
@@ -73,6 +149,8 @@ claim_first() {
 if $smoke; then DUP_SET=200; else DUP_SET=20000; fi
 common=(--requests "$REQUESTS" --duration "$DURATION" --body-bytes "$BODY_BYTES")
 echo "sume-receiver benchmark: C=$CONNECTIONS B=$BODY_BYTES D=$DUP_RATIO, $DURATION or $REQUESTS requests per case" >&2
+run_alone "0-sqlite-alone"        ""      -- "${common[@]}" --dup-ratio "$DUP_RATIO"
+run_alone "0-sqlite-alone-prefilled" prefill -- "${common[@]}" --dup-ratio "$DUP_RATIO"
 run_case "1-ceiling-healthz"      ''                         "$CONNECTIONS" "" -- "${common[@]}" --healthz
 run_case "2-full-group-commit"    ''                         "$CONNECTIONS" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
 run_case "3-full-txn-per-request" 'max_batch = 1'            "$CONNECTIONS" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
@@ -83,25 +161,44 @@ for c in $SWEEP; do
   run_case "sweep-full-c$c"       ''                         "$c" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
 done
 
-python3 - "$results" "$smoke" <<'PY'
+for c in $WORK_CONCURRENCY; do
+  run_work_from_memory "$c"
+  run_work_backlog "$c"
+done
+
+python3 - "$results" "$work/work.jsonl" "$smoke" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
+work = {r["name"]: r for r in (json.loads(line) for line in open(sys.argv[2]))}
 by = {r["name"]: r["report"] for r in rows}
-print(f"\n{'case':<24}{'C':>5}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'RSS MiB':>9}  statuses")
+print(f"\n{'case':<26}{'C':>5}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'RSS MiB':>9}  statuses")
 for r in rows:
     p = r["report"]
     statuses = ",".join(f"{k}:{v}" for k, v in p["statuses"].items())
-    print(f"{r['name']:<24}{r['connections']:>5}{p['per_second']:>10.0f}{p['p50_ms']:>9.2f}{p['p90_ms']:>9.2f}"
-          f"{p['p99_ms']:>9.2f}{p['max_ms']:>9.2f}{r['rss_kib']/1024:>9.1f}  {statuses}")
+    rss = "-" if r["rss_kib"] is None else f"{r['rss_kib']/1024:.1f}"
+    print(f"{r['name']:<26}{r['connections']:>5}{p['per_second']:>10.0f}{p['p50_ms']:>9.2f}{p['p90_ms']:>9.2f}"
+          f"{p['p99_ms']:>9.2f}{p['max_ms']:>9.2f}{rss:>9}  {statuses}")
+print("(sqlite-alone rows: claims/s, and each claim's latency is its batch's commit time)")
+print(f"\n{'work case':<26}{'handler concurrency':>20}{'jobs':>9}{'jobs/s':>9}{'RSS MiB':>9}")
+for r in work.values():
+    print(f"{r['name']:<26}{r['concurrency']:>20}{r['jobs']:>9}{r['jobs_per_second']:>9.0f}{r['rss_kib']/1024:>9.1f}")
 def ratio(a, b):
     return by[a]["per_second"] / by[b]["per_second"]
 print()
-print(f"(2)/(1) durable vs HTTP ceiling : {ratio('2-full-group-commit', '1-ceiling-healthz'):.2f}  (target >= 0.5)")
-print(f"(2)/(3) group commit vs naive   : {ratio('2-full-group-commit', '3-full-txn-per-request'):.2f}  (target >= 10)")
-print(f"(5)/(2) prefilled vs empty ledger: {ratio('5-full-prefilled', '2-full-group-commit'):.2f}  (target >= 0.8)")
-print(f"(4)/(2) synchronous normal/full : {ratio('4-full-sync-normal', '2-full-group-commit'):.2f}")
-print(f"peak RSS max                    : {max(r['rss_kib'] for r in rows)/1024:.1f} MiB (target <= 64)")
-bad = [r["name"] for r in rows if any(k not in ("200",) for k in r["report"]["statuses"])]
+print(f"(2)/(0) full path vs SQLite alone : {ratio('2-full-group-commit', '0-sqlite-alone'):.2f}  (target >= 0.8)")
+print(f"(5)/(2) 1M-job vs empty ledger   : {ratio('5-full-prefilled', '2-full-group-commit'):.2f}  (target >= 0.85)")
+print(f"(0p)/(0) SQLite alone, 1M vs empty: {ratio('0-sqlite-alone-prefilled', '0-sqlite-alone'):.2f}")
+print(f"(2)/(1) durable vs HTTP ceiling  : {ratio('2-full-group-commit', '1-ceiling-healthz'):.2f}")
+print(f"(2)/(3) group commit vs naive    : {ratio('2-full-group-commit', '3-full-txn-per-request'):.2f}")
+print(f"(4)/(2) synchronous normal/full  : {ratio('4-full-sync-normal', '2-full-group-commit'):.2f}")
+for name in work:
+    if name.startswith("work-backlog-"):
+        c = name.rsplit("-c", 1)[1]
+        own = work[f"work-memory-c{c}"]["jobs_per_second"]
+        print(f"backlog drain / worker rate, c{c:<3}: {work[name]['jobs_per_second'] / own:.2f}  (target >= 0.9)")
+rss = [r["rss_kib"] for r in rows if r["rss_kib"] is not None] + [r["rss_kib"] for r in work.values()]
+print(f"peak RSS max                     : {max(rss)/1024:.1f} MiB (target <= 64)")
+bad = [r["name"] for r in rows if any(k not in ("200", "claimed") for k in r["report"]["statuses"])]
 if bad:
     sys.exit(f"non-200 answers in: {', '.join(bad)}")
 PY
