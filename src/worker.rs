@@ -19,6 +19,7 @@ use crate::handler::{AttemptError, Handler};
 use crate::job_id::JobId;
 use crate::ledger::{self, duration_ms, now_ms, Attempt, AttemptEnd, Ledger, State};
 use crate::metrics::{AttemptResult, METRICS};
+use crate::throttle::Throttled;
 
 /// Jobs waiting in memory for a free worker. Past this, new claims wait in the ledger until the
 /// worker takes them from there: memory stays bounded under any backlog.
@@ -92,6 +93,8 @@ pub struct Worker {
     lease_slack: Duration,
     queue: Queue,
     receiver: mpsc::Receiver<JobId>,
+    /// A ledger that cannot be read is retried every [`IDLE_LOOK`]: logged once, then rarely.
+    read_failures: Throttled,
 }
 
 impl Worker {
@@ -109,6 +112,7 @@ impl Worker {
             lease_slack,
             queue: queue.clone(),
             receiver,
+            read_failures: Throttled::new("cannot read due jobs from the ledger; trying again"),
         };
         Ok((worker, queue))
     }
@@ -185,7 +189,7 @@ impl Worker {
 
     /// Queues due jobs from the ledger that this process does not hold yet. Returns zero if it
     /// queued some, else how long until one may be due.
-    async fn take_due_jobs(&self) -> Duration {
+    async fn take_due_jobs(&mut self) -> Duration {
         let now = now_ms();
         // Jobs being started here are still due in the ledger for a moment: ask for enough
         // that they cannot fill the batch.
@@ -195,9 +199,12 @@ impl Worker {
             .read(move |conn| ledger::due_jobs(conn, now, limit))
             .await
         {
-            Ok(due) => due,
+            Ok(due) => {
+                self.read_failures.recovered();
+                due
+            }
             Err(error) => {
-                tracing::warn!(%error, "cannot read due jobs from the ledger; trying again");
+                self.read_failures.warn(&error.to_string());
                 return IDLE_LOOK;
             }
         };
@@ -207,10 +214,13 @@ impl Worker {
                 .ledger
                 .write(move |conn| ledger::give_up_unrunnable(conn, &unrunnable, now_ms()))
                 .await;
-            if let Err(error) = given_up.and(self.ledger.recount_finished().await) {
-                tracing::warn!(%error, "cannot give up jobs whose stored job_id cannot run");
-            }
-            return Duration::ZERO;
+            return match given_up.and(self.ledger.recount_finished().await) {
+                Ok(()) => Duration::ZERO,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot give up jobs whose stored job_id cannot run");
+                    IDLE_LOOK
+                }
+            };
         }
         let queued = due
             .runnable
