@@ -162,10 +162,7 @@ impl Ledger {
     /// writer's queue is full, so that the delivery is answered 503 instead of waiting.
     pub async fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
         let queued = std::time::Instant::now();
-        let outcome = self
-            .writer
-            .try_submit_statement(move |conn| insert_claim(conn, &claim, now_ms()))
-            .await;
+        let outcome = self.writer.try_claim(claim).await;
         METRICS.record_claim_commit(queued.elapsed().as_secs_f64());
         outcome
     }
@@ -294,7 +291,7 @@ impl WriterAlone {
     /// Commits `claims` in one transaction, as the writer thread does with claims that arrived
     /// together.
     pub fn claim(&self, claims: Vec<NewClaim>) -> Result<Vec<ClaimOutcome>, StorageError> {
-        writer::commit_claims(&self.conn, claims, now_ms())
+        writer::commit_claims(&self.conn, claims)
     }
 }
 

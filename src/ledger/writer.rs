@@ -16,7 +16,7 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::{insert_claim, ClaimOutcome, NewClaim, StorageError};
+use super::{insert_claim, now_ms, ClaimOutcome, NewClaim, StorageError};
 use crate::throttle::Throttled;
 
 /// Changes waiting for the writer. Past this, claims are refused at once (see the module doc).
@@ -90,14 +90,9 @@ impl Writer {
         answer.await.map_err(|_| StorageError::Closed)?
     }
 
-    /// Queues `op`, a single statement, only if there is room now; [`StorageError::Overloaded`]
-    /// otherwise.
-    pub(super) async fn try_submit_statement<T, F>(&self, op: F) -> Result<T, StorageError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        let (item, answer) = batch_item(op, Isolation::SingleStatement);
+    /// Queues a claim only if there is room now; [`StorageError::Overloaded`] otherwise.
+    pub(super) async fn try_claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
+        let (item, answer) = claim_item(claim);
         self.queue.try_send(item).map_err(|error| match error {
             mpsc::error::TrySendError::Full(_) => StorageError::Overloaded,
             mpsc::error::TrySendError::Closed(_) => StorageError::Closed,
@@ -184,21 +179,25 @@ fn run_in_savepoint<T>(
     }
 }
 
+/// A claim as a batch item: one `INSERT ... ON CONFLICT DO NOTHING`, so no savepoint.
+fn claim_item(
+    claim: NewClaim,
+) -> (
+    BatchItem,
+    oneshot::Receiver<Result<ClaimOutcome, StorageError>>,
+) {
+    batch_item(
+        move |conn| insert_claim(conn, &claim, now_ms()),
+        Isolation::SingleStatement,
+    )
+}
+
 /// Commits `claims` as the writer thread would commit them had they arrived together.
 pub(super) fn commit_claims(
     conn: &Connection,
     claims: Vec<NewClaim>,
-    now: i64,
 ) -> Result<Vec<ClaimOutcome>, StorageError> {
-    let (items, answers): (Vec<_>, Vec<_>) = claims
-        .into_iter()
-        .map(|claim| {
-            batch_item(
-                move |conn| insert_claim(conn, &claim, now),
-                Isolation::SingleStatement,
-            )
-        })
-        .unzip();
+    let (items, answers): (Vec<_>, Vec<_>) = claims.into_iter().map(claim_item).unzip();
     commit_batch(
         conn,
         items.into_iter(),
