@@ -35,9 +35,7 @@ pub async fn expect(
 ) -> Result<bool, ledger::StorageError> {
     let now = now_ms();
     let first_poll = now + duration_ms(reconcile_after);
-    ledger
-        .write(move |conn| ledger::expect_job(conn, &job_id, now, first_poll))
-        .await
+    ledger.expect_job(&job_id, now, first_poll).await
 }
 
 impl Router for Admin {

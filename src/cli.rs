@@ -156,12 +156,13 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
         }
         Command::Jobs(jobs) => execute_jobs(jobs, config),
         Command::Vacuum => {
-            ledger::open_existing(&config.database)?;
+            // Refuses a missing or unmigrated ledger before opening it as the service does.
+            ledger::Inspector::open(&config.database)?;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             let report = runtime.block_on(async {
-                let ledger = ledger::Ledger::open(&config.database)?;
+                let ledger = ledger::Ledger::open(&config.database).await?;
                 // Ctrl-C stops it between batches, like a shutdown of the service.
                 let interrupted = tokio_util::sync::CancellationToken::new();
                 let on_ctrl_c = interrupted.clone();
@@ -173,7 +174,7 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
                 let report = Vacuum::new(ledger.clone(), config.retention.clone(), interrupted)
                     .vacuum_once()
                     .await;
-                ledger.close();
+                ledger.close().await;
                 anyhow::Ok(report?)
             })?;
             println!(
@@ -217,10 +218,12 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
 
 fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
     // Opened per command: `redeliver` talks to Sume and needs no ledger.
-    let open = || ledger::open_existing(&config.database);
+    let open = || ledger::Inspector::open(&config.database);
     match command {
         JobsCommand::List { state, limit, json } => {
-            let jobs = ledger::list_jobs(&open()?, state, limit).context("cannot list jobs")?;
+            let jobs = open()?
+                .list_jobs(state, limit)
+                .context("cannot list jobs")?;
             if json {
                 let jobs: Vec<serde_json::Value> =
                     jobs.iter().map(readable_json).collect::<Result<_, _>>()?;
@@ -230,7 +233,8 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             }
         }
         JobsCommand::Show { job_id, json } => {
-            let job = ledger::show_job(&open()?, job_id.as_str())
+            let job = open()?
+                .show_job(job_id.as_str())
                 .context("cannot read the job")?
                 .with_context(|| format!("no job {job_id:?} in the ledger"))?;
             if json {
@@ -240,8 +244,10 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             }
         }
         JobsCommand::Retry { job_id } => {
-            ledger::retry_job(&open()?, job_id.as_str(), ledger::now_ms())?;
-            if crate::service_running(&config.database.path) {
+            open()?.retry_job(job_id.as_str(), ledger::now_ms())?;
+            if config.database.url.is_some() {
+                println!("job {job_id} is queued to run again: the receivers were notified, and one picks it up as soon as a worker slot is free");
+            } else if crate::service_running(&config.database.path) {
                 let within = humantime::format_duration(crate::worker::IDLE_LOOK);
                 println!("job {job_id} is queued to run again: the running service picks it up within {within} (or as soon as a worker slot is free)");
             } else {
@@ -250,7 +256,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
         }
         JobsCommand::Stats { json } => {
             let now = ledger::now_ms();
-            let stats = ledger::job_stats(&open()?, now).context("cannot count jobs")?;
+            let stats = open()?.job_stats(now).context("cannot count jobs")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&readable_json(&stats)?)?);
             } else {
@@ -261,7 +267,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             let reconcile_after = config.reconcile_after();
             let now = ledger::now_ms();
             let first_poll = now + ledger::duration_ms(reconcile_after);
-            let registered = ledger::expect_job(&open()?, &job_id, now, first_poll)?;
+            let registered = open()?.expect_job(&job_id, now, first_poll)?;
             let when = humantime::format_duration(reconcile_after);
             match (registered, config.sume_api.is_some()) {
                 (false, _) => println!("job {job_id} was already expected"),
@@ -270,7 +276,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             }
         }
         JobsCommand::Expected { limit, json } => {
-            let rows = ledger::list_expectations(&open()?, limit)?;
+            let rows = open()?.list_expectations(limit)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {

@@ -222,7 +222,11 @@ pub enum CheckAtStart {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
+    /// The SQLite ledger file (when no `url` is set).
     pub path: PathBuf,
+    /// A PostgreSQL database instead of the SQLite file: `postgres://user:password@host/db`.
+    /// Several receivers may share it.
+    pub url: Option<PostgresUrl>,
     pub synchronous: Synchronous,
     /// How long a write waits for a lock held by another process before it gives up (503).
     #[serde(deserialize_with = "duration")]
@@ -237,11 +241,71 @@ impl Default for DatabaseConfig {
     fn default() -> Self {
         Self {
             path: PathBuf::from("/var/lib/sume-receiver/ledger.sqlite3"),
+            url: None,
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_secs(2),
             max_batch: 512,
             check_at_start: CheckAtStart::Quick,
         }
+    }
+}
+
+/// A PostgreSQL connection URL (or key=value string), checked at load. Its Debug and Display
+/// forms show host, port and database only: the password never reaches a log line.
+#[derive(Clone)]
+pub struct PostgresUrl(tokio_postgres::Config);
+
+impl PostgresUrl {
+    pub fn parse(text: &str) -> Result<PostgresUrl, String> {
+        let config: tokio_postgres::Config = text.parse().map_err(|error| {
+            format!(
+                "database.url is not a PostgreSQL connection string ({error}); expected \
+                 postgres://user:password@host:5432/database"
+            )
+        })?;
+        if config.get_dbname().is_none() {
+            return Err(
+                "database.url names no database: add it, as in postgres://user@host/sume".into(),
+            );
+        }
+        Ok(PostgresUrl(config))
+    }
+
+    /// The connection settings, with a connect timeout unless the URL sets one.
+    pub fn config(&self, connect_timeout: Duration) -> tokio_postgres::Config {
+        let mut config = self.0.clone();
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(connect_timeout);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("sume-receiver");
+        }
+        config
+    }
+
+    /// host:port/database, for logs and messages.
+    pub fn location(&self) -> String {
+        let host = match self.0.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+            Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
+            None => "localhost".to_owned(),
+        };
+        let port = self.0.get_ports().first().copied().unwrap_or(5432);
+        let database = self.0.get_dbname().unwrap_or_default();
+        format!("postgres://{host}:{port}/{database}")
+    }
+}
+
+impl fmt::Debug for PostgresUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.location())
+    }
+}
+
+impl<'de> Deserialize<'de> for PostgresUrl {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        PostgresUrl::parse(&text).map_err(serde::de::Error::custom)
     }
 }
 

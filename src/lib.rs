@@ -56,7 +56,11 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let _instance = InstanceLock::acquire(&config.database.path)?;
+    // Several receivers may share a PostgreSQL ledger; a SQLite file has one owner.
+    let _instance = match config.database.url {
+        Some(_) => None,
+        None => Some(InstanceLock::acquire(&config.database.path)?),
+    };
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
@@ -74,10 +78,13 @@ pub async fn run(
         }
         Err(error) => tracing::warn!(%error, "cannot read or raise the open files limit"),
     }
-    let database = config.database.clone();
-    let ledger = tokio::task::spawn_blocking(move || Ledger::open(&database))
-        .await?
-        .with_context(|| format!("cannot open the ledger {}", config.database.path.display()))?;
+    let ledger =
+        Ledger::open(&config.database)
+            .await
+            .with_context(|| match &config.database.url {
+                Some(url) => format!("cannot open the ledger at {url:?}"),
+                None => format!("cannot open the ledger {}", config.database.path.display()),
+            })?;
     run_on(config, ledger, listener, shutdown).await
 }
 
@@ -152,7 +159,7 @@ pub async fn run_on(
     tracing::info!(
         listen = %listener.local_addr()?,
         webhook_path = %config.server.webhook_path,
-        ledger = %ledger.path().display(),
+        ledger = %ledger.location(),
         "sume-receiver listening"
     );
     let server = tokio::spawn({
@@ -176,7 +183,7 @@ pub async fn run_on(
     stop.cancel();
     server.await?;
     while tasks.join_next().await.is_some() {}
-    tokio::task::spawn_blocking(move || ledger.close()).await?;
+    ledger.close().await;
     if writer_failed {
         anyhow::bail!("the ledger writer thread failed (see the log above); exiting so the service is restarted");
     }

@@ -396,11 +396,10 @@ impl Run {
 
 /// The ledger must hold exactly the acknowledged job_ids of this run's tag: none lost, none extra.
 fn check_ledger(run: &Run) -> anyhow::Result<String> {
-    let conn = crate::ledger::open_existing(&run.config.database)?;
-    let mut statement = conn.prepare("SELECT job_id FROM jobs WHERE job_id LIKE ?1")?;
-    let stored: HashSet<String> = statement
-        .query_map([format!("%-{}", run.tag)], |row| row.get(0))?
-        .collect::<Result<_, _>>()?;
+    let stored: HashSet<String> = crate::ledger::Inspector::open(&run.config.database)?
+        .job_ids_like(&format!("%-{}", run.tag))?
+        .into_iter()
+        .collect();
     let acknowledged = run.acknowledged.lock().expect("not poisoned");
     let mut expected: HashSet<String> = acknowledged.iter().map(|&i| run.job_id(i)).collect();
     expected.extend((0..run.args.existing).map(|i| run.job_id(i)));

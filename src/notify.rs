@@ -41,7 +41,7 @@ pub async fn watchdog(ledger: Arc<Ledger>, stop: CancellationToken) {
             () = tokio::time::sleep(period) => {}
             () = stop.cancelled() => break,
         }
-        let probe = tokio::time::timeout(period, ledger.write(|_| Ok(()))).await;
+        let probe = tokio::time::timeout(period, ledger.probe()).await;
         match probe {
             Ok(Ok(())) => {
                 let status = status_line(&ledger);

@@ -22,7 +22,7 @@ use crate::config::{Secret, SumeApiConfig};
 use crate::http_client::{self, Answer, HttpClient};
 use crate::job_id::JobId;
 use crate::ledger::{
-    self, duration_ms, now_ms, ClaimOutcome, Ledger, NewClaim, PollResult, Source, StorageError,
+    duration_ms, now_ms, ClaimOutcome, Ledger, NewClaim, PollResult, Source, StorageError,
 };
 use crate::metrics::METRICS;
 use crate::worker::Queue;
@@ -31,6 +31,10 @@ use crate::worker::Queue;
 const MAX_ANSWER_BYTES: usize = 1024 * 1024;
 /// How often the reconciler looks for due polls.
 const TICK: Duration = Duration::from_secs(1);
+/// How long an expectation handed to this receiver for a poll is kept from the others (on a
+/// shared PostgreSQL ledger): longer than a tick's polls take, short enough that another
+/// receiver polls it soon if this one dies meanwhile.
+const POLL_LEASE: Duration = Duration::from_secs(60);
 
 /// What one reconcile pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -81,10 +85,7 @@ impl Reconciler {
     pub async fn reconcile_once(&mut self) -> Result<ReconcileReport, StorageError> {
         let now = now_ms();
         let mut report = ReconcileReport {
-            arrived: self
-                .ledger
-                .write(move |conn| ledger::resolve_arrived(conn, now))
-                .await?,
+            arrived: self.ledger.resolve_arrived(now).await?,
             ..ReconcileReport::default()
         };
         if self
@@ -99,7 +100,7 @@ impl Reconciler {
             .max(1.0) as usize;
         let due = self
             .ledger
-            .read(move |conn| ledger::due_expectations(conn, now, budget))
+            .due_expectations(now, budget, POLL_LEASE)
             .await?;
         for expectation in due {
             if self
@@ -136,9 +137,8 @@ impl Reconciler {
                 PollResult::GivenUp { .. } => report.given_up += 1,
                 PollResult::Again { .. } => {}
             }
-            let job_id = expectation.job_id.clone();
             self.ledger
-                .write(move |conn| ledger::record_poll(conn, &job_id, &result, now_ms()))
+                .record_poll(&expectation.job_id, &result, now_ms())
                 .await?;
         }
         Ok(report)

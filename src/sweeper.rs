@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::ledger::{self, now_ms, Ledger, StorageError};
+use crate::ledger::{now_ms, Ledger, StorageError};
 use crate::metrics::METRICS;
 use crate::worker::Queue;
 
@@ -62,10 +62,8 @@ impl Sweeper {
         let queue = self.queue.clone();
         let expired = self
             .ledger
-            .write(move |conn| {
-                ledger::expire_leases(conn, leases_before, now, max_attempts, reason, |job_id| {
-                    queue.holds(job_id)
-                })
+            .expire_leases(leases_before, now, max_attempts, reason, move |job_id| {
+                queue.holds(job_id)
             })
             .await?;
         if expired > 0 {

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RetentionConfig;
-use crate::ledger::{self, duration_ms, now_ms, Ledger, StorageError};
+use crate::ledger::{duration_ms, now_ms, Ledger, RetentionStep, StorageError};
 use crate::metrics::METRICS;
 
 /// Rows changed per transaction: small enough to keep each write lock to a few milliseconds.
@@ -54,13 +54,13 @@ impl Vacuum {
         let forget_cutoff = now - duration_ms(self.retention.dedupe_ttl);
         let report = VacuumReport {
             bodies_purged: self
-                .in_batches(move |c, n| ledger::purge_bodies(c, body_cutoff, n))
+                .in_batches(RetentionStep::PurgeBodies, body_cutoff)
                 .await?,
             jobs_forgotten: self
-                .in_batches(move |c, n| ledger::delete_finished(c, forget_cutoff, n))
+                .in_batches(RetentionStep::DeleteFinished, forget_cutoff)
                 .await?,
             expectations_forgotten: self
-                .in_batches(move |c, n| ledger::delete_resolved_expectations(c, forget_cutoff, n))
+                .in_batches(RetentionStep::DeleteResolvedExpectations, forget_cutoff)
                 .await?,
         };
         loop {
@@ -89,17 +89,13 @@ impl Vacuum {
 
     /// Repeats a bounded statement until it changes fewer rows than a batch, or shutdown;
     /// returns the total.
-    async fn in_batches(
-        &self,
-        step: impl Fn(&rusqlite::Connection, usize) -> rusqlite::Result<usize> + Clone + Send + 'static,
-    ) -> Result<usize, StorageError> {
+    async fn in_batches(&self, step: RetentionStep, before: i64) -> Result<usize, StorageError> {
         let mut total = 0;
         loop {
-            let step = step.clone();
             let started = Instant::now();
             let changed = self
                 .ledger
-                .write(move |conn| step(conn, ROWS_PER_BATCH))
+                .retention_step(step, before, ROWS_PER_BATCH)
                 .await?;
             total += changed;
             if changed < ROWS_PER_BATCH || !self.pause_after(started).await {

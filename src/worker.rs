@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::HandlerConfig;
 use crate::handler::{AttemptError, Handler};
 use crate::job_id::JobId;
-use crate::ledger::{self, duration_ms, now_ms, Attempt, AttemptEnd, Ledger, State};
+use crate::ledger::{duration_ms, now_ms, Attempt, AttemptEnd, Ledger, State};
 use crate::metrics::{AttemptResult, METRICS};
 use crate::throttle::Throttled;
 
@@ -181,6 +181,7 @@ impl Worker {
             tokio::select! {
                 job_id = self.receiver.recv() => return job_id,
                 () = self.queue.ledger_changed.notified() => {}
+                () = self.ledger.work_added_elsewhere() => {}
                 () = tokio::time::sleep(wait) => {}
                 () = shutdown.cancelled() => return None,
             }
@@ -194,11 +195,7 @@ impl Worker {
         // Jobs being started here are still due in the ledger for a moment: ask for enough
         // that they cannot fill the batch.
         let limit = PULL_BATCH + self.config.concurrency;
-        let due = match self
-            .ledger
-            .read(move |conn| ledger::due_jobs(conn, now, limit))
-            .await
-        {
+        let due = match self.ledger.due_jobs(now, limit).await {
             Ok(due) => {
                 self.read_failures.recovered();
                 due
@@ -209,10 +206,9 @@ impl Worker {
             }
         };
         if !due.unrunnable.is_empty() {
-            let unrunnable = due.unrunnable;
             let given_up = self
                 .ledger
-                .write(move |conn| ledger::give_up_unrunnable(conn, &unrunnable, now_ms()))
+                .give_up_unrunnable(due.unrunnable, now_ms())
                 .await;
             return match given_up.and(self.ledger.recount_finished().await) {
                 Ok(()) => Duration::ZERO,
@@ -264,12 +260,7 @@ impl JobRun {
         let timeout = self.config.timeout;
         let now = now_ms();
         let lease_until = now + duration_ms(timeout + self.lease_slack);
-        let id = job_id.clone();
-        let attempt = match self
-            .ledger
-            .write(move |conn| ledger::start_attempt(conn, &id, now, lease_until))
-            .await
-        {
+        let attempt = match self.ledger.start_attempt(job_id, now, lease_until).await {
             Ok(Some(attempt)) => attempt,
             // Already started, finished, or purged: nothing to do.
             Ok(None) => return false,
@@ -309,12 +300,7 @@ impl JobRun {
                 None,
             ),
         };
-        let (recorded, ended) = (end.clone(), attempt.clone());
-        match self
-            .ledger
-            .write(move |conn| ledger::finish_attempt(conn, &ended, &recorded, now_ms()))
-            .await
-        {
+        match self.ledger.finish_attempt(&attempt, &end, now_ms()).await {
             Ok(Some(state)) => {
                 let result = match state {
                     State::Done => AttemptResult::Done,
@@ -352,12 +338,8 @@ impl JobRun {
     /// Our own shutdown stopped the handler: the attempt is not the job's fault, so it is given
     /// back uncounted (a job on its last attempt must not become `dead` because we stopped).
     async fn release(&self, attempt: Attempt) {
-        let job_id = attempt.job_id.clone();
-        match self
-            .ledger
-            .write(move |conn| ledger::release_attempt(conn, &attempt, now_ms()))
-            .await
-        {
+        let job_id = &attempt.job_id;
+        match self.ledger.release_attempt(&attempt, now_ms()).await {
             Ok(_) => {
                 tracing::warn!(job_id = %job_id, "handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")
             }

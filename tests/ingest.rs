@@ -476,7 +476,7 @@ async fn the_open_files_limit_is_raised_at_start() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dead_ledger_writer_stops_the_service_with_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, ledger) = open_ledger(dir.path());
+    let (config, ledger) = open_ledger(dir.path()).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let service = tokio::spawn(sume_receiver::run_on(
         config,
@@ -485,6 +485,8 @@ async fn a_dead_ledger_writer_stops_the_service_with_an_error() {
         std::future::pending(),
     ));
     let injected = ledger
+        .sqlite()
+        .unwrap()
         .write(|_| -> rusqlite::Result<()> { panic!("injected fault") })
         .await;
     assert!(injected.is_err());

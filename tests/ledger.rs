@@ -32,6 +32,8 @@ async fn claim_many(
         claims.spawn(async move {
             let claim = claim(job_id);
             ledger
+                .sqlite()
+                .unwrap()
                 .write(move |conn| ledger::insert_claim(conn, &claim, ledger::now_ms()))
                 .await
                 .unwrap()
@@ -43,7 +45,7 @@ async fn claim_many(
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_claims_share_commits_and_the_wal_is_checkpointed_off_the_writer() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, ledger) = open_ledger(dir.path());
+    let (config, ledger) = open_ledger(dir.path()).await;
 
     let outcomes = claim_many(&ledger, "burst", 4000).await;
     assert!(outcomes.iter().all(|o| *o == ClaimOutcome::Claimed));
@@ -64,15 +66,17 @@ async fn concurrent_claims_share_commits_and_the_wal_is_checkpointed_off_the_wri
         .unwrap();
     assert_eq!(rows, 4001);
     drop(conn);
-    ledger.close();
+    ledger.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_with_a_failing_item_commits_the_others() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, ledger) = open_ledger(dir.path());
-    let bad =
-        ledger.write(|conn| conn.execute("INSERT INTO jobs (job_id) VALUES ('no-state')", []));
+    let (config, ledger) = open_ledger(dir.path()).await;
+    let bad = ledger
+        .sqlite()
+        .unwrap()
+        .write(|conn| conn.execute("INSERT INTO jobs (job_id) VALUES ('no-state')", []));
     let good = ledger.claim(claim("fine".into()));
     let (bad, good) = tokio::join!(bad, good);
     assert!(
@@ -86,7 +90,7 @@ async fn a_batch_with_a_failing_item_commits_the_others() {
         .unwrap();
     assert_eq!(rows, 1);
     drop(conn);
-    ledger.close();
+    ledger.close().await;
 }
 
 /// Holds the ledger's write lock from another connection until dropped: the writer thread
@@ -110,7 +114,7 @@ async fn claims_past_a_full_writer_queue_are_refused_at_once() {
         dir.path(),
     )
     .unwrap();
-    let ledger = Ledger::open(&config.database).unwrap();
+    let ledger = Ledger::open(&config.database).await.unwrap();
     let lock = hold_write_lock(&config.database.path);
     let mut claims = tokio::task::JoinSet::new();
     for i in 0..ledger::WRITER_QUEUE_CAPACITY + 50 {
@@ -140,7 +144,7 @@ async fn claims_past_a_full_writer_queue_are_refused_at_once() {
     assert!(committed
         .iter()
         .all(|(outcome, _)| *outcome == Ok(ClaimOutcome::Claimed)));
-    ledger.close();
+    ledger.close().await;
 }
 
 /// Regression: after SQLite rolled a batch's transaction back on its own (SQLITE_FULL), the next
@@ -149,13 +153,17 @@ async fn claims_past_a_full_writer_queue_are_refused_at_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn nothing_of_a_batch_commits_after_sqlite_rolled_it_back() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, ledger) = open_ledger(dir.path());
+    let (config, ledger) = open_ledger(dir.path()).await;
     let pages: i64 = ledger
+        .sqlite()
+        .unwrap()
         .write(|conn| conn.query_row("PRAGMA page_count", [], |row| row.get(0)))
         .await
         .unwrap();
     // Room for the small claims, not for the big one.
     ledger
+        .sqlite()
+        .unwrap()
         .write(move |conn| {
             conn.query_row(
                 &format!("PRAGMA max_page_count = {}", pages + 8),
@@ -169,6 +177,8 @@ async fn nothing_of_a_batch_commits_after_sqlite_rolled_it_back() {
     let writer = ledger.clone();
     let busy = tokio::spawn(async move {
         writer
+            .sqlite()
+            .unwrap()
             .write(|_| {
                 std::thread::sleep(Duration::from_millis(300));
                 Ok(())
@@ -210,7 +220,7 @@ async fn nothing_of_a_batch_commits_after_sqlite_rolled_it_back() {
         "every row is an acknowledged claim and vice versa: {outcomes:?}"
     );
     drop(conn);
-    ledger.close();
+    ledger.close().await;
 }
 
 /// A panic on the writer thread (an injected fault here) must not leave a service that looks
@@ -218,8 +228,10 @@ async fn nothing_of_a_batch_commits_after_sqlite_rolled_it_back() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_writer_panic_is_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let (_config, ledger) = open_ledger(dir.path());
+    let (_config, ledger) = open_ledger(dir.path()).await;
     let injected = ledger
+        .sqlite()
+        .unwrap()
         .write(|_| -> rusqlite::Result<()> { panic!("injected fault") })
         .await;
     assert_eq!(injected, Err(ledger::StorageError::Closed));
@@ -230,16 +242,18 @@ async fn a_writer_panic_is_reported() {
         ledger.claim(claim("after-panic".into())).await,
         Err(ledger::StorageError::Closed)
     );
-    ledger.close();
+    ledger.close().await;
 }
 
 /// Regression: the pragma was stepped once, so each call gave back a single page.
 #[tokio::test(flavor = "multi_thread")]
 async fn release_free_pages_gives_back_up_to_the_asked_number_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, ledger) = open_ledger(dir.path());
+    let (config, ledger) = open_ledger(dir.path()).await;
     claim_many(&ledger, "bulk", 2000).await;
     ledger
+        .sqlite()
+        .unwrap()
         .write(|conn| conn.execute("DELETE FROM jobs", []))
         .await
         .unwrap();
@@ -258,16 +272,16 @@ async fn release_free_pages_gives_back_up_to_the_asked_number_at_once() {
     assert!(!ledger.release_free_pages(100_000).await.unwrap());
     assert_eq!(free(&conn), 0);
     drop(conn);
-    ledger.close();
+    ledger.close().await;
 }
 
 /// The sweeper's, the reconciler's and retention's statements read only the partial index of
 /// the rows they look for: their cost does not grow with finished history.
-#[test]
-fn background_statements_read_only_their_partial_indexes() {
+#[tokio::test]
+async fn background_statements_read_only_their_partial_indexes() {
     let dir = tempfile::tempdir().unwrap();
     let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
-    Ledger::open(&config.database).unwrap().close();
+    Ledger::open(&config.database).await.unwrap().close().await;
     let conn = rusqlite::Connection::open(&config.database.path).unwrap();
     for (sql, index) in [
         (ledger::DUE_JOBS_SQL, "jobs_due"),
@@ -302,16 +316,20 @@ fn background_statements_read_only_their_partial_indexes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stale_attempt_cannot_record_its_end() {
     let dir = tempfile::tempdir().unwrap();
-    let (_config, ledger) = open_ledger(dir.path());
+    let (_config, ledger) = open_ledger(dir.path()).await;
     ledger.claim(claim("fenced".into())).await.unwrap();
     let job_id = JobId::parse("fenced").unwrap();
     let stale = ledger
+        .sqlite()
+        .unwrap()
         .write(move |conn| ledger::start_attempt(conn, &job_id, 0, i64::MAX))
         .await
         .unwrap()
         .unwrap();
     // The sweeper takes the lease back and a second attempt starts.
     ledger
+        .sqlite()
+        .unwrap()
         .write(|conn| {
             conn.execute(
                 "UPDATE jobs SET state = 'retrying', next_attempt_at = 0 WHERE job_id = 'fenced'",
@@ -322,6 +340,8 @@ async fn a_stale_attempt_cannot_record_its_end() {
         .unwrap();
     let job_id = JobId::parse("fenced").unwrap();
     let current = ledger
+        .sqlite()
+        .unwrap()
         .write(move |conn| ledger::start_attempt(conn, &job_id, 0, i64::MAX))
         .await
         .unwrap()
@@ -333,14 +353,18 @@ async fn a_stale_attempt_cannot_record_its_end() {
         retry_at: None,
     };
     let ended = ledger
+        .sqlite()
+        .unwrap()
         .write(move |conn| ledger::finish_attempt(conn, &stale, &failed, 0))
         .await
         .unwrap();
     assert_eq!(ended, None, "the first attempt no longer owns the job");
     let ended = ledger
+        .sqlite()
+        .unwrap()
         .write(move |conn| ledger::finish_attempt(conn, &current, &ledger::AttemptEnd::Done, 0))
         .await
         .unwrap();
     assert_eq!(ended, Some(ledger::State::Done));
-    ledger.close();
+    ledger.close().await;
 }

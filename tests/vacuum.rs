@@ -34,6 +34,8 @@ async fn add_jobs(
     let prefix = prefix.to_owned();
     let pad = "p".repeat(body_bytes);
     ledger
+        .sqlite()
+        .unwrap()
         .write(move |conn| {
             for i in 0..count {
                 let job_id = format!("{prefix}-{i}");
@@ -68,7 +70,7 @@ fn count(conn: &rusqlite::Connection, sql: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, ledger) = open_ledger(dir.path());
+    let (config, ledger) = open_ledger(dir.path()).await;
     add_jobs(&ledger, "fresh", 10, "done", 1, 10).await;
     add_jobs(&ledger, "old-done", 1200, "done", 40, 10).await; // more than one batch
     add_jobs(&ledger, "old-dead", 5, "dead", 40, 10).await;
@@ -82,6 +84,8 @@ async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
     }
     // Unfinished rows with an old received_at: age alone never removes unfinished work.
     ledger
+        .sqlite()
+        .unwrap()
         .write(|conn| {
             conn.execute(
                 "UPDATE jobs SET received_at = 0 WHERE finished_at IS NULL",
@@ -91,6 +95,8 @@ async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
         .await
         .unwrap();
     ledger
+        .sqlite()
+        .unwrap()
         .write(|conn| {
             conn.execute_batch(&format!(
                 "INSERT INTO expected_jobs (job_id, state, expected_at, next_poll_at, resolved_at)
@@ -165,13 +171,13 @@ async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
         "nothing left to do"
     );
     drop(conn);
-    ledger.close();
+    ledger.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn vacuum_gives_the_space_back_to_the_file_system() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, ledger) = open_ledger(dir.path());
+    let (config, ledger) = open_ledger(dir.path()).await;
     add_jobs(&ledger, "keep", 200, "done", 1, 2000).await;
     add_jobs(&ledger, "churn", 3000, "done", 400, 2000).await;
     let size = || {
@@ -192,14 +198,14 @@ async fn vacuum_gives_the_space_back_to_the_file_system() {
         after < before / 5,
         "the ledger shrank from {before} to {after} bytes"
     );
-    ledger.close();
+    ledger.close().await;
 }
 
 /// Regression: a retention run working through a big backlog held up SIGTERM until it was done.
 #[tokio::test(flavor = "multi_thread")]
 async fn vacuum_stops_between_batches_at_shutdown() {
     let dir = tempfile::tempdir().unwrap();
-    let (_config, ledger) = open_ledger(dir.path());
+    let (_config, ledger) = open_ledger(dir.path()).await;
     add_jobs(&ledger, "backlog", 2000, "done", 400, 10).await;
     let shutdown = CancellationToken::new();
     shutdown.cancel();
@@ -211,7 +217,7 @@ async fn vacuum_stops_between_batches_at_shutdown() {
         report.bodies_purged, 500,
         "one batch, then it noticed the shutdown"
     );
-    ledger.close();
+    ledger.close().await;
 }
 
 #[test]
@@ -232,9 +238,9 @@ fn the_vacuum_command_reports_what_it_removed() {
     let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let ledger = Ledger::open(&config.database).unwrap();
+        let ledger = Ledger::open(&config.database).await.unwrap();
         add_jobs(&ledger, "gone", 3, "done", 400, 10).await;
-        ledger.close();
+        ledger.close().await;
     });
     let output = run();
     assert!(output.status.success(), "{output:?}");

@@ -39,16 +39,85 @@ async fn wait_for_state(server: &TestServer, job_id: &str, state: &str) {
 }
 
 fn attempts_and_error(server: &TestServer, job_id: &str) -> (i64, Option<String>) {
-    server
-        .db()
-        .query_row(
-            "SELECT attempts, last_error FROM jobs WHERE job_id = ?1",
-            [job_id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap()
+    let row = &server.rows(
+        "SELECT attempts, last_error FROM jobs WHERE job_id = ?1",
+        &[job_id],
+    )[0];
+    (row[0].as_i64().unwrap(), row[1].as_str().map(str::to_owned))
 }
 
+/// A local HTTP handler: fails the first request, then accepts; records what it received.
+async fn start_http_handler() -> (String, Arc<Mutex<Vec<(String, String, String)>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<Vec<(String, String, String)>>> = Arc::default();
+    let recorded = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let seen = recorded.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let seen = seen.clone();
+                    async move {
+                        let header = |name: &str| {
+                            request
+                                .headers()
+                                .get(name)
+                                .map(|v| v.to_str().unwrap().to_owned())
+                                .unwrap_or_default()
+                        };
+                        let entry = (
+                            header("x-sume-job-id"),
+                            header("x-sume-attempt"),
+                            header("content-type"),
+                        );
+                        let body = request.into_body().collect().await.unwrap().to_bytes();
+                        assert!(body.starts_with(b"{\"job_id\""));
+                        let mut seen = seen.lock().unwrap();
+                        seen.push(entry);
+                        let status = if seen.len() == 1 { 500 } else { 204 };
+                        let mut response =
+                            Response::new(Full::new(Bytes::from_static(b"try later")));
+                        *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}/jobs"), seen)
+}
+
+/// Inserts claimed jobs straight into a stopped ledger, as a backlog left by a previous run
+/// (or by claims made while the in-memory queue was full).
+async fn claimed_backlog(dir: &std::path::Path, job_ids: impl Iterator<Item = String>) {
+    let (config, ledger) = open_ledger(dir).await;
+    ledger.close().await;
+    let quote = |text: &str| format!("'{}'", text.replace('\'', "''"));
+    let rows: Vec<String> = job_ids
+        .map(|job_id| {
+            format!(
+                "({}, 'claimed', {}, 1, 1, 1)",
+                quote(&job_id),
+                quote(&job_body(&job_id))
+            )
+        })
+        .collect();
+    ledger_execute(
+        &config,
+        &format!(
+            "INSERT INTO jobs (job_id, state, body, received_at, next_attempt_at, updated_at) VALUES {}",
+            rows.join(", ")
+        ),
+        &[],
+    );
+}
+
+on_both_ledgers! {
 #[tokio::test(flavor = "multi_thread")]
 async fn handler_gets_body_and_environment_and_job_is_done() {
     let dir = tempfile::tempdir().unwrap();
@@ -71,15 +140,8 @@ async fn handler_gets_body_and_environment_and_job_is_done() {
             .trim(),
         "job-env|job.completed|1|webhook"
     );
-    let finished: Option<i64> = server
-        .db()
-        .query_row(
-            "SELECT finished_at FROM jobs WHERE job_id = 'job-env'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert!(finished.is_some());
+    let finished = server.value("SELECT finished_at FROM jobs WHERE job_id = 'job-env'", &[]);
+    assert!(finished.is_i64(), "{finished}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -144,52 +206,6 @@ async fn a_hanging_handler_is_killed_with_its_process_group_at_timeout() {
     assert!(gone, "the handler's grandchild {pid} survived the timeout");
 }
 
-/// A local HTTP handler: fails the first request, then accepts; records what it received.
-async fn start_http_handler() -> (String, Arc<Mutex<Vec<(String, String, String)>>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen: Arc<Mutex<Vec<(String, String, String)>>> = Arc::default();
-    let recorded = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let seen = recorded.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let seen = seen.clone();
-                    async move {
-                        let header = |name: &str| {
-                            request
-                                .headers()
-                                .get(name)
-                                .map(|v| v.to_str().unwrap().to_owned())
-                                .unwrap_or_default()
-                        };
-                        let entry = (
-                            header("x-sume-job-id"),
-                            header("x-sume-attempt"),
-                            header("content-type"),
-                        );
-                        let body = request.into_body().collect().await.unwrap().to_bytes();
-                        assert!(body.starts_with(b"{\"job_id\""));
-                        let mut seen = seen.lock().unwrap();
-                        seen.push(entry);
-                        let status = if seen.len() == 1 { 500 } else { 204 };
-                        let mut response =
-                            Response::new(Full::new(Bytes::from_static(b"try later")));
-                        *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
-                        Ok::<_, Infallible>(response)
-                    }
-                });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (format!("http://{addr}/jobs"), seen)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn http_handler_retries_a_5xx_then_is_done() {
     let (url, seen) = start_http_handler().await;
@@ -222,7 +238,7 @@ async fn without_a_handler_jobs_stay_claimed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sweep_once_takes_back_expired_leases() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, ledger) = open_ledger(dir.path());
+    let (config, ledger) = open_ledger(dir.path()).await;
     let handler = HandlerConfig {
         command: Some(vec!["true".into()]),
         url: None,
@@ -250,19 +266,19 @@ async fn sweep_once_takes_back_expired_leases() {
         ledger.claim(claim).await.unwrap();
     }
     let now = ledger::now_ms();
-    ledger
-        .write(move |conn| {
-            conn.execute_batch(&format!(
-                "UPDATE jobs SET state = 'running', attempts = 1, lease_expires_at = {expired} WHERE job_id = 'expired-lease';
-                 UPDATE jobs SET state = 'running', attempts = 2, lease_expires_at = {expired} WHERE job_id = 'last-lease';
-                 UPDATE jobs SET state = 'running', attempts = 1, lease_expires_at = {live} WHERE job_id = 'live-lease';
-                 UPDATE jobs SET state = 'retrying', attempts = 1, next_attempt_at = {live} WHERE job_id = 'future-retry';",
-                expired = now - 1000,
-                live = now + 60_000,
-            ))
-        })
-        .await
-        .unwrap();
+    let (expired, live) = (now - 1000, now + 60_000);
+    for (job_id, state, attempts, column, at) in [
+        ("expired-lease", "running", 1, "lease_expires_at", expired),
+        ("last-lease", "running", 2, "lease_expires_at", expired),
+        ("live-lease", "running", 1, "lease_expires_at", live),
+        ("future-retry", "retrying", 1, "next_attempt_at", live),
+    ] {
+        ledger_execute(
+            &config,
+            &format!("UPDATE jobs SET state = '{state}', attempts = {attempts}, {column} = {at} WHERE job_id = ?1"),
+            &[job_id],
+        );
+    }
 
     let report = sweeper.sweep_once().await.unwrap();
     assert_eq!(report, SweepReport { leases_expired: 2 });
@@ -271,11 +287,10 @@ async fn sweep_once_takes_back_expired_leases() {
         "due jobs are the worker's to take from the ledger"
     );
     let state = |job_id: &str| {
-        let conn = rusqlite::Connection::open(&config.database.path).unwrap();
-        conn.query_row("SELECT state FROM jobs WHERE job_id = ?1", [job_id], |r| {
-            r.get::<_, String>(0)
-        })
-        .unwrap()
+        ledger_rows(&config, "SELECT state FROM jobs WHERE job_id = ?1", &[job_id])[0][0]
+            .as_str()
+            .unwrap()
+            .to_owned()
     };
     assert_eq!(state("expired-lease"), "retrying");
     assert_eq!(
@@ -295,7 +310,7 @@ async fn sweep_once_takes_back_expired_leases() {
     let recovered = sweeper.recover().await.unwrap();
     assert_eq!(recovered.leases_expired, 1);
     assert_eq!(state("live-lease"), "retrying");
-    ledger.close();
+    ledger.close().await;
 }
 
 /// Regression: a handler that handed its stdin to a background child and exited 0 was recorded
@@ -330,13 +345,10 @@ async fn a_running_job_is_not_taken_back_by_a_wall_clock_jump() {
     let server = TestServer::start_in(dir, &handler).await;
     server.deliver(&job_body("job-clock")).await;
     wait_for_state(&server, "job-clock", "running").await;
-    server
-        .db()
-        .execute(
-            "UPDATE jobs SET lease_expires_at = 0 WHERE job_id = 'job-clock'",
-            [],
-        )
-        .unwrap();
+    server.execute(
+        "UPDATE jobs SET lease_expires_at = 0 WHERE job_id = 'job-clock'",
+        &[],
+    );
     wait_for_state(&server, "job-clock", "done").await;
     assert_eq!(attempts_and_error(&server, "job-clock"), (1, None));
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -344,30 +356,12 @@ async fn a_running_job_is_not_taken_back_by_a_wall_clock_jump() {
     assert_eq!(runs.lines().count(), 1, "the handler ran once");
 }
 
-/// Inserts `count` claimed jobs straight into a stopped ledger, as a backlog left by a
-/// previous run (or by claims made while the in-memory queue was full).
-fn claimed_backlog(dir: &std::path::Path, job_ids: impl Iterator<Item = String>) {
-    let (_config, ledger) = open_ledger(dir);
-    ledger.close();
-    let mut conn = rusqlite::Connection::open(dir.join("ledger.sqlite3")).unwrap();
-    let tx = conn.transaction().unwrap();
-    for job_id in job_ids {
-        tx.execute(
-            "INSERT INTO jobs (job_id, state, body, received_at, next_attempt_at, updated_at)
-             VALUES (?1, 'claimed', ?2, 1, 1, 1)",
-            [&job_id, &job_body(&job_id)],
-        )
-        .unwrap();
-    }
-    tx.commit().unwrap();
-}
-
 /// Regression: a backlog in the ledger was fed to the worker only by the sweeper, at most 1,000
 /// jobs per `sweeper.interval` (here an hour): 500 of these 1,500 would have waited an hour.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_backlog_in_the_ledger_drains_without_waiting_for_sweeps() {
     let dir = tempfile::tempdir().unwrap();
-    claimed_backlog(dir.path(), (0..1500).map(|i| format!("backlog-{i}")));
+    claimed_backlog(dir.path(), (0..1500).map(|i| format!("backlog-{i}"))).await;
     let server = TestServer::start_in(
         dir,
         &command_handler(
@@ -378,12 +372,8 @@ async fn a_backlog_in_the_ledger_drains_without_waiting_for_sweeps() {
     .await;
     let done = || -> i64 {
         server
-            .db()
-            .query_row(
-                "SELECT count(*) FROM jobs WHERE state = 'done'",
-                [],
-                |row| row.get(0),
-            )
+            .value("SELECT count(*) FROM jobs WHERE state = 'done'", &[])
+            .as_i64()
             .unwrap()
     };
     let drained = eventually(Duration::from_secs(60), || done() == 1500).await;
@@ -399,7 +389,8 @@ async fn a_stored_job_id_that_cannot_run_is_given_up() {
     claimed_backlog(
         dir.path(),
         ["bad\nid".to_owned(), "good-id".to_owned()].into_iter(),
-    );
+    )
+    .await;
     let server = TestServer::start_in(dir, &command_handler("cat > /dev/null", "")).await;
     wait_for_state(&server, "good-id", "done").await;
     wait_for_state(&server, "bad\nid", "dead").await;
@@ -410,4 +401,5 @@ async fn a_stored_job_id_that_cannot_run_is_given_up() {
         "{error:?}"
     );
     server.stop().await.0.unwrap();
+}
 }

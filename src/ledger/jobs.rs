@@ -1,4 +1,7 @@
 //! The `jobs` table: typed rows and every statement that reads or changes them.
+//!
+//! Statements are in SQLite's `?N` form; those marked "shared" also run on PostgreSQL as they
+//! are (see `postgres::pg`). The SQLite functions below run them on a rusqlite connection.
 
 use std::fmt;
 use std::str::FromStr;
@@ -6,16 +9,20 @@ use std::str::FromStr;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::Serialize;
 
+use super::StorageError;
 use crate::job_id::JobId;
 use crate::metrics::{AttemptResult, METRICS};
 
 // The statements that must stay cheap however large the ledger grows; tests check that each
 // reads only its partial index (EXPLAIN QUERY PLAN).
+/// Shared.
 pub const EXPIRED_LEASES_SQL: &str = "SELECT job_id FROM jobs
          WHERE state = 'running' AND lease_expires_at <= ?1";
+/// Shared.
 pub const DUE_JOBS_SQL: &str = "SELECT job_id FROM jobs
          WHERE state IN ('claimed', 'retrying') AND next_attempt_at <= ?1
          ORDER BY next_attempt_at LIMIT ?2";
+/// Shared.
 pub const NEXT_DUE_SQL: &str = "SELECT min(next_attempt_at) FROM jobs
          WHERE state IN ('claimed', 'retrying')";
 /// INDEXED BY: the planner would otherwise pick jobs_finished, which also holds every
@@ -25,6 +32,75 @@ pub const PURGE_BODIES_SQL: &str = "UPDATE jobs SET body = NULL WHERE rowid IN (
     WHERE state IN ('done', 'dead') AND body IS NOT NULL AND finished_at < ?1 LIMIT ?2)";
 pub const DELETE_FINISHED_SQL: &str = "DELETE FROM jobs WHERE rowid IN (
     SELECT rowid FROM jobs WHERE state IN ('done', 'dead') AND finished_at < ?1 LIMIT ?2)";
+
+/// Shared. Parameters: job_id, attempt number, state, error, retry at, finished at, now.
+pub const FINISH_ATTEMPT_SQL: &str =
+    "UPDATE jobs SET state = ?3, last_error = coalesce(?4, last_error),
+                     next_attempt_at = ?5, finished_at = ?6, lease_expires_at = NULL,
+                     updated_at = ?7
+     WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'";
+/// Shared. Parameters: job_id, attempt number, now.
+pub const RELEASE_ATTEMPT_SQL: &str =
+    "UPDATE jobs SET state = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'claimed' END,
+                     attempts = attempts - 1, next_attempt_at = ?3,
+                     lease_expires_at = NULL, updated_at = ?3
+     WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'";
+/// Shared. Parameters: job_id, now, max_attempts, error, cutoff. The lease is checked again:
+/// another receiver may have taken it back and started a new attempt since it was read. The
+/// casts tell PostgreSQL the type that a `CASE` alone leaves open.
+pub const TAKE_BACK_LEASE_SQL: &str = "UPDATE jobs SET
+             state = CASE WHEN attempts >= ?3 THEN 'dead' ELSE 'retrying' END,
+             next_attempt_at = CASE WHEN attempts >= ?3 THEN NULL ELSE CAST(?2 AS BIGINT) END,
+             finished_at = CASE WHEN attempts >= ?3 THEN CAST(?2 AS BIGINT) ELSE NULL END,
+             lease_expires_at = NULL, last_error = ?4, updated_at = ?2
+         WHERE job_id = ?1 AND state = 'running' AND lease_expires_at <= ?5
+         RETURNING state";
+/// Shared. Parameters: job_id, now, error.
+pub const GIVE_UP_SQL: &str =
+    "UPDATE jobs SET state = 'dead', next_attempt_at = NULL, finished_at = ?2,
+                     last_error = ?3, updated_at = ?2
+     WHERE job_id = ?1 AND state IN ('claimed', 'retrying')";
+/// Shared. Parameters: state or NULL, limit.
+pub const LIST_JOBS_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
+         next_attempt_at, finished_at, last_error
+     FROM jobs WHERE ?1 IS NULL OR state = ?1
+     ORDER BY received_at DESC, job_id LIMIT ?2";
+/// Shared.
+pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
+         next_attempt_at, finished_at, last_error, lease_expires_at, updated_at, body
+     FROM jobs WHERE job_id = ?1";
+/// Shared. Reads only the partial indexes of unfinished rows, so a scrape costs the same
+/// however much history the ledger holds.
+pub const COUNT_UNFINISHED_SQL: &str =
+    "SELECT state, count(*) FROM jobs WHERE state IN ('claimed', 'retrying') GROUP BY state
+     UNION ALL
+     SELECT 'running', count(*) FROM jobs WHERE state = 'running'";
+/// Shared.
+pub const OLDEST_UNFINISHED_SQL: &str = "SELECT min(received_at) FROM (
+         SELECT received_at FROM jobs WHERE state IN ('claimed', 'retrying')
+         UNION ALL SELECT received_at FROM jobs WHERE state = 'running') AS unfinished";
+/// Shared. Walks the index of finished jobs: for the start and the retention runs, not for
+/// every scrape.
+pub const COUNT_FINISHED_SQL: &str =
+    "SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'dead')
+     FROM jobs WHERE state IN ('done', 'dead')";
+/// Shared: the four counts of `jobs stats` (a table scan: a command for people). Parameters:
+/// an hour ago, a day ago.
+pub const STATS_SQL: &str = "SELECT
+         (SELECT min(received_at) FROM jobs WHERE state IN ('claimed', 'running', 'retrying')),
+         (SELECT count(*) FROM jobs WHERE received_at >= ?1),
+         (SELECT count(*) FROM jobs WHERE state = 'dead' AND finished_at >= ?2)";
+/// Shared.
+pub const COUNT_BY_STATE_SQL: &str = "SELECT state, count(*) FROM jobs GROUP BY state";
+/// Shared. Parameters: job_id, now.
+pub const RETRY_JOB_SQL: &str =
+    "UPDATE jobs SET state = 'claimed', attempts = 0, next_attempt_at = ?2, finished_at = NULL,
+                     updated_at = ?2
+     WHERE job_id = ?1 AND state IN ('done', 'dead') AND body IS NOT NULL";
+/// Shared: job_ids matching a LIKE pattern (the load generator's check of its run).
+pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE ?1";
+/// Shared: why [`RETRY_JOB_SQL`] changed nothing.
+pub const RETRY_REFUSAL_SQL: &str = "SELECT state, body IS NULL FROM jobs WHERE job_id = ?1";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -44,6 +120,10 @@ impl State {
         State::Done,
         State::Dead,
     ];
+
+    pub fn is_finished(self) -> bool {
+        matches!(self, State::Done | State::Dead)
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -87,7 +167,7 @@ impl Source {
         }
     }
 
-    fn parse(text: &str) -> Source {
+    pub fn parse(text: &str) -> Source {
         if text == "poll" {
             Source::Poll
         } else {
@@ -185,6 +265,23 @@ pub enum AttemptEnd {
     },
 }
 
+impl AttemptEnd {
+    /// The job's new state, the error to record and when to retry.
+    pub fn outcome(&self) -> (State, Option<&str>, Option<i64>) {
+        match self {
+            AttemptEnd::Done => (State::Done, None, None),
+            AttemptEnd::Failed {
+                error,
+                retry_at: Some(at),
+            } => (State::Retrying, Some(error), Some(*at)),
+            AttemptEnd::Failed {
+                error,
+                retry_at: None,
+            } => (State::Dead, Some(error), None),
+        }
+    }
+}
+
 /// Records how a running attempt ended. Returns the job's new state, or `None` if this attempt
 /// no longer owns the job: the row is not `running`, or a later attempt has started since (the
 /// attempt number is the fencing token).
@@ -194,94 +291,68 @@ pub fn finish_attempt(
     end: &AttemptEnd,
     now: i64,
 ) -> rusqlite::Result<Option<State>> {
-    let (state, error, retry_at) = match end {
-        AttemptEnd::Done => (State::Done, None, None),
-        AttemptEnd::Failed {
-            error,
-            retry_at: Some(at),
-        } => (State::Retrying, Some(error), Some(*at)),
-        AttemptEnd::Failed {
-            error,
-            retry_at: None,
-        } => (State::Dead, Some(error), None),
-    };
-    let finished_at = matches!(state, State::Done | State::Dead).then_some(now);
-    let changed = conn
-        .prepare_cached(
-            "UPDATE jobs SET state = ?3, last_error = coalesce(?4, last_error),
-                             next_attempt_at = ?5, finished_at = ?6, lease_expires_at = NULL,
-                             updated_at = ?7
-             WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'",
-        )?
-        .execute(params![
-            attempt.job_id,
-            attempt.number,
-            state.as_str(),
-            error,
-            retry_at,
-            finished_at,
-            now
-        ])?;
+    let (state, error, retry_at) = end.outcome();
+    let finished_at = state.is_finished().then_some(now);
+    let changed = conn.prepare_cached(FINISH_ATTEMPT_SQL)?.execute(params![
+        attempt.job_id,
+        attempt.number,
+        state.as_str(),
+        error,
+        retry_at,
+        finished_at,
+        now
+    ])?;
     Ok((changed == 1).then_some(state))
 }
 
 /// Gives back an attempt our own shutdown interrupted: it does not count, and the job is due
 /// again at once (at the next start). `false` if the attempt no longer owned the job.
 pub fn release_attempt(conn: &Connection, attempt: &Attempt, now: i64) -> rusqlite::Result<bool> {
-    let changed = conn
-        .prepare_cached(
-            "UPDATE jobs SET state = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'claimed' END,
-                             attempts = attempts - 1, next_attempt_at = ?3,
-                             lease_expires_at = NULL, updated_at = ?3
-             WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'",
-        )?
-        .execute(params![attempt.job_id, attempt.number, now])?;
+    let changed = conn.prepare_cached(RELEASE_ATTEMPT_SQL)?.execute(params![
+        attempt.job_id,
+        attempt.number,
+        now
+    ])?;
     Ok(changed == 1)
 }
 
-/// Takes back the leases of running jobs that expired before `cutoff`, except those for which
-/// `still_running` says this process is still running them (their handler timeout is enforced
-/// on the monotonic clock, so a jump of the wall clock must not hand them out twice). Each
-/// attempt taken back counts as failed with `error`; the job is due again at `now`, or dead if
-/// it used its last attempt. Returns how many leases it took back.
-pub fn expire_leases(
+/// Running jobs whose lease expired before `cutoff`: candidates for [`take_back_lease`] once
+/// the caller has left out those it is still running itself (their handler timeout is enforced
+/// on the monotonic clock, so a jump of the wall clock must not hand them out twice).
+pub fn expired_leases(conn: &Connection, cutoff: i64) -> rusqlite::Result<Vec<String>> {
+    conn.prepare_cached(EXPIRED_LEASES_SQL)?
+        .query_map([cutoff], |row| row.get(0))?
+        .collect()
+}
+
+/// Takes back one expired lease: the attempt counts as failed with `error`; the job is due
+/// again at `now`, or dead if it used its last attempt. `None` if the lease is no longer
+/// expired (taken back by someone else first).
+pub fn take_back_lease(
     conn: &Connection,
+    job_id: &str,
     cutoff: i64,
     now: i64,
     max_attempts: u32,
     error: &str,
-    still_running: impl Fn(&str) -> bool,
-) -> rusqlite::Result<usize> {
-    let expired: Vec<String> = conn
-        .prepare_cached(EXPIRED_LEASES_SQL)?
-        .query_map([cutoff], |row| row.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    let mut take_back = conn.prepare_cached(
-        "UPDATE jobs SET
-             state = CASE WHEN attempts >= ?3 THEN 'dead' ELSE 'retrying' END,
-             next_attempt_at = CASE WHEN attempts >= ?3 THEN NULL ELSE ?2 END,
-             finished_at = CASE WHEN attempts >= ?3 THEN ?2 ELSE NULL END,
-             lease_expires_at = NULL, last_error = ?4, updated_at = ?2
-         WHERE job_id = ?1 AND state = 'running'
-         RETURNING state",
-    )?;
-    let mut taken_back = 0;
-    for job_id in expired.iter().filter(|id| !still_running(id)) {
-        let state: String =
-            take_back.query_row(params![job_id, now, max_attempts, error], |row| row.get(0))?;
-        taken_back += 1;
-        let dead = state == State::Dead.as_str();
-        let result = if dead {
-            AttemptResult::Dead
-        } else {
-            AttemptResult::Failed
-        };
-        METRICS.record_attempt_end(result, None);
-        if dead {
-            tracing::error!(job_id = ?job_id, error, "job dead: its last attempt never finished");
-        }
+) -> rusqlite::Result<Option<State>> {
+    let state = conn
+        .prepare_cached(TAKE_BACK_LEASE_SQL)?
+        .query_row(params![job_id, now, max_attempts, error, cutoff], |row| {
+            row.get::<_, String>(0)
+        })
+        .optional()?;
+    Ok(state.map(|state| State::from_str(&state).unwrap_or(State::Retrying)))
+}
+
+/// Counts and logs one lease taken back; the job is now `state`.
+pub fn record_lease_taken_back(job_id: &str, state: State) {
+    if state == State::Dead {
+        METRICS.record_attempt_end(AttemptResult::Dead, None);
+        tracing::error!(job_id = ?job_id, "job dead: its last attempt never finished");
+    } else {
+        METRICS.record_attempt_end(AttemptResult::Failed, None);
     }
-    Ok(taken_back)
 }
 
 /// Jobs waiting to run whose time has come, oldest first, split into those that can run and
@@ -289,18 +360,13 @@ pub fn expire_leases(
 pub fn due_jobs(conn: &Connection, now: i64, limit: usize) -> rusqlite::Result<DueJobs> {
     let mut statement = conn.prepare_cached(DUE_JOBS_SQL)?;
     let rows = statement.query_map(params![now, limit as i64], |row| row.get::<_, String>(0))?;
-    let mut due = DueJobs::default();
-    for text in rows {
-        let text = text?;
-        match JobId::parse(&text) {
-            Ok(job_id) => due.runnable.push(job_id),
-            Err(error) => due.unrunnable.push((text, error.to_string())),
-        }
-    }
-    due.next_at = conn
+    let next_at = conn
         .prepare_cached(NEXT_DUE_SQL)?
         .query_row([], |row| row.get(0))?;
-    Ok(due)
+    Ok(DueJobs::sort(
+        rows.collect::<rusqlite::Result<_>>()?,
+        next_at,
+    ))
 }
 
 /// What [`due_jobs`] found.
@@ -313,6 +379,28 @@ pub struct DueJobs {
     pub next_at: Option<i64>,
 }
 
+impl DueJobs {
+    /// Splits due job_ids into those that can run and those that cannot.
+    pub fn sort(job_ids: Vec<String>, next_at: Option<i64>) -> DueJobs {
+        let mut due = DueJobs {
+            next_at,
+            ..DueJobs::default()
+        };
+        for text in job_ids {
+            match JobId::parse(&text) {
+                Ok(job_id) => due.runnable.push(job_id),
+                Err(error) => due.unrunnable.push((text, error.to_string())),
+            }
+        }
+        due
+    }
+}
+
+/// Why a stored job_id cannot run, as its last error.
+pub fn unrunnable_error(reason: &str) -> String {
+    format!("the stored job_id cannot run: {reason}")
+}
+
 /// Makes jobs whose stored id can never run `dead`, with the reason as their last error, so
 /// that they stop coming back as due work. No attempt ran: only the finished count changes
 /// ([`crate::ledger::Ledger::recount_finished`]).
@@ -321,18 +409,17 @@ pub fn give_up_unrunnable(
     unrunnable: &[(String, String)],
     now: i64,
 ) -> rusqlite::Result<()> {
-    let mut give_up = conn.prepare_cached(
-        "UPDATE jobs SET state = 'dead', next_attempt_at = NULL, finished_at = ?2,
-                         last_error = ?3, updated_at = ?2
-         WHERE job_id = ?1 AND state IN ('claimed', 'retrying')",
-    )?;
+    let mut give_up = conn.prepare_cached(GIVE_UP_SQL)?;
     for (job_id, reason) in unrunnable {
-        let error = format!("the stored job_id cannot run: {reason}");
-        if give_up.execute(params![job_id, now, error])? == 1 {
-            tracing::error!(job_id = ?job_id, reason, "job dead: its stored job_id cannot run");
+        if give_up.execute(params![job_id, now, unrunnable_error(reason)])? == 1 {
+            log_given_up(job_id, reason);
         }
     }
     Ok(())
+}
+
+pub fn log_given_up(job_id: &str, reason: &str) {
+    tracing::error!(job_id = ?job_id, reason, "job dead: its stored job_id cannot run");
 }
 
 /// One row of `jobs list`.
@@ -360,9 +447,6 @@ pub struct JobDetail {
     pub body: Option<String>,
 }
 
-const SUMMARY_COLUMNS: &str = "job_id, state, source, event_type, attempts, received_at, \
-                               next_attempt_at, finished_at, last_error";
-
 fn summary_from_row(row: &Row<'_>) -> rusqlite::Result<JobSummary> {
     Ok(JobSummary {
         job_id: row.get(0)?,
@@ -383,11 +467,7 @@ pub fn list_jobs(
     state: Option<State>,
     limit: usize,
 ) -> rusqlite::Result<Vec<JobSummary>> {
-    let sql = format!(
-        "SELECT {SUMMARY_COLUMNS} FROM jobs WHERE ?1 IS NULL OR state = ?1
-         ORDER BY received_at DESC, job_id LIMIT ?2"
-    );
-    let mut statement = conn.prepare(&sql)?;
+    let mut statement = conn.prepare(LIST_JOBS_SQL)?;
     let rows = statement.query_map(
         params![state.map(State::as_str), limit as i64],
         summary_from_row,
@@ -396,10 +476,7 @@ pub fn list_jobs(
 }
 
 pub fn show_job(conn: &Connection, job_id: &str) -> rusqlite::Result<Option<JobDetail>> {
-    let sql = format!(
-        "SELECT {SUMMARY_COLUMNS}, lease_expires_at, updated_at, body FROM jobs WHERE job_id = ?1"
-    );
-    conn.query_row(&sql, [job_id], |row| {
+    conn.query_row(SHOW_JOB_SQL, [job_id], |row| {
         Ok(JobDetail {
             summary: summary_from_row(row)?,
             lease_expires_at: row.get(9)?,
@@ -410,53 +487,42 @@ pub fn show_job(conn: &Connection, job_id: &str) -> rusqlite::Result<Option<JobD
     .optional()
 }
 
-/// How many jobs wait or run, per state. Reads only the partial indexes of unfinished rows, so a
-/// scrape costs the same however much history the ledger holds.
+/// How many jobs wait or run, per state; every unfinished state named (0 when none).
 pub fn count_unfinished(conn: &Connection) -> rusqlite::Result<Vec<(State, u64)>> {
-    let mut statement = conn.prepare_cached(
-        "SELECT state, count(*) FROM jobs WHERE state IN ('claimed', 'retrying') GROUP BY state
-         UNION ALL
-         SELECT 'running', count(*) FROM jobs WHERE state = 'running'",
-    )?;
+    let mut statement = conn.prepare_cached(COUNT_UNFINISHED_SQL)?;
     let rows = statement.query_map([], |row| {
         Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
     })?;
+    Ok(unfinished_counts(rows.collect::<rusqlite::Result<_>>()?))
+}
+
+/// Names every unfinished state in `rows` of (state, count).
+pub fn unfinished_counts(rows: Vec<(String, i64)>) -> Vec<(State, u64)> {
     let mut counts: Vec<(State, u64)> = [State::Claimed, State::Running, State::Retrying]
         .map(|state| (state, 0))
         .to_vec();
-    for row in rows {
-        let (name, count) = row?;
+    for (name, count) in rows {
         if let Some(entry) = counts.iter_mut().find(|(state, _)| state.as_str() == name) {
             entry.1 = count.unsigned_abs();
         }
     }
-    Ok(counts)
+    counts
 }
 
 /// The oldest job still waiting or running: when it was received (Unix ms).
 pub fn oldest_unfinished(conn: &Connection) -> rusqlite::Result<Option<i64>> {
-    conn.prepare_cached(
-        "SELECT min(received_at) FROM (
-             SELECT received_at FROM jobs WHERE state IN ('claimed', 'retrying')
-             UNION ALL SELECT received_at FROM jobs WHERE state = 'running')",
-    )?
-    .query_row([], |row| row.get(0))
+    conn.prepare_cached(OLDEST_UNFINISHED_SQL)?
+        .query_row([], |row| row.get(0))
 }
 
-/// How many jobs are done and dead. Walks the index of finished jobs: for the start and the
-/// retention runs, not for every scrape.
+/// How many jobs are done and dead.
 pub fn count_finished(conn: &Connection) -> rusqlite::Result<(u64, u64)> {
-    conn.query_row(
-        "SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'dead')
-         FROM jobs WHERE state IN ('done', 'dead')",
-        [],
-        |row| {
-            Ok((
-                row.get::<_, i64>(0)?.unsigned_abs(),
-                row.get::<_, i64>(1)?.unsigned_abs(),
-            ))
-        },
-    )
+    conn.query_row(COUNT_FINISHED_SQL, [], |row| {
+        Ok((
+            row.get::<_, i64>(0)?.unsigned_abs(),
+            row.get::<_, i64>(1)?.unsigned_abs(),
+        ))
+    })
 }
 
 /// What `jobs stats` shows.
@@ -469,41 +535,46 @@ pub struct JobStats {
     pub dead_last_day: u64,
 }
 
-/// Counts for `jobs stats`. Scans the table: a command for people, not for every scrape.
-pub fn job_stats(conn: &Connection, now: i64) -> rusqlite::Result<JobStats> {
-    const HOUR_MS: i64 = 3_600_000;
-    let mut by_state: std::collections::BTreeMap<String, u64> = State::ALL
-        .iter()
-        .map(|s| (s.as_str().to_owned(), 0))
-        .collect();
-    let mut statement = conn.prepare("SELECT state, count(*) FROM jobs GROUP BY state")?;
-    let rows = statement.query_map([], |row| {
-        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
-    })?;
-    for row in rows {
-        let (state, count) = row?;
-        by_state.insert(state, count.unsigned_abs());
+const HOUR_MS: i64 = 3_600_000;
+
+impl JobStats {
+    /// Puts together what [`COUNT_BY_STATE_SQL`] and [`STATS_SQL`] returned.
+    pub fn from_counts(
+        by_state: Vec<(String, i64)>,
+        (oldest, received_last_hour, dead_last_day): (Option<i64>, i64, i64),
+    ) -> JobStats {
+        let mut counts: std::collections::BTreeMap<String, u64> = State::ALL
+            .iter()
+            .map(|s| (s.as_str().to_owned(), 0))
+            .collect();
+        for (state, count) in by_state {
+            counts.insert(state, count.unsigned_abs());
+        }
+        JobStats {
+            by_state: counts,
+            oldest_unfinished_received_at: oldest,
+            received_last_hour: received_last_hour.unsigned_abs(),
+            dead_last_day: dead_last_day.unsigned_abs(),
+        }
     }
-    let count = |sql: &str, since: i64| -> rusqlite::Result<u64> {
-        conn.query_row(sql, [since], |row| row.get::<_, i64>(0))
-            .map(i64::unsigned_abs)
-    };
-    Ok(JobStats {
-        by_state,
-        oldest_unfinished_received_at: conn.query_row(
-            "SELECT min(received_at) FROM jobs WHERE state IN ('claimed', 'running', 'retrying')",
-            [],
-            |row| row.get(0),
-        )?,
-        received_last_hour: count(
-            "SELECT count(*) FROM jobs WHERE received_at >= ?1",
-            now - HOUR_MS,
-        )?,
-        dead_last_day: count(
-            "SELECT count(*) FROM jobs WHERE state = 'dead' AND finished_at >= ?1",
-            now - 24 * HOUR_MS,
-        )?,
-    })
+
+    /// The parameters of [`STATS_SQL`] at `now`: an hour ago, a day ago.
+    pub fn since(now: i64) -> (i64, i64) {
+        (now - HOUR_MS, now - 24 * HOUR_MS)
+    }
+}
+
+/// Counts for `jobs stats`.
+pub fn job_stats(conn: &Connection, now: i64) -> rusqlite::Result<JobStats> {
+    let mut statement = conn.prepare(COUNT_BY_STATE_SQL)?;
+    let by_state = statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let (hour_ago, day_ago) = JobStats::since(now);
+    let counts = conn.query_row(STATS_SQL, [hour_ago, day_ago], |row| {
+        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+    })?;
+    Ok(JobStats::from_counts(by_state, counts))
 }
 
 /// Why `jobs retry` refused.
@@ -516,48 +587,38 @@ pub enum RetryError {
     #[error("job {0:?} has no stored body any more (retention purged it); it cannot run again")]
     BodyPurged(String),
     #[error(transparent)]
-    Storage(#[from] rusqlite::Error),
+    Storage(#[from] StorageError),
 }
 
-/// Makes a `done` or `dead` job due again with a fresh set of attempts. The running service picks
-/// it up at its next sweep.
+impl From<rusqlite::Error> for RetryError {
+    fn from(error: rusqlite::Error) -> Self {
+        RetryError::Storage(error.into())
+    }
+}
+
+impl RetryError {
+    /// Why [`RETRY_JOB_SQL`] changed nothing, from what [`RETRY_REFUSAL_SQL`] found.
+    pub fn refusal(job_id: &str, found: Option<(String, bool)>) -> RetryError {
+        match found {
+            None => RetryError::Unknown(job_id.to_owned()),
+            Some((_, true)) => RetryError::BodyPurged(job_id.to_owned()),
+            Some((state, false)) => RetryError::NotFinished {
+                job_id: job_id.to_owned(),
+                state,
+            },
+        }
+    }
+}
+
+/// Makes a `done` or `dead` job due again with a fresh set of attempts.
 pub fn retry_job(conn: &Connection, job_id: &str, now: i64) -> Result<(), RetryError> {
-    let changed = conn.execute(
-        "UPDATE jobs SET state = 'claimed', attempts = 0, next_attempt_at = ?2, finished_at = NULL,
-                         updated_at = ?2
-         WHERE job_id = ?1 AND state IN ('done', 'dead') AND body IS NOT NULL",
-        params![job_id, now],
-    )?;
-    if changed == 1 {
+    if conn.execute(RETRY_JOB_SQL, params![job_id, now])? == 1 {
         return Ok(());
     }
-    let found: Option<(String, bool)> = conn
-        .query_row(
-            "SELECT state, body IS NULL FROM jobs WHERE job_id = ?1",
-            [job_id],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )
+    let found = conn
+        .query_row(RETRY_REFUSAL_SQL, [job_id], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
         .optional()?;
-    Err(match found {
-        None => RetryError::Unknown(job_id.to_owned()),
-        Some((_, true)) => RetryError::BodyPurged(job_id.to_owned()),
-        Some((state, false)) => RetryError::NotFinished {
-            job_id: job_id.to_owned(),
-            state,
-        },
-    })
-}
-
-/// Retention, step one: drops the bodies of jobs finished before `before` (a tombstone row
-/// remains), at most `limit` of them. Reads only the index of finished rows that have a body.
-pub fn purge_bodies(conn: &Connection, before: i64, limit: usize) -> rusqlite::Result<usize> {
-    conn.prepare_cached(PURGE_BODIES_SQL)?
-        .execute(params![before, limit as i64])
-}
-
-/// Retention, step two: forgets jobs finished before `before`, at most `limit` of them. A
-/// Redeliver of a forgotten job_id is a new job.
-pub fn delete_finished(conn: &Connection, before: i64, limit: usize) -> rusqlite::Result<usize> {
-    conn.prepare_cached(DELETE_FINISHED_SQL)?
-        .execute(params![before, limit as i64])
+    Err(RetryError::refusal(job_id, found))
 }

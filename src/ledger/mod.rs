@@ -1,46 +1,28 @@
-//! The SQLite ledger: opening with pragmas, schema migrations, the writer thread and the reader pool.
+//! The ledger: every job and expectation, durable before any answer; SQLite or PostgreSQL.
+//!
+//! [`Ledger`] is what the rest of the service sees: one method per operation (claim, start and
+//! end an attempt, take back leases, due work, retention, reconciliation, counts). Each backend
+//! implements them its own way: SQLite with one writer thread and group commit
+//! ([`sqlite`]), PostgreSQL with a pool, batched claims and row locks for N receivers
+//! ([`postgres`]). Statements both can run are written once, here and in [`jobs`] and
+//! [`expected`], in SQLite's `?N` form; the PostgreSQL side rewrites the placeholders.
 
-mod checkpoint;
 mod expected;
 mod jobs;
-mod writer;
+pub mod postgres;
+pub mod sqlite;
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context};
-use r2d2_sqlite::SqliteConnectionManager;
-use rusqlite::{Connection, ErrorCode, OpenFlags};
+use crate::config::DatabaseConfig;
+use crate::job_id::JobId;
+use crate::metrics::Snapshot;
 
-use crate::config::{CheckAtStart, DatabaseConfig, Synchronous};
-use crate::metrics::{Snapshot, METRICS};
-
-use checkpoint::Checkpointer;
 pub use expected::*;
 pub use jobs::*;
-use writer::Writer;
-pub use writer::QUEUE_CAPACITY as WRITER_QUEUE_CAPACITY;
-
-/// Schema migrations, applied in order; `PRAGMA user_version` counts how many have run.
-const MIGRATIONS: &[&str] = &[
-    include_str!("../../migrations/0001_jobs.sql"),
-    include_str!("../../migrations/0002_expected_jobs.sql"),
-];
-
-const READER_POOL_SIZE: u32 = 4;
-/// The writer's own checkpoint threshold, in pages (128 MiB of WAL). The checkpointer thread
-/// copies frames long before (see checkpoint.rs); the writer's checkpoint only finishes the job
-/// and rewinds the WAL. Each of those stalls commits for one fsync of the database file, so
-/// they are kept rare: on a 1.4 GiB ledger a 2000-page threshold cost a 70 ms stall every 0.3 s
-/// (p99 65 ms); this one, a stall every few seconds (p99 8 ms).
-const WRITER_AUTOCHECKPOINT_PAGES: u32 = 32768;
-/// The WAL file is truncated back to this size when it rewinds. Above the size it reaches in
-/// normal operation (the checkpoint threshold), so that each cycle overwrites space the file
-/// already has: a limit below it made every cycle append to newly allocated space, which cost
-/// ~20 % of the claim throughput (`loadgen --sqlite-alone`). Only a WAL that a long read
-/// transaction made grow past it is cut back.
-const WAL_SIZE_LIMIT_BYTES: u64 = 2 * WRITER_AUTOCHECKPOINT_PAGES as u64 * 4096;
+use postgres::PostgresLedger;
+pub use sqlite::{backup, BackupReport, SqliteLedger, WriterAlone, WRITER_QUEUE_CAPACITY};
 
 /// Why a ledger operation failed. Cheap to clone: one failed group commit fails every waiter.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,25 +31,18 @@ pub enum StorageError {
     Busy,
     #[error("database error: {0}")]
     Sqlite(String),
+    #[error("PostgreSQL error: {0}")]
+    Postgres(String),
+    /// The connection broke after the commit was sent: the change may or may not be durable,
+    /// so it must be answered as a failure (Sume retries, and a retry finds the row if it is).
+    #[error(
+        "the connection to PostgreSQL was lost during the commit; its outcome is unknown: {0}"
+    )]
+    OutcomeUnknown(String),
     #[error("ledger is closed")]
     Closed,
     #[error("the ledger writer's queue is full")]
     Overloaded,
-}
-
-impl From<rusqlite::Error> for StorageError {
-    fn from(error: rusqlite::Error) -> Self {
-        match error.sqlite_error_code() {
-            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StorageError::Busy,
-            _ => StorageError::Sqlite(error.to_string()),
-        }
-    }
-}
-
-impl From<r2d2::Error> for StorageError {
-    fn from(error: r2d2::Error) -> Self {
-        StorageError::Sqlite(error.to_string())
-    }
 }
 
 /// Milliseconds since the Unix epoch: the unit of every time column.
@@ -82,602 +57,298 @@ pub fn duration_ms(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// The open ledger of a running service: one writer thread for every change, a pool for reads.
-pub struct Ledger {
-    writer: Writer,
-    readers: r2d2::Pool<SqliteConnectionManager>,
-    path: PathBuf,
-    writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    checkpointer: Mutex<Option<Checkpointer>>,
+/// The open ledger of a running service.
+pub enum Ledger {
+    Sqlite(SqliteLedger),
+    Postgres(PostgresLedger),
+}
+
+/// Runs the same call on whichever backend the ledger is.
+macro_rules! on_backend {
+    ($ledger:expr, $backend:ident => $call:expr) => {
+        match $ledger {
+            Ledger::Sqlite($backend) => $call,
+            Ledger::Postgres($backend) => $call,
+        }
+    };
 }
 
 impl Ledger {
-    /// Creates the file if needed, checks that it is ours and whole, migrates it, and starts
-    /// the writer thread.
-    pub fn open(config: &DatabaseConfig) -> anyhow::Result<Arc<Ledger>> {
-        let conn = open_for_writing(config)?;
-        let settings = config.clone();
-        let readers = r2d2::Pool::builder()
-            .max_size(READER_POOL_SIZE)
-            .build(
-                SqliteConnectionManager::file(&config.path)
-                    .with_init(move |conn| apply_pragmas(conn, &settings)),
-            )
-            .context("cannot open the reader pool")?;
-        let checkpointer =
-            Checkpointer::start(open_connection(&config.path, config, OpenFlags::default())?)?;
-        let (writer, thread) = Writer::start(conn, config.max_batch)?;
-        Ok(Arc::new(Ledger {
-            writer,
-            readers,
-            path: config.path.clone(),
-            writer_thread: Mutex::new(Some(thread)),
-            checkpointer: Mutex::new(Some(checkpointer)),
-        }))
+    /// Opens the configured backend: `database.url` names a PostgreSQL database, otherwise the
+    /// SQLite file at `database.path`. Creates and migrates the schema as needed.
+    pub async fn open(config: &DatabaseConfig) -> anyhow::Result<Arc<Ledger>> {
+        let ledger = match &config.url {
+            Some(url) => Ledger::Postgres(PostgresLedger::open(url, config).await?),
+            None => {
+                let config = config.clone();
+                Ledger::Sqlite(
+                    tokio::task::spawn_blocking(move || SqliteLedger::open(&config)).await??,
+                )
+            }
+        };
+        Ok(Arc::new(ledger))
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The SQLite backend, for what only it has (the file, raw statements in tests).
+    pub fn sqlite(&self) -> Option<&SqliteLedger> {
+        match self {
+            Ledger::Sqlite(ledger) => Some(ledger),
+            Ledger::Postgres(_) => None,
+        }
     }
 
-    /// Runs `op` on the writer thread inside a group-commit transaction; resolves once committed.
-    pub async fn write<T, F>(&self, op: F) -> Result<T, StorageError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        self.writer.submit(op).await
+    /// Where the ledger is, for logs: a file path, or PostgreSQL's host and database (never
+    /// the password).
+    pub fn location(&self) -> String {
+        match self {
+            Ledger::Sqlite(ledger) => ledger.path().display().to_string(),
+            Ledger::Postgres(ledger) => ledger.location().to_owned(),
+        }
     }
 
-    /// Runs `op` on a pooled read connection, off the async runtime.
-    pub async fn read<T, F>(&self, op: F) -> Result<T, StorageError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        let pool = self.readers.clone();
-        tokio::task::spawn_blocking(move || {
-            let conn = pool.get()?;
-            Ok(op(&conn)?)
-        })
-        .await
-        .map_err(|_| StorageError::Closed)?
-    }
-
-    /// Returns unused pages to the file system, at most `pages` of them; `true` if some remain.
-    pub async fn release_free_pages(&self, pages: usize) -> Result<bool, StorageError> {
-        self.write(move |conn| {
-            // The pragma frees one page per step: it must be stepped to its end (execute_batch
-            // would step it once).
-            let mut statement = conn.prepare(&format!("PRAGMA incremental_vacuum({pages})"))?;
-            let mut rows = statement.query([])?;
-            while rows.next()?.is_some() {}
-            conn.query_row("PRAGMA freelist_count", [], |row| row.get::<_, i64>(0))
-        })
-        .await
-        .map(|left| left > 0)
-    }
-
-    /// Records a delivery's claim; refused at once with [`StorageError::Overloaded`] when the
-    /// writer's queue is full, so that the delivery is answered 503 instead of waiting.
+    /// Records a delivery's claim; [`StorageError::Overloaded`] at once when too many wait.
     pub async fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
         let queued = std::time::Instant::now();
-        let outcome = self.writer.try_claim(claim).await;
-        METRICS.record_claim_commit(queued.elapsed().as_secs_f64());
+        let outcome = on_backend!(self, ledger => ledger.claim(claim).await);
+        crate::metrics::METRICS.record_claim_commit(queued.elapsed().as_secs_f64());
         outcome
     }
 
-    /// What `/metrics` shows of the ledger: unfinished jobs by state (partial indexes only),
-    /// the oldest one's age, expected jobs, file sizes, the writer's queue.
+    pub async fn start_attempt(
+        &self,
+        job_id: &JobId,
+        now: i64,
+        lease_expires_at: i64,
+    ) -> Result<Option<Attempt>, StorageError> {
+        on_backend!(self, ledger => ledger.start_attempt(job_id, now, lease_expires_at).await)
+    }
+
+    pub async fn finish_attempt(
+        &self,
+        attempt: &Attempt,
+        end: &AttemptEnd,
+        now: i64,
+    ) -> Result<Option<State>, StorageError> {
+        on_backend!(self, ledger => ledger.finish_attempt(attempt, end, now).await)
+    }
+
+    pub async fn release_attempt(&self, attempt: &Attempt, now: i64) -> Result<bool, StorageError> {
+        on_backend!(self, ledger => ledger.release_attempt(attempt, now).await)
+    }
+
+    /// See [`jobs::expire_leases`]; safe to run on several receivers at once.
+    pub async fn expire_leases(
+        &self,
+        cutoff: i64,
+        now: i64,
+        max_attempts: u32,
+        error: &'static str,
+        still_running: impl Fn(&str) -> bool + Send + 'static,
+    ) -> Result<usize, StorageError> {
+        on_backend!(self, ledger => ledger.expire_leases(cutoff, now, max_attempts, error, still_running).await)
+    }
+
+    pub async fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError> {
+        on_backend!(self, ledger => ledger.due_jobs(now, limit).await)
+    }
+
+    pub async fn give_up_unrunnable(
+        &self,
+        unrunnable: Vec<(String, String)>,
+        now: i64,
+    ) -> Result<(), StorageError> {
+        on_backend!(self, ledger => ledger.give_up_unrunnable(unrunnable, now).await)
+    }
+
+    /// Resolves once new work may be in the ledger that this process did not put there (a claim
+    /// on another receiver); never, for SQLite, where this process is the only writer.
+    pub async fn work_added_elsewhere(&self) {
+        match self {
+            Ledger::Sqlite(_) => std::future::pending().await,
+            Ledger::Postgres(ledger) => ledger.work_added_elsewhere().await,
+        }
+    }
+
+    /// One retention step, at most `limit` rows; how many it changed.
+    pub async fn retention_step(
+        &self,
+        step: RetentionStep,
+        before: i64,
+        limit: usize,
+    ) -> Result<usize, StorageError> {
+        on_backend!(self, ledger => ledger.retention_step(step, before, limit).await)
+    }
+
+    /// Returns unused pages to the file system (SQLite), at most `pages` of them; `true` if some
+    /// remain. PostgreSQL's autovacuum does this on its own.
+    pub async fn release_free_pages(&self, pages: usize) -> Result<bool, StorageError> {
+        match self {
+            Ledger::Sqlite(ledger) => ledger.release_free_pages(pages).await,
+            Ledger::Postgres(_) => Ok(false),
+        }
+    }
+
+    pub async fn expect_job(
+        &self,
+        job_id: &JobId,
+        now: i64,
+        first_poll_at: i64,
+    ) -> Result<bool, StorageError> {
+        on_backend!(self, ledger => ledger.expect_job(job_id, now, first_poll_at).await)
+    }
+
+    pub async fn resolve_arrived(&self, now: i64) -> Result<usize, StorageError> {
+        on_backend!(self, ledger => ledger.resolve_arrived(now).await)
+    }
+
+    /// Expectations due for a poll, at most `limit`. With several receivers each one is handed
+    /// to one of them only (PostgreSQL moves its next poll past `lease` while it is polled).
+    pub async fn due_expectations(
+        &self,
+        now: i64,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<DueExpectation>, StorageError> {
+        on_backend!(self, ledger => ledger.due_expectations(now, limit, lease).await)
+    }
+
+    pub async fn record_poll(
+        &self,
+        job_id: &str,
+        result: &PollResult,
+        now: i64,
+    ) -> Result<(), StorageError> {
+        on_backend!(self, ledger => ledger.record_poll(job_id, result, now).await)
+    }
+
+    /// What `/metrics` shows of the ledger.
     pub async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
-        let (unfinished, oldest, expected) = self
-            .read(|conn| {
-                Ok((
-                    count_unfinished(conn)?,
-                    oldest_unfinished(conn)?,
-                    count_expectations(conn)?,
-                ))
-            })
-            .await?;
-        let size = |suffix: &str| {
-            let mut path = self.path.clone().into_os_string();
-            path.push(suffix);
-            std::fs::metadata(path).map_or(0, |meta| meta.len())
-        };
-        Ok(Snapshot {
-            unfinished: unfinished
-                .into_iter()
-                .map(|(state, count)| (state.as_str(), count))
-                .collect(),
-            oldest_unfinished_age_seconds: oldest
-                .map_or(0.0, |at| (now_ms() - at).max(0) as f64 / 1000.0),
-            expected,
-            ledger_bytes: size(""),
-            wal_bytes: size("-wal"),
-            writer_queue_depth: self.writer.queued() as u64,
-        })
+        on_backend!(self, ledger => ledger.metrics_snapshot().await)
     }
 
     /// Counts done and dead jobs afresh for `/metrics` (at start, after retention).
     pub async fn recount_finished(&self) -> Result<(), StorageError> {
-        let (done, dead) = self.read(count_finished).await?;
-        METRICS.set_finished_jobs(done, dead);
+        let (done, dead) = on_backend!(self, ledger => ledger.count_finished().await)?;
+        crate::metrics::METRICS.set_finished_jobs(done, dead);
         Ok(())
     }
 
-    /// Changes waiting for the writer thread.
+    /// A change that commits nothing, through the same path as claims: proves that the ledger
+    /// takes changes now (the watchdog's probe).
+    pub async fn probe(&self) -> Result<(), StorageError> {
+        on_backend!(self, ledger => ledger.probe().await)
+    }
+
+    /// Claims waiting for their commit.
     pub fn writer_queue_depth(&self) -> usize {
-        self.writer.queued()
+        on_backend!(self, ledger => ledger.writer_queue_depth())
     }
 
-    /// Whether a delivery sent now would be claimed: the writer is alive, its last commit
-    /// went through, and its queue has room. The reason when not.
+    /// Whether a delivery sent now would be claimed; the reason when not.
     pub fn readiness(&self) -> Result<(), &'static str> {
-        if self.writer.failed().is_cancelled() {
-            return Err("the ledger writer has stopped");
-        }
-        if !self.writer.last_commit_ok() {
-            return Err("the last ledger commit failed");
-        }
-        if self.writer.queued() * 10 >= WRITER_QUEUE_CAPACITY * 9 {
-            return Err("the ledger writer's queue is nearly full");
-        }
-        Ok(())
+        on_backend!(self, ledger => ledger.readiness())
     }
 
-    /// Resolves if the writer thread dies of a panic: from then on nothing can be committed,
-    /// and the service must exit so that systemd restarts it.
+    /// Resolves if the ledger can never commit again (its writer died): the service must exit
+    /// so that systemd restarts it.
     pub async fn writer_failed(&self) {
-        self.writer.failed().cancelled().await
+        on_backend!(self, ledger => ledger.writer_failed().await)
     }
 
-    /// Stops the writer thread after it has committed everything queued before this call.
-    pub fn close(&self) {
-        self.writer.stop();
-        if let Some(thread) = self.writer_thread.lock().expect("not poisoned").take() {
-            let _ = thread.join();
-        }
-        if let Some(checkpointer) = self.checkpointer.lock().expect("not poisoned").take() {
-            checkpointer.stop();
+    /// Stops after everything queued before this call is committed.
+    pub async fn close(&self) {
+        match self {
+            Ledger::Sqlite(ledger) => ledger.close(),
+            Ledger::Postgres(ledger) => ledger.close().await,
         }
     }
 }
 
-/// The writer's connection: the file created if needed, checked to be ours and whole, migrated,
-/// and tuned for the writer.
-fn open_for_writing(config: &DatabaseConfig) -> anyhow::Result<Connection> {
-    if let Some(dir) = config
-        .path
-        .parent()
-        .filter(|dir| !dir.as_os_str().is_empty())
-    {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create database directory {}", dir.display()))?;
-    }
-    create_private_file(&config.path)?;
-    let mut conn = open_unconfigured(&config.path, config, OpenFlags::default())?;
-    let version = check_ownership(&conn, &config.path)?;
-    check_integrity(&conn, &config.path, config.check_at_start)?;
-    apply_pragmas(&conn, config)
-        .with_context(|| format!("cannot configure database {}", config.path.display()))?;
-    migrate(&mut conn, &config.path, version)?;
-    conn.execute_batch(&format!(
-        "PRAGMA wal_autocheckpoint = {WRITER_AUTOCHECKPOINT_PAGES};
-         PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES};"
-    ))?;
-    Ok(conn)
+/// The bounded statements retention repeats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetentionStep {
+    /// Drops the bodies of jobs finished before the cutoff (a tombstone row remains).
+    PurgeBodies,
+    /// Forgets jobs finished before the cutoff: a Redeliver of one is a new job.
+    DeleteFinished,
+    /// Forgets expectations resolved before the cutoff.
+    DeleteResolvedExpectations,
 }
 
-/// The ledger's writer connection and checkpointer with no queue, no runtime and no HTTP in
-/// front: batches of claims go straight through the writer's commit on the caller's thread. The
-/// limit the request path is measured against (`loadgen --sqlite-alone`).
-pub struct WriterAlone {
-    conn: Connection,
-    checkpointer: Option<Checkpointer>,
+/// A ledger opened by the command line, without the service's background machinery: reads and
+/// single changes for `jobs ...`. Refuses a ledger that does not exist or is not migrated.
+pub enum Inspector {
+    Sqlite(rusqlite::Connection),
+    Postgres(postgres::Inspector),
 }
 
-impl WriterAlone {
-    /// Opens the ledger as the service does (checks, migrations, the writer's settings).
-    pub fn open(config: &DatabaseConfig) -> anyhow::Result<WriterAlone> {
-        let conn = open_for_writing(config)?;
-        let checkpointer =
-            Checkpointer::start(open_connection(&config.path, config, OpenFlags::default())?)?;
-        Ok(WriterAlone {
-            conn,
-            checkpointer: Some(checkpointer),
+impl Inspector {
+    pub fn open(config: &DatabaseConfig) -> anyhow::Result<Inspector> {
+        Ok(match &config.url {
+            Some(url) => Inspector::Postgres(postgres::Inspector::open(url)?),
+            None => Inspector::Sqlite(sqlite::open_existing(config)?),
         })
     }
 
-    /// Commits `claims` in one transaction, as the writer thread does with claims that arrived
-    /// together.
-    pub fn claim(&self, claims: Vec<NewClaim>) -> Result<Vec<ClaimOutcome>, StorageError> {
-        writer::commit_claims(&self.conn, claims)
-    }
-}
-
-impl Drop for WriterAlone {
-    fn drop(&mut self) {
-        if let Some(checkpointer) = self.checkpointer.take() {
-            checkpointer.stop();
-        }
-    }
-}
-
-/// Opens an existing ledger for the CLI; refuses to create one or to use an unmigrated one.
-pub fn open_existing(config: &DatabaseConfig) -> anyhow::Result<Connection> {
-    let path = &config.path;
-    if !path.exists() {
-        bail!(
-            "no ledger at {} (check database.path; the service creates it when it first starts)",
-            path.display()
-        );
-    }
-    let conn = open_unconfigured(path, config, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
-    let version = check_ownership(&conn, path)?;
-    if version != MIGRATIONS.len() {
-        bail!(
-            "ledger {} has schema version {version}, this binary expects {}: start the service once \
-             to migrate it, or use the matching sume-receiver",
-            path.display(),
-            MIGRATIONS.len()
-        );
-    }
-    apply_pragmas(&conn, config)
-        .with_context(|| format!("cannot configure database {}", path.display()))?;
-    Ok(conn)
-}
-
-/// What `backup` made.
-#[derive(Debug, Clone)]
-pub struct BackupReport {
-    pub jobs: u64,
-    pub bytes: u64,
-}
-
-/// Writes a consistent copy of the ledger to `target` while the service may be running
-/// (`VACUUM INTO`: one read transaction, so writers go on), private to its owner, then runs
-/// `PRAGMA integrity_check` on the copy. Refuses to overwrite anything.
-pub fn backup(config: &DatabaseConfig, target: &Path) -> anyhow::Result<BackupReport> {
-    let conn = open_existing(config)?;
-    if std::fs::symlink_metadata(target).is_ok() {
-        bail!(
-            "{} already exists: refusing to overwrite it, name a new file",
-            target.display()
-        );
-    }
-    create_private_file(target)?;
-    let copied = conn
-        .execute("VACUUM INTO ?1", [target.to_string_lossy()])
-        .with_context(|| format!("cannot copy the ledger to {}", target.display()));
-    if let Err(error) = copied {
-        let _ = std::fs::remove_file(target);
-        return Err(error);
-    }
-    let copy = Connection::open_with_flags(target, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-    let check: String = copy.query_row("PRAGMA integrity_check(1)", [], |row| row.get(0))?;
-    if check != "ok" {
-        bail!(
-            "the copy at {} failed PRAGMA integrity_check: {check:?} (is the ledger itself \
-             damaged? try `sume-receiver check-config` with check_at_start = \"full\")",
-            target.display()
-        );
-    }
-    Ok(BackupReport {
-        jobs: copy
-            .query_row("SELECT count(*) FROM jobs", [], |row| row.get::<_, i64>(0))?
-            .unsigned_abs(),
-        bytes: std::fs::metadata(target)?.len(),
-    })
-}
-
-/// Creates the ledger file readable by its owner only, whatever the umask; SQLite gives the
-/// WAL and shared-memory files the same mode. An existing file is left as it is.
-fn create_private_file(path: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-    {
-        Ok(_) => Ok(()),
-        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(error) => {
-            Err(error).with_context(|| format!("cannot create the ledger {}", path.display()))
-        }
-    }
-}
-
-/// A connection that has written nothing yet: the checks below run before any pragma that
-/// would change the file (WAL mode is recorded in its header).
-fn open_unconfigured(
-    path: &Path,
-    config: &DatabaseConfig,
-    flags: OpenFlags,
-) -> anyhow::Result<Connection> {
-    let flags = flags | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
-    let conn = Connection::open_with_flags(path, flags)
-        .with_context(|| format!("cannot open database {}", path.display()))?;
-    conn.busy_timeout(config.busy_timeout)?;
-    Ok(conn)
-}
-
-fn open_connection(
-    path: &Path,
-    config: &DatabaseConfig,
-    flags: OpenFlags,
-) -> anyhow::Result<Connection> {
-    let conn = open_unconfigured(path, config, flags)?;
-    apply_pragmas(&conn, config)
-        .with_context(|| format!("cannot configure database {}", path.display()))?;
-    Ok(conn)
-}
-
-/// Refuses a file that is not a ledger of ours: another application's database (tables but no
-/// schema version of ours) or a ledger newer than this binary. Returns the schema version.
-fn check_ownership(conn: &Connection, path: &Path) -> anyhow::Result<usize> {
-    let read = || -> rusqlite::Result<(i64, i64)> {
-        let version = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
-        let objects = conn.query_row("SELECT count(*) FROM sqlite_master", [], |row| row.get(0))?;
-        Ok((version, objects))
-    };
-    let (version, objects) = read().with_context(|| {
-        format!(
-            "cannot read {} as a SQLite database (is database.path the ledger?)",
-            path.display()
-        )
-    })?;
-    let version = usize::try_from(version).unwrap_or(usize::MAX);
-    if version == 0 && objects > 0 {
-        bail!(
-            "{} is not a sume-receiver ledger: it already holds {objects} tables, indexes or \
-             views but no schema version of ours (another application's database?); it was \
-             left untouched. Point database.path at a new file",
-            path.display()
-        );
-    }
-    if version > MIGRATIONS.len() {
-        bail!(
-            "database {} has schema version {version}, newer than this binary knows ({}); \
-             refusing to touch it: upgrade sume-receiver",
-            path.display(),
-            MIGRATIONS.len()
-        );
-    }
-    Ok(version)
-}
-
-/// Runs SQLite's own consistency check, as configured; a damaged ledger is refused with the way
-/// out, instead of serving from it and failing later.
-fn check_integrity(conn: &Connection, path: &Path, check: CheckAtStart) -> anyhow::Result<()> {
-    let pragma = match check {
-        CheckAtStart::Off => return Ok(()),
-        CheckAtStart::Quick => "quick_check",
-        CheckAtStart::Full => "integrity_check",
-    };
-    let started = std::time::Instant::now();
-    let findings = conn
-        .prepare(&format!("PRAGMA {pragma}(5)"))
-        .and_then(|mut statement| {
-            statement
-                .query_map([], |row| row.get::<_, String>(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()
-        });
-    let findings = match findings {
-        Ok(findings) if findings == ["ok"] => {
-            tracing::info!(
-                check = pragma,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "ledger checked"
-            );
-            return Ok(());
-        }
-        Ok(findings) => findings.join("; "),
-        Err(error) => error.to_string(),
-    };
-    let path = path.display();
-    bail!(
-        "the ledger {path} is damaged (PRAGMA {pragma}: {findings:?}); refusing to serve from it. \
-         Stop the service and restore the ledger from a backup, or salvage what is readable: \
-         `sqlite3 {path} .recover | sqlite3 {path}.recovered`, then move the recovered file to \
-         {path} (keep the damaged one aside). database.check_at_start = \"off\" skips this check"
-    )
-}
-
-/// Pragmas every connection gets at open; none of them persist in the file except WAL mode.
-fn apply_pragmas(conn: &Connection, config: &DatabaseConfig) -> rusqlite::Result<()> {
-    conn.busy_timeout(config.busy_timeout)?;
-    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(rusqlite::Error::InvalidParameterName(format!(
-            "journal_mode stayed {mode}; WAL is required"
-        )));
-    }
-    let synchronous = match config.synchronous {
-        Synchronous::Full => "FULL",
-        Synchronous::Normal => "NORMAL",
-    };
-    conn.execute_batch(&format!(
-        "PRAGMA synchronous = {synchronous}; PRAGMA foreign_keys = ON;"
-    ))
-}
-
-/// Applies the migrations after `version` (checked by [`check_ownership`]).
-fn migrate(conn: &mut Connection, path: &Path, version: usize) -> anyhow::Result<()> {
-    if version == 0 {
-        // Lets retention give freed pages back to the file system (PRAGMA incremental_vacuum)
-        // instead of keeping the file at its peak. The VACUUM applies it to the still empty file.
-        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")?;
-    }
-    for (index, sql) in MIGRATIONS.iter().enumerate().skip(version) {
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        tx.execute_batch(sql)
-            .with_context(|| format!("migration {} failed on {}", index + 1, path.display()))?;
-        tx.pragma_update(None, "user_version", (index + 1) as i64)?;
-        tx.commit()?;
-        tracing::info!(version = index + 1, "applied schema migration");
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::os::unix::fs::PermissionsExt;
-
-    use super::*;
-
-    fn test_config(dir: &Path) -> DatabaseConfig {
-        DatabaseConfig {
-            path: dir.join("ledger.sqlite3"),
-            ..DatabaseConfig::default()
+    pub fn list_jobs(
+        &mut self,
+        state: Option<State>,
+        limit: usize,
+    ) -> Result<Vec<JobSummary>, StorageError> {
+        match self {
+            Inspector::Sqlite(conn) => Ok(jobs::list_jobs(conn, state, limit)?),
+            Inspector::Postgres(inspector) => inspector.list_jobs(state, limit),
         }
     }
 
-    fn schema_version(conn: &Connection) -> usize {
-        conn.query_row("PRAGMA user_version", [], |row| row.get::<_, i64>(0))
-            .unwrap() as usize
-    }
-
-    /// A database of someone else's at the ledger's path, made with a plain connection
-    /// (rollback journal, as SQLite creates files by default).
-    fn foreign_database(config: &DatabaseConfig, sql: &str) -> Vec<u8> {
-        let conn = Connection::open(&config.path).unwrap();
-        conn.execute_batch(sql).unwrap();
-        drop(conn);
-        std::fs::read(&config.path).unwrap()
-    }
-
-    #[test]
-    fn migrations_set_the_version_and_are_idempotent() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path());
-        let mut conn = open_connection(&config.path, &config, OpenFlags::default()).unwrap();
-        migrate(&mut conn, &config.path, 0).unwrap();
-        let version = schema_version(&conn);
-        migrate(&mut conn, &config.path, version).unwrap();
-        assert_eq!(schema_version(&conn), MIGRATIONS.len());
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(mode, "wal");
-        let auto_vacuum: i64 = conn
-            .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(auto_vacuum, 2, "2 = incremental");
-    }
-
-    #[test]
-    fn refuses_a_newer_ledger_before_writing_anything() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path());
-        let before = foreign_database(
-            &config,
-            "CREATE TABLE jobs (job_id TEXT); PRAGMA user_version = 99;",
-        );
-        let error = format!("{:#}", Ledger::open(&config).err().unwrap());
-        assert!(error.contains("newer than this binary knows"), "{error}");
-        let error = format!("{:#}", open_existing(&config).unwrap_err());
-        assert!(error.contains("newer than this binary knows"), "{error}");
-        assert!(
-            std::fs::read(&config.path).unwrap() == before,
-            "the file must be left byte for byte (it was switched to WAL mode before the fix)"
-        );
-    }
-
-    #[test]
-    fn refuses_another_applications_database_and_leaves_it_unchanged() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path());
-        let before = foreign_database(
-            &config,
-            "CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL);
-             INSERT INTO invoices (total) VALUES (12.5);",
-        );
-        let error = format!("{:#}", Ledger::open(&config).err().unwrap());
-        assert!(error.contains("is not a sume-receiver ledger"), "{error}");
-        let error = format!("{:#}", open_existing(&config).unwrap_err());
-        assert!(error.contains("is not a sume-receiver ledger"), "{error}");
-        assert!(std::fs::read(&config.path).unwrap() == before);
-        assert!(!dir.path().join("ledger.sqlite3-wal").exists());
-    }
-
-    #[test]
-    fn refuses_a_file_that_is_not_a_database() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path());
-        std::fs::write(
-            &config.path,
-            "[server]\nlisten = \"0.0.0.0:80\"\n".repeat(200),
-        )
-        .unwrap();
-        let error = format!("{:#}", Ledger::open(&config).err().unwrap());
-        assert!(error.contains("cannot read"), "{error}");
-    }
-
-    #[test]
-    fn an_empty_file_becomes_a_ledger() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path());
-        std::fs::write(&config.path, "").unwrap();
-        Ledger::open(&config).unwrap().close();
-        let conn = Connection::open(&config.path).unwrap();
-        assert_eq!(schema_version(&conn), MIGRATIONS.len());
-    }
-
-    #[test]
-    fn refuses_a_damaged_ledger_and_says_how_to_recover() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path());
-        Ledger::open(&config).unwrap().close();
-        let conn = Connection::open(&config.path).unwrap();
-        conn.execute_batch(
-            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
-             INSERT INTO jobs (job_id, state, body, received_at, updated_at)
-             SELECT 'job-' || i, 'done', hex(randomblob(500)), i, i FROM n;
-             PRAGMA wal_checkpoint(TRUNCATE);",
-        )
-        .unwrap();
-        let pages: i64 = conn
-            .query_row("PRAGMA page_count", [], |row| row.get(0))
-            .unwrap();
-        drop(conn);
-        // One page in the middle of the file overwritten, as a bad sector or a stray write would.
-        let mut bytes = std::fs::read(&config.path).unwrap();
-        let page = (pages / 2) as usize * 4096;
-        bytes[page..page + 4096].fill(0x55);
-        std::fs::write(&config.path, bytes).unwrap();
-
-        let error = format!("{:#}", Ledger::open(&config).err().unwrap());
-        assert!(error.contains("is damaged"), "{error}");
-        assert!(error.contains(".recover"), "{error}");
-        let unchecked = DatabaseConfig {
-            check_at_start: CheckAtStart::Off,
-            ..config
-        };
-        Ledger::open(&unchecked).unwrap().close();
-    }
-
-    #[test]
-    fn ledger_files_are_private_whatever_the_umask() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path());
-        let ledger = Ledger::open(&config).unwrap();
-        for name in ["ledger.sqlite3", "ledger.sqlite3-wal", "ledger.sqlite3-shm"] {
-            let mode = std::fs::metadata(dir.path().join(name))
-                .unwrap()
-                .permissions()
-                .mode();
-            assert_eq!(mode & 0o777, 0o600, "{name}: {mode:o}");
+    pub fn show_job(&mut self, job_id: &str) -> Result<Option<JobDetail>, StorageError> {
+        match self {
+            Inspector::Sqlite(conn) => Ok(jobs::show_job(conn, job_id)?),
+            Inspector::Postgres(inspector) => inspector.show_job(job_id),
         }
-        ledger.close();
     }
 
-    #[test]
-    fn open_existing_refuses_a_missing_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let error = open_existing(&test_config(dir.path()))
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("no ledger at"), "{error}");
+    pub fn retry_job(&mut self, job_id: &str, now: i64) -> Result<(), RetryError> {
+        match self {
+            Inspector::Sqlite(conn) => jobs::retry_job(conn, job_id, now),
+            Inspector::Postgres(inspector) => inspector.retry_job(job_id, now),
+        }
+    }
+
+    pub fn job_stats(&mut self, now: i64) -> Result<JobStats, StorageError> {
+        match self {
+            Inspector::Sqlite(conn) => Ok(jobs::job_stats(conn, now)?),
+            Inspector::Postgres(inspector) => inspector.job_stats(now),
+        }
+    }
+
+    pub fn expect_job(
+        &mut self,
+        job_id: &JobId,
+        now: i64,
+        first_poll_at: i64,
+    ) -> Result<bool, StorageError> {
+        match self {
+            Inspector::Sqlite(conn) => Ok(expected::expect_job(conn, job_id, now, first_poll_at)?),
+            Inspector::Postgres(inspector) => inspector.expect_job(job_id, now, first_poll_at),
+        }
+    }
+
+    pub fn job_ids_like(&mut self, pattern: &str) -> Result<Vec<String>, StorageError> {
+        match self {
+            Inspector::Sqlite(conn) => {
+                let mut statement = conn.prepare(jobs::JOB_IDS_LIKE_SQL)?;
+                let rows = statement.query_map([pattern], |row| row.get(0))?;
+                Ok(rows.collect::<rusqlite::Result<_>>()?)
+            }
+            Inspector::Postgres(inspector) => inspector.job_ids_like(pattern),
+        }
+    }
+
+    pub fn list_expectations(&mut self, limit: usize) -> Result<Vec<Expectation>, StorageError> {
+        match self {
+            Inspector::Sqlite(conn) => Ok(expected::list_expectations(conn, limit)?),
+            Inspector::Postgres(inspector) => inspector.list_expectations(limit),
+        }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod sume;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -30,10 +31,138 @@ pub struct TestServer {
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
-/// Config text for a test: one secret, a ledger in `dir`, plus `extra` sections (which may
-/// include a `[database]` section of their own).
+/// Which ledger a test's servers use: set for the test's task by [`on_both_ledgers!`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// The server where each test on PostgreSQL gets a database of its own.
+pub const POSTGRES_URL_VARIABLE: &str = "SUME_TEST_POSTGRES_URL";
+
+tokio::task_local! {
+    static BACKEND: Backend;
+}
+
+impl Backend {
+    /// The backend of the running test (SQLite outside [`on_both_ledgers!`]).
+    pub fn current() -> Backend {
+        BACKEND
+            .try_with(|backend| *backend)
+            .unwrap_or(Backend::Sqlite)
+    }
+
+    /// Runs a test body on this backend; on PostgreSQL without a server to use, says so and
+    /// passes (CI sets the variable, so there it always runs).
+    pub async fn run(self, test: &str, body: impl Future<Output = ()>) {
+        if self == Backend::Postgres && std::env::var_os(POSTGRES_URL_VARIABLE).is_none() {
+            eprintln!("SKIPPED {test} on PostgreSQL: set {POSTGRES_URL_VARIABLE}=postgres://user:password@host/database (a role that may CREATE DATABASE) to run it");
+            return;
+        }
+        BACKEND.scope(self, body).await
+    }
+}
+
+/// Writes each test twice, in modules `sqlite` and `postgres`: the same body against each
+/// ledger backend.
+#[allow(unused_macros)] // not every test binary runs on both
+macro_rules! on_both_ledgers {
+    ($( $(#[$attr:meta])* async fn $name:ident() $body:block )*) => {
+        mod sqlite {
+            use super::*;
+            $( $(#[$attr])* async fn $name() {
+                $crate::common::Backend::Sqlite.run(stringify!($name), async move $body).await
+            } )*
+        }
+        mod postgres {
+            use super::*;
+            $( $(#[$attr])* async fn $name() {
+                $crate::common::Backend::Postgres.run(stringify!($name), async move $body).await
+            } )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_both_ledgers;
+
+/// Runs `work` with a connection to PostgreSQL at `url`, on a thread of its own (the sync
+/// client runs its own runtime, which must not be nested in the test's).
+pub fn with_postgres<T: Send>(
+    url: &str,
+    work: impl FnOnce(&mut postgres::Client) -> T + Send,
+) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let mut client = postgres::Client::connect(url, postgres::NoTls)
+                    .unwrap_or_else(|error| panic!("cannot connect to {url}: {error}"));
+                work(&mut client)
+            })
+            .join()
+            .unwrap()
+    })
+}
+
+/// A new empty database on the test server; its URL.
+pub fn new_postgres_database() -> String {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let admin = std::env::var(POSTGRES_URL_VARIABLE).expect("checked by Backend::run");
+    let name = format!(
+        "sume_test_{}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        fastrand::u32(..)
+    );
+    with_postgres(&admin, |client| {
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap()
+    });
+    let mut config: postgres::Config = admin.parse().unwrap();
+    config.dbname(&name);
+    postgres_url(&config)
+}
+
+/// The URL form of a parsed config (host, port, user, password, database).
+fn postgres_url(config: &postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres");
+    let password = config
+        .get_password()
+        .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+        .unwrap_or_default();
+    let database = config.get_dbname().unwrap_or_default();
+    format!("postgres://{user}{password}@{host}:{port}/{database}")
+}
+
+/// The PostgreSQL database of the ledger in `dir`: made on first use, then the same one for
+/// every server started on `dir` (a restart keeps its ledger).
+pub fn postgres_url_of(dir: &Path) -> String {
+    let file = dir.join("postgres-url");
+    if let Ok(url) = std::fs::read_to_string(&file) {
+        return url;
+    }
+    let url = new_postgres_database();
+    std::fs::write(&file, &url).unwrap();
+    url
+}
+
+/// Config text for a test: one secret, a ledger in `dir` (a SQLite file, or a PostgreSQL
+/// database of its own), plus `extra` sections (which may include a `[database]` section).
 pub fn config_text(dir: &Path, extra: &str) -> String {
-    let path_line = format!("path = \"{}\"\n", dir.join("ledger.sqlite3").display());
+    let path_line = match Backend::current() {
+        Backend::Sqlite => format!("path = \"{}\"\n", dir.join("ledger.sqlite3").display()),
+        Backend::Postgres => format!(
+            "path = \"{}\"\nurl = \"{}\"\n",
+            dir.join("ledger.sqlite3").display(),
+            postgres_url_of(dir)
+        ),
+    };
     let extra = if extra.contains("[database]\n") {
         extra.replacen("[database]\n", &format!("[database]\n{path_line}"), 1)
     } else {
@@ -95,15 +224,41 @@ impl TestServer {
         self.dir.path().join("ledger.sqlite3")
     }
 
+    /// The SQLite ledger file, for what only SQLite has (locks, pragmas, the file itself).
     pub fn db(&self) -> rusqlite::Connection {
+        assert_eq!(
+            Backend::current(),
+            Backend::Sqlite,
+            "db() opens the SQLite file"
+        );
         let conn = rusqlite::Connection::open(self.db_path()).unwrap();
         conn.busy_timeout(Duration::from_secs(5)).unwrap();
         conn
     }
 
+    /// The rows a query returns from this server's ledger, whichever backend, each value as
+    /// JSON (integers, text, booleans, null). Statements use `?1`-style text parameters.
+    pub fn rows(&self, sql: &str, params: &[&str]) -> Vec<Vec<serde_json::Value>> {
+        ledger_rows(&self.config, sql, params)
+    }
+
+    /// The first value of the first row (null when there is none).
+    pub fn value(&self, sql: &str, params: &[&str]) -> serde_json::Value {
+        self.rows(sql, params)
+            .into_iter()
+            .next()
+            .and_then(|row| row.into_iter().next())
+            .unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Runs a statement that changes the ledger; how many rows it changed.
+    pub fn execute(&self, sql: &str, params: &[&str]) -> u64 {
+        ledger_execute(&self.config, sql, params)
+    }
+
     pub fn row_count(&self) -> i64 {
-        self.db()
-            .query_row("SELECT count(*) FROM jobs", [], |row| row.get(0))
+        self.value("SELECT count(*) FROM jobs", &[])
+            .as_i64()
             .unwrap()
     }
 
@@ -112,13 +267,9 @@ impl TestServer {
     }
 
     pub fn state_of(&self, job_id: &str) -> Option<String> {
-        self.db()
-            .query_row(
-                "SELECT state FROM jobs WHERE job_id = ?1",
-                [job_id],
-                |row| row.get(0),
-            )
-            .ok()
+        self.value("SELECT state FROM jobs WHERE job_id = ?1", &[job_id])
+            .as_str()
+            .map(str::to_owned)
     }
 
     pub async fn request(
@@ -195,10 +346,98 @@ pub async fn send_to(method: Method, url: &str, headers: &[(&str, &str)]) -> Ans
 }
 
 /// A ledger of its own in `dir`, opened as the service opens it (writer thread started).
-pub fn open_ledger(dir: &Path) -> (Config, std::sync::Arc<sume_receiver::ledger::Ledger>) {
+pub async fn open_ledger(dir: &Path) -> (Config, std::sync::Arc<sume_receiver::ledger::Ledger>) {
     let config = Config::parse(&config_text(dir, ""), dir).unwrap();
-    let ledger = sume_receiver::ledger::Ledger::open(&config.database).unwrap();
+    let ledger = sume_receiver::ledger::Ledger::open(&config.database)
+        .await
+        .unwrap();
     (config, ledger)
+}
+
+/// See [`TestServer::rows`].
+pub fn ledger_rows(config: &Config, sql: &str, params: &[&str]) -> Vec<Vec<serde_json::Value>> {
+    use serde_json::Value;
+    match &config.database.url {
+        None => {
+            let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+            conn.busy_timeout(Duration::from_secs(5)).unwrap();
+            let mut statement = conn.prepare(sql).unwrap();
+            let columns = statement.column_count();
+            let rows = statement
+                .query_map(rusqlite::params_from_iter(params), |row| {
+                    (0..columns)
+                        .map(|i| {
+                            Ok(match row.get_ref(i)? {
+                                rusqlite::types::ValueRef::Null => Value::Null,
+                                rusqlite::types::ValueRef::Integer(n) => Value::from(n),
+                                rusqlite::types::ValueRef::Real(x) => Value::from(x),
+                                rusqlite::types::ValueRef::Text(t) => {
+                                    Value::from(String::from_utf8_lossy(t).into_owned())
+                                }
+                                rusqlite::types::ValueRef::Blob(b) => Value::from(b.len()),
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap();
+            rows.collect::<Result<_, _>>().unwrap()
+        }
+        Some(_) => {
+            let sql = sume_receiver::ledger::postgres::pg(sql);
+            with_postgres(&postgres_url_of(config_dir(config)), |client| {
+                let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                    params.iter().map(|p| p as _).collect();
+                let rows = client
+                    .query(&sql, &params)
+                    .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+                rows.iter()
+                    .map(|row| {
+                        (0..row.len())
+                            .map(|i| match *row.columns()[i].type_() {
+                                postgres::types::Type::INT4 => row
+                                    .get::<_, Option<i32>>(i)
+                                    .map_or(Value::Null, Value::from),
+                                postgres::types::Type::INT8 => row
+                                    .get::<_, Option<i64>>(i)
+                                    .map_or(Value::Null, Value::from),
+                                postgres::types::Type::BOOL => row
+                                    .get::<_, Option<bool>>(i)
+                                    .map_or(Value::Null, Value::from),
+                                _ => row
+                                    .get::<_, Option<String>>(i)
+                                    .map_or(Value::Null, Value::from),
+                            })
+                            .collect()
+                    })
+                    .collect()
+            })
+        }
+    }
+}
+
+/// See [`TestServer::execute`].
+pub fn ledger_execute(config: &Config, sql: &str, params: &[&str]) -> u64 {
+    match &config.database.url {
+        None => {
+            let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+            conn.busy_timeout(Duration::from_secs(5)).unwrap();
+            conn.execute(sql, rusqlite::params_from_iter(params))
+                .unwrap() as u64
+        }
+        Some(_) => {
+            let sql = sume_receiver::ledger::postgres::pg(sql);
+            with_postgres(&postgres_url_of(config_dir(config)), |client| {
+                let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                    params.iter().map(|p| p as _).collect();
+                client.execute(&sql, &params).unwrap()
+            })
+        }
+    }
+}
+
+/// The test directory a config was made for (where its ledger lives).
+fn config_dir(config: &Config) -> &Path {
+    config.database.path.parent().unwrap()
 }
 
 /// A port nothing listens on right now (for a server the test starts later).

@@ -16,7 +16,8 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::{insert_claim, now_ms, ClaimOutcome, NewClaim, StorageError};
+use super::super::jobs::insert_claim;
+use super::super::{now_ms, ClaimOutcome, NewClaim, StorageError};
 use crate::throttle::Throttled;
 
 /// Changes waiting for the writer. Past this, claims are refused at once (see the module doc).

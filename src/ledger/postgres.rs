@@ -1,0 +1,992 @@
+//! The PostgreSQL ledger: any number of receivers on one database, with the SQLite ledger's
+//! guarantees.
+//!
+//! - Claims from concurrent deliveries are grouped: one multi-row `INSERT ... ON CONFLICT
+//!   (job_id) DO NOTHING` per batch, in autocommit (one round trip, one commit), up to
+//!   [`CLAIM_BATCHES_IN_FLIGHT`] batches at once on pooled connections. A delivery is answered
+//!   only after its batch committed; an error, including a connection lost after the commit
+//!   was sent (outcome unknown), is a 503 and never a 2xx. Rows are inserted in job_id order so
+//!   that concurrent batches (from this receiver or another) cannot deadlock.
+//! - A job starts on one receiver only: the start is a conditional `UPDATE` on a row taken with
+//!   `FOR UPDATE SKIP LOCKED` (a receiver never waits for another's start), and the attempt
+//!   number fences a receiver that lost its lease.
+//! - Every claim batch sends `NOTIFY sume_jobs` with its commit; each receiver LISTENs on a
+//!   connection of its own and wakes its worker, so work claimed anywhere starts promptly.
+//! - Lease take-back, retention and reconciliation polls are conditional updates or take their
+//!   rows with `SKIP LOCKED`: each row is handled once however many receivers run them.
+//! - Migrations run in one transaction under an advisory lock; a schema newer than this binary
+//!   knows is refused.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{AsyncMessage, NoTls, Row};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    expected, jobs, Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Expectation,
+    JobDetail, JobStats, JobSummary, NewClaim, PollResult, RetentionStep, RetryError, Source,
+    State, StorageError, WRITER_QUEUE_CAPACITY,
+};
+use crate::config::{DatabaseConfig, PostgresUrl};
+use crate::job_id::JobId;
+use crate::metrics::Snapshot;
+use crate::throttle::Throttled;
+
+/// Schema migrations, applied in order; the `sume_schema` table records how many have run.
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/postgres/0001_jobs.sql"),
+    include_str!("../../migrations/postgres/0002_expected_jobs.sql"),
+];
+/// The advisory lock that serialises migrations between receivers starting at once.
+const MIGRATION_LOCK: i64 = 0x5355_4d45_0001;
+/// The channel claims and `jobs retry` notify, and every receiver listens on.
+const CHANNEL: &str = "sume_jobs";
+/// Connections per receiver: the claim batches in flight, the worker's transitions, reads.
+const POOL_SIZE: usize = 8;
+/// Claim batches committing at once: while one waits for its commit the next fills up.
+const CLAIM_BATCHES_IN_FLIGHT: usize = 4;
+/// How long a connection attempt may take before the operation fails (503 for a claim).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// After a failed commit, how often the database is probed until it answers again (readiness).
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// After a lost LISTEN connection, how long before connecting again.
+const LISTEN_RETRY: Duration = Duration::from_secs(1);
+
+/// A shared statement (written in SQLite's `?N` form) in PostgreSQL's `$N` form.
+pub fn pg(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '?' && chars.peek().is_some_and(char::is_ascii_digit) {
+            out.push('$');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A failed statement. A server error means PostgreSQL rolled the statement back; anything else
+/// (connection lost, timeout) may have happened after the commit reached the server.
+fn statement_error(error: tokio_postgres::Error) -> StorageError {
+    let text = error_text(&error);
+    if error.code().is_some() {
+        StorageError::Postgres(text)
+    } else {
+        StorageError::OutcomeUnknown(text)
+    }
+}
+
+/// The error with its cause: tokio-postgres puts the server's message in the source.
+fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn pool_error(error: deadpool_postgres::PoolError) -> StorageError {
+    StorageError::Postgres(format!(
+        "no connection to PostgreSQL: {}",
+        error_text(&error)
+    ))
+}
+
+type ClaimRequest = (
+    NewClaim,
+    oneshot::Sender<Result<ClaimOutcome, StorageError>>,
+);
+
+/// The open PostgreSQL ledger of a running receiver.
+pub struct PostgresLedger {
+    pool: Pool,
+    claims: mpsc::Sender<ClaimRequest>,
+    /// The claim batcher and the LISTEN task; awaited at close.
+    tasks: Mutex<Option<JoinSet<()>>>,
+    stopping: CancellationToken,
+    last_commit_ok: Arc<AtomicBool>,
+    /// Cancelled if the claim batcher died of a panic: nothing can be claimed any more.
+    failed: CancellationToken,
+    work_added: Arc<Notify>,
+    location: String,
+}
+
+impl PostgresLedger {
+    /// Connects, checks the server's durability setting, migrates under the advisory lock, and
+    /// starts the claim batcher and the LISTEN task.
+    pub async fn open(url: &PostgresUrl, config: &DatabaseConfig) -> anyhow::Result<Self> {
+        let pg_config = url.config(CONNECT_TIMEOUT);
+        let location = url.location();
+        let (mut client, connection) = pg_config
+            .connect(NoTls)
+            .await
+            .map_err(|error| anyhow::anyhow!(error_text(&error)))
+            .with_context(|| format!("cannot connect to PostgreSQL at {location}"))?;
+        let driver = tokio::spawn(connection);
+        check_durability(&client, &location).await?;
+        migrate(&mut client, &location).await?;
+        drop(client);
+        let _ = driver.await;
+
+        let manager = Manager::from_config(
+            pg_config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .context("cannot build the PostgreSQL connection pool")?;
+
+        let (claims, inbox) = mpsc::channel(WRITER_QUEUE_CAPACITY);
+        let stopping = CancellationToken::new();
+        let last_commit_ok = Arc::new(AtomicBool::new(true));
+        let failed = CancellationToken::new();
+        let work_added = Arc::new(Notify::new());
+        let mut tasks = JoinSet::new();
+        let batcher = tokio::spawn(run_batcher(
+            pool.clone(),
+            inbox,
+            config.max_batch,
+            stopping.clone(),
+            last_commit_ok.clone(),
+        ));
+        tasks.spawn({
+            let failed = failed.clone();
+            async move {
+                if batcher.await.is_err() {
+                    tracing::error!(
+                        "the PostgreSQL claim batcher panicked; nothing can be claimed any more"
+                    );
+                    failed.cancel();
+                }
+            }
+        });
+        tasks.spawn(listen(pg_config, work_added.clone(), stopping.clone()));
+        tracing::info!(ledger = %location, "PostgreSQL ledger open");
+        Ok(PostgresLedger {
+            pool,
+            claims,
+            tasks: Mutex::new(Some(tasks)),
+            stopping,
+            last_commit_ok,
+            failed,
+            work_added,
+            location,
+        })
+    }
+
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StorageError> {
+        self.pool.get().await.map_err(pool_error)
+    }
+
+    /// Runs a statement; returns its rows.
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StorageError> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql).await.map_err(statement_error)?;
+        client
+            .query(&statement, params)
+            .await
+            .map_err(statement_error)
+    }
+
+    /// Runs a statement; returns how many rows it changed.
+    async fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<usize, StorageError> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql).await.map_err(statement_error)?;
+        let changed = client
+            .execute(&statement, params)
+            .await
+            .map_err(statement_error)?;
+        Ok(changed as usize)
+    }
+
+    pub(super) async fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
+        let (reply, answer) = oneshot::channel();
+        self.claims
+            .try_send((claim, reply))
+            .map_err(|error| match error {
+                mpsc::error::TrySendError::Full(_) => StorageError::Overloaded,
+                mpsc::error::TrySendError::Closed(_) => StorageError::Closed,
+            })?;
+        answer.await.map_err(|_| StorageError::Closed)?
+    }
+
+    pub(super) async fn start_attempt(
+        &self,
+        job_id: &JobId,
+        now: i64,
+        lease_expires_at: i64,
+    ) -> Result<Option<Attempt>, StorageError> {
+        let rows = self
+            .query(
+                START_ATTEMPT_SQL,
+                &[&job_id.as_str(), &lease_expires_at, &now],
+            )
+            .await?;
+        Ok(rows.first().map(|row| Attempt {
+            job_id: job_id.clone(),
+            number: row.get::<_, i32>(0).unsigned_abs(),
+            event_type: row.get(1),
+            source: Source::parse(row.get(2)),
+            body: row.get(3),
+        }))
+    }
+
+    pub(super) async fn finish_attempt(
+        &self,
+        attempt: &Attempt,
+        end: &AttemptEnd,
+        now: i64,
+    ) -> Result<Option<State>, StorageError> {
+        let (state, error, retry_at) = end.outcome();
+        let finished_at = state.is_finished().then_some(now);
+        let changed = self
+            .execute(
+                &pg(jobs::FINISH_ATTEMPT_SQL),
+                &[
+                    &attempt.job_id.as_str(),
+                    &attempt_number(attempt),
+                    &state.as_str(),
+                    &error,
+                    &retry_at,
+                    &finished_at,
+                    &now,
+                ],
+            )
+            .await?;
+        Ok((changed == 1).then_some(state))
+    }
+
+    pub(super) async fn release_attempt(
+        &self,
+        attempt: &Attempt,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        let changed = self
+            .execute(
+                &pg(jobs::RELEASE_ATTEMPT_SQL),
+                &[&attempt.job_id.as_str(), &attempt_number(attempt), &now],
+            )
+            .await?;
+        Ok(changed == 1)
+    }
+
+    pub(super) async fn expire_leases(
+        &self,
+        cutoff: i64,
+        now: i64,
+        max_attempts: u32,
+        error: &'static str,
+        still_running: impl Fn(&str) -> bool + Send + 'static,
+    ) -> Result<usize, StorageError> {
+        let expired = self
+            .query(&pg(jobs::EXPIRED_LEASES_SQL), &[&cutoff])
+            .await?;
+        let max_attempts = i32::try_from(max_attempts).unwrap_or(i32::MAX);
+        let mut taken_back = 0;
+        for row in expired {
+            let job_id: &str = row.get(0);
+            if still_running(job_id) {
+                continue;
+            }
+            let rows = self
+                .query(
+                    &pg(jobs::TAKE_BACK_LEASE_SQL),
+                    &[&job_id, &now, &max_attempts, &error, &cutoff],
+                )
+                .await?;
+            if let Some(row) = rows.first() {
+                let state = row.get::<_, &str>(0).parse().unwrap_or(State::Retrying);
+                jobs::record_lease_taken_back(job_id, state);
+                taken_back += 1;
+            }
+        }
+        Ok(taken_back)
+    }
+
+    pub(super) async fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError> {
+        let rows = self
+            .query(&pg(jobs::DUE_JOBS_SQL), &[&now, &(limit as i64)])
+            .await?;
+        let next_at = self.query(&pg(jobs::NEXT_DUE_SQL), &[]).await?;
+        Ok(DueJobs::sort(
+            rows.iter().map(|row| row.get(0)).collect(),
+            next_at.first().and_then(|row| row.get(0)),
+        ))
+    }
+
+    pub(super) async fn give_up_unrunnable(
+        &self,
+        unrunnable: Vec<(String, String)>,
+        now: i64,
+    ) -> Result<(), StorageError> {
+        for (job_id, reason) in &unrunnable {
+            let error = jobs::unrunnable_error(reason);
+            if self
+                .execute(&pg(jobs::GIVE_UP_SQL), &[job_id, &now, &error])
+                .await?
+                == 1
+            {
+                jobs::log_given_up(job_id, reason);
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves when a claim batch or `jobs retry` notified the channel (any receiver's).
+    pub(super) async fn work_added_elsewhere(&self) {
+        self.work_added.notified().await
+    }
+
+    pub(super) async fn retention_step(
+        &self,
+        step: RetentionStep,
+        before: i64,
+        limit: usize,
+    ) -> Result<usize, StorageError> {
+        let sql = match step {
+            RetentionStep::PurgeBodies => PURGE_BODIES_SQL,
+            RetentionStep::DeleteFinished => DELETE_FINISHED_SQL,
+            RetentionStep::DeleteResolvedExpectations => DELETE_RESOLVED_SQL,
+        };
+        self.execute(sql, &[&before, &(limit as i64)]).await
+    }
+
+    pub(super) async fn expect_job(
+        &self,
+        job_id: &JobId,
+        now: i64,
+        first_poll_at: i64,
+    ) -> Result<bool, StorageError> {
+        let inserted = self
+            .execute(
+                &pg(expected::EXPECT_JOB_SQL),
+                &[&job_id.as_str(), &now, &first_poll_at],
+            )
+            .await?;
+        Ok(inserted == 1)
+    }
+
+    pub(super) async fn resolve_arrived(&self, now: i64) -> Result<usize, StorageError> {
+        self.execute(&pg(expected::RESOLVE_ARRIVED_SQL), &[&now])
+            .await
+    }
+
+    /// Takes due expectations and moves their next poll `lease` ahead, so that no other
+    /// receiver polls them meanwhile (and one does, if this receiver dies before recording).
+    pub(super) async fn due_expectations(
+        &self,
+        now: i64,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<DueExpectation>, StorageError> {
+        let leased_until = now + super::duration_ms(lease);
+        let rows = self
+            .query(
+                TAKE_DUE_EXPECTATIONS_SQL,
+                &[&now, &(limit as i64), &leased_until],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| DueExpectation {
+                job_id: row.get(0),
+                expected_at: row.get(1),
+                polls: row.get::<_, i32>(2).unsigned_abs(),
+            })
+            .collect())
+    }
+
+    pub(super) async fn record_poll(
+        &self,
+        job_id: &str,
+        result: &PollResult,
+        now: i64,
+    ) -> Result<(), StorageError> {
+        let (state, status, error, next_poll_at, resolved_at) = result.columns(now);
+        self.execute(
+            &pg(expected::RECORD_POLL_SQL),
+            &[
+                &job_id,
+                &state,
+                &status,
+                &error,
+                &next_poll_at,
+                &resolved_at,
+            ],
+        )
+        .await
+        .map(drop)
+    }
+
+    pub(super) async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
+        let unfinished = self.query(&pg(jobs::COUNT_UNFINISHED_SQL), &[]).await?;
+        let oldest = self.query(&pg(jobs::OLDEST_UNFINISHED_SQL), &[]).await?;
+        let expected = self
+            .query(&pg(expected::COUNT_EXPECTATIONS_SQL), &[])
+            .await?;
+        let size = self
+            .query("SELECT pg_database_size(current_database())", &[])
+            .await?;
+        let oldest: Option<i64> = oldest.first().and_then(|row| row.get(0));
+        Ok(Snapshot {
+            unfinished: jobs::unfinished_counts(state_counts(&unfinished))
+                .into_iter()
+                .map(|(state, count)| (state.as_str(), count))
+                .collect(),
+            oldest_unfinished_age_seconds: oldest
+                .map_or(0.0, |at| (super::now_ms() - at).max(0) as f64 / 1000.0),
+            expected: expected::expectation_counts(state_counts(&expected)),
+            ledger_bytes: size
+                .first()
+                .map_or(0, |row| row.get::<_, i64>(0).unsigned_abs()),
+            wal_bytes: 0,
+            writer_queue_depth: self.writer_queue_depth() as u64,
+        })
+    }
+
+    pub(super) async fn count_finished(&self) -> Result<(u64, u64), StorageError> {
+        let rows = self.query(&pg(jobs::COUNT_FINISHED_SQL), &[]).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StorageError::Postgres("count returned no row".into()))?;
+        Ok((
+            row.get::<_, i64>(0).unsigned_abs(),
+            row.get::<_, i64>(1).unsigned_abs(),
+        ))
+    }
+
+    pub(super) async fn probe(&self) -> Result<(), StorageError> {
+        self.query("SELECT 1", &[]).await.map(drop)
+    }
+
+    pub(super) fn writer_queue_depth(&self) -> usize {
+        WRITER_QUEUE_CAPACITY - self.claims.capacity()
+    }
+
+    pub(super) fn readiness(&self) -> Result<(), &'static str> {
+        if self.failed.is_cancelled() {
+            return Err("the ledger's claim batcher has stopped");
+        }
+        if !self.last_commit_ok.load(Ordering::Relaxed) {
+            return Err("PostgreSQL did not take the last claims (probed every second)");
+        }
+        if self.writer_queue_depth() * 10 >= WRITER_QUEUE_CAPACITY * 9 {
+            return Err("the ledger's claim queue is nearly full");
+        }
+        Ok(())
+    }
+
+    pub(super) async fn writer_failed(&self) {
+        self.failed.cancelled().await
+    }
+
+    /// Commits every claim queued before this call, then stops the batcher and the listener.
+    pub(super) async fn close(&self) {
+        self.stopping.cancel();
+        let tasks = self.tasks.lock().expect("not poisoned").take();
+        if let Some(mut tasks) = tasks {
+            while tasks.join_next().await.is_some() {}
+        }
+        self.pool.close();
+    }
+}
+
+fn attempt_number(attempt: &Attempt) -> i32 {
+    i32::try_from(attempt.number).unwrap_or(i32::MAX)
+}
+
+/// (state, count) rows of a `GROUP BY state` count.
+fn state_counts(rows: &[Row]) -> Vec<(String, i64)> {
+    rows.iter().map(|row| (row.get(0), row.get(1))).collect()
+}
+
+/// Starts an attempt on a row no other receiver is starting (`SKIP LOCKED`: it is theirs).
+const START_ATTEMPT_SQL: &str = "UPDATE jobs SET state = 'running', attempts = attempts + 1,
+        lease_expires_at = $2, next_attempt_at = NULL, updated_at = $3
+    WHERE job_id = (SELECT job_id FROM jobs
+                    WHERE job_id = $1 AND state IN ('claimed', 'retrying') AND body IS NOT NULL
+                    FOR UPDATE SKIP LOCKED)
+    RETURNING attempts, event_type, source, body";
+/// One batch of claims: inserted in job_id order (no deadlock between concurrent batches),
+/// returning those that were new; each new row notifies the channel (PostgreSQL sends one
+/// notification per transaction, at commit).
+const INSERT_CLAIMS_SQL: &str = "WITH inserted AS (
+        INSERT INTO jobs (job_id, state, source, event_type, body, received_at,
+                          next_attempt_at, updated_at)
+        SELECT job_id, 'claimed', source, event_type, body, $5, $5, $5
+        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
+             AS claim (job_id, source, event_type, body)
+        ORDER BY job_id
+        ON CONFLICT (job_id) DO NOTHING
+        RETURNING job_id)
+    SELECT job_id FROM inserted, LATERAL (SELECT pg_notify('sume_jobs', '')) AS woken";
+const PURGE_BODIES_SQL: &str = "UPDATE jobs SET body = NULL WHERE job_id IN (
+        SELECT job_id FROM jobs
+        WHERE state IN ('done', 'dead') AND body IS NOT NULL AND finished_at < $1
+        LIMIT $2 FOR UPDATE SKIP LOCKED)";
+const DELETE_FINISHED_SQL: &str = "DELETE FROM jobs WHERE job_id IN (
+        SELECT job_id FROM jobs WHERE state IN ('done', 'dead') AND finished_at < $1
+        LIMIT $2 FOR UPDATE SKIP LOCKED)";
+const DELETE_RESOLVED_SQL: &str = "DELETE FROM expected_jobs WHERE job_id IN (
+        SELECT job_id FROM expected_jobs WHERE state <> 'waiting' AND resolved_at < $1
+        LIMIT $2 FOR UPDATE SKIP LOCKED)";
+const TAKE_DUE_EXPECTATIONS_SQL: &str = "UPDATE expected_jobs SET next_poll_at = $3
+    WHERE job_id IN (SELECT job_id FROM expected_jobs
+                     WHERE state = 'waiting' AND next_poll_at <= $1
+                     ORDER BY next_poll_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+    RETURNING job_id, expected_at, polls";
+
+/// Refuses a server that acknowledges commits before they are durable: a claim answered 2xx
+/// must survive a crash of PostgreSQL.
+async fn check_durability(client: &tokio_postgres::Client, location: &str) -> anyhow::Result<()> {
+    let row = client
+        .query_one("SHOW synchronous_commit", &[])
+        .await
+        .map_err(|error| anyhow::anyhow!(error_text(&error)))?;
+    let setting: String = row.get(0);
+    if setting == "off" {
+        bail!(
+            "PostgreSQL at {location} has synchronous_commit = off: a claim could be answered \
+             2xx and then lost in a crash. sume-receiver requires on, local, remote_write or \
+             remote_apply (with a standby and failover: on or remote_apply, and the standby in \
+             synchronous_standby_names). Set it for our role or database: \
+             ALTER ROLE ... SET synchronous_commit = on"
+        );
+    }
+    Ok(())
+}
+
+/// Applies the missing migrations in one transaction, under the advisory lock that makes
+/// receivers starting at once take turns.
+async fn migrate(client: &mut tokio_postgres::Client, location: &str) -> anyhow::Result<()> {
+    let postgres = |error: tokio_postgres::Error| anyhow::anyhow!(error_text(&error));
+    let tx = client.transaction().await.map_err(postgres)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(postgres)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS sume_schema (
+             version integer NOT NULL,
+             -- one row only
+             single boolean PRIMARY KEY DEFAULT true CHECK (single)
+         )",
+    )
+    .await
+    .map_err(postgres)?;
+    let version = tx
+        .query_opt("SELECT version FROM sume_schema", &[])
+        .await
+        .map_err(postgres)?
+        .map_or(0, |row| row.get::<_, i32>(0));
+    let version = usize::try_from(version).unwrap_or(0);
+    if version > MIGRATIONS.len() {
+        bail!(
+            "the ledger at {location} has schema version {version}, newer than this binary \
+             knows ({}); refusing to touch it: upgrade sume-receiver",
+            MIGRATIONS.len()
+        );
+    }
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+        tx.batch_execute(sql)
+            .await
+            .map_err(postgres)
+            .with_context(|| {
+                format!(
+                    "migration {} failed on {location} (does database.url name a database \
+                     another application uses? give sume-receiver a database of its own)",
+                    index + 1
+                )
+            })?;
+        tracing::info!(version = index + 1, "applied schema migration");
+    }
+    let latest = MIGRATIONS.len() as i32;
+    tx.execute(
+        "INSERT INTO sume_schema (version) VALUES ($1)
+         ON CONFLICT (single) DO UPDATE SET version = excluded.version",
+        &[&latest],
+    )
+    .await
+    .map_err(postgres)?;
+    tx.commit().await.map_err(postgres)?;
+    Ok(())
+}
+
+/// Groups queued claims into batches and commits them; answers each claim after its batch.
+async fn run_batcher(
+    pool: Pool,
+    mut inbox: mpsc::Receiver<ClaimRequest>,
+    max_batch: usize,
+    stopping: CancellationToken,
+    last_commit_ok: Arc<AtomicBool>,
+) {
+    let in_flight = Arc::new(Semaphore::new(CLAIM_BATCHES_IN_FLIGHT));
+    let mut batches = JoinSet::new();
+    let failures = Arc::new(Mutex::new(Throttled::new("claims failed")));
+    loop {
+        let first = tokio::select! {
+            item = inbox.recv() => item,
+            () = stopping.cancelled() => None,
+            () = tokio::time::sleep(PROBE_INTERVAL), if !last_commit_ok.load(Ordering::Relaxed) => {
+                probe(&pool, &last_commit_ok).await;
+                continue;
+            }
+        };
+        let Some(first) = first else { break };
+        // Waiting for a free slot is when the next batch fills up.
+        let permit = in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            match inbox.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        let (pool, ok, failures) = (pool.clone(), last_commit_ok.clone(), failures.clone());
+        batches.spawn(async move {
+            commit_batch(&pool, batch, &ok, &failures).await;
+            drop(permit);
+        });
+        while batches.try_join_next().is_some() {}
+    }
+    // Stopping: everything queued before the stop still gets its answer.
+    inbox.close();
+    let mut rest = Vec::new();
+    while let Ok(item) = inbox.try_recv() {
+        rest.push(item);
+    }
+    while !rest.is_empty() {
+        let batch: Vec<ClaimRequest> = rest.drain(..rest.len().min(max_batch.max(1))).collect();
+        commit_batch(&pool, batch, &last_commit_ok, &failures).await;
+    }
+    while batches.join_next().await.is_some() {}
+    tracing::debug!("claim batcher stopped");
+}
+
+/// Once the database answers again, readiness says so (no claim may arrive while not ready).
+async fn probe(pool: &Pool, last_commit_ok: &AtomicBool) {
+    if let Ok(client) = pool.get().await {
+        if client.simple_query("SELECT 1").await.is_ok() {
+            tracing::info!("PostgreSQL answers again");
+            last_commit_ok.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+async fn commit_batch(
+    pool: &Pool,
+    batch: Vec<ClaimRequest>,
+    last_commit_ok: &AtomicBool,
+    failures: &Mutex<Throttled>,
+) {
+    let size = batch.len();
+    let mut ordered: Vec<&NewClaim> = batch.iter().map(|(claim, _)| claim).collect();
+    ordered.sort_by(|a, b| a.job_id.as_str().cmp(b.job_id.as_str()));
+    ordered.dedup_by(|a, b| a.job_id == b.job_id);
+    let result = insert_claims(pool, &ordered).await;
+    match &result {
+        Ok(_) => {
+            last_commit_ok.store(true, Ordering::Relaxed);
+            failures.lock().expect("not poisoned").recovered();
+        }
+        Err(error) => {
+            last_commit_ok.store(false, Ordering::Relaxed);
+            failures
+                .lock()
+                .expect("not poisoned")
+                .warn(&format!("{error} (batch of {size})"));
+        }
+    }
+    crate::metrics::METRICS.record_commit(size, result.is_ok());
+    // The first request for each new job_id is its claim; every other one a duplicate.
+    let mut claimed = match result {
+        Ok(claimed) => claimed,
+        Err(error) => {
+            for (_, reply) in batch {
+                let _ = reply.send(Err(error.clone()));
+            }
+            return;
+        }
+    };
+    for (claim, reply) in batch {
+        let outcome = if claimed.remove(claim.job_id.as_str()) {
+            ClaimOutcome::Claimed
+        } else {
+            ClaimOutcome::Duplicate
+        };
+        let _ = reply.send(Ok(outcome));
+    }
+}
+
+/// Inserts the claims in one statement; returns the job_ids that were new.
+async fn insert_claims(
+    pool: &Pool,
+    claims: &[&NewClaim],
+) -> Result<std::collections::HashSet<String>, StorageError> {
+    let client = pool.get().await.map_err(pool_error)?;
+    let statement = client
+        .prepare_cached(INSERT_CLAIMS_SQL)
+        .await
+        .map_err(statement_error)?;
+    let job_ids: Vec<&str> = claims.iter().map(|c| c.job_id.as_str()).collect();
+    let sources: Vec<&str> = claims.iter().map(|c| c.source.as_str()).collect();
+    let event_types: Vec<Option<&str>> = claims.iter().map(|c| c.event_type.as_deref()).collect();
+    let bodies: Vec<&str> = claims.iter().map(|c| c.body.as_str()).collect();
+    let rows = client
+        .query(
+            &statement,
+            &[&job_ids, &sources, &event_types, &bodies, &super::now_ms()],
+        )
+        .await
+        .map_err(statement_error)?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
+}
+
+/// Listens for claims of every receiver on a connection of its own; wakes the worker for each
+/// notification, and once after every (re)connection, since some may have been missed.
+async fn listen(
+    pg_config: tokio_postgres::Config,
+    work_added: Arc<Notify>,
+    stopping: CancellationToken,
+) {
+    let mut failures = Throttled::new("cannot listen for new work on PostgreSQL; retrying");
+    loop {
+        let listening = async {
+            let (client, mut connection) = pg_config.connect(NoTls).await?;
+            let wake = work_added.clone();
+            let messages = tokio::spawn(async move {
+                while let Some(message) =
+                    std::future::poll_fn(|cx| connection.poll_message(cx)).await
+                {
+                    match message {
+                        Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
+                        Ok(_) => {}
+                        Err(error) => return Err(error),
+                    }
+                }
+                Ok(())
+            });
+            client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+            work_added.notify_one();
+            let ended = messages.await;
+            drop(client);
+            match ended {
+                Ok(result) => result,
+                Err(_) => Ok(()),
+            }
+        };
+        tokio::select! {
+            result = listening => {
+                if let Err(error) = result {
+                    failures.warn(&error_text(&error));
+                }
+            }
+            () = stopping.cancelled() => return,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(LISTEN_RETRY) => {}
+            () = stopping.cancelled() => return,
+        }
+    }
+}
+
+/// The PostgreSQL ledger for the command line: one connection, the `jobs` commands.
+pub struct Inspector {
+    runtime: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+}
+
+impl Inspector {
+    /// Connects and checks that the schema is the one this binary knows (the service migrates
+    /// it; the command line never does).
+    pub fn open(url: &PostgresUrl) -> anyhow::Result<Inspector> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let location = url.location();
+        let client = runtime.block_on(async {
+            let (client, connection) = url
+                .config(CONNECT_TIMEOUT)
+                .connect(NoTls)
+                .await
+                .map_err(|error| anyhow::anyhow!(error_text(&error)))
+                .with_context(|| format!("cannot connect to PostgreSQL at {location}"))?;
+            tokio::spawn(connection);
+            let version = client
+                .query_opt("SELECT version FROM sume_schema", &[])
+                .await
+                .ok()
+                .flatten()
+                .map_or(0, |row| row.get::<_, i32>(0));
+            if version as usize != MIGRATIONS.len() {
+                bail!(
+                    "the ledger at {location} has schema version {version}, this binary \
+                     expects {}: start the service once to create or migrate it, or use the \
+                     matching sume-receiver",
+                    MIGRATIONS.len()
+                );
+            }
+            anyhow::Ok(client)
+        })?;
+        Ok(Inspector { runtime, client })
+    }
+
+    fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, StorageError> {
+        self.runtime
+            .block_on(self.client.query(sql, params))
+            .map_err(statement_error)
+    }
+
+    pub fn list_jobs(
+        &self,
+        state: Option<State>,
+        limit: usize,
+    ) -> Result<Vec<JobSummary>, StorageError> {
+        let rows = self.query(
+            &pg(jobs::LIST_JOBS_SQL),
+            &[&state.map(State::as_str), &(limit as i64)],
+        )?;
+        Ok(rows.iter().map(summary_from_row).collect())
+    }
+
+    pub fn show_job(&self, job_id: &str) -> Result<Option<JobDetail>, StorageError> {
+        let rows = self.query(&pg(jobs::SHOW_JOB_SQL), &[&job_id])?;
+        Ok(rows.first().map(|row| JobDetail {
+            summary: summary_from_row(row),
+            lease_expires_at: row.get(9),
+            updated_at: row.get(10),
+            body: row.get(11),
+        }))
+    }
+
+    /// Makes a finished job due again and wakes the receivers' workers.
+    pub fn retry_job(&self, job_id: &str, now: i64) -> Result<(), RetryError> {
+        let changed = self
+            .runtime
+            .block_on(
+                self.client
+                    .execute(&pg(jobs::RETRY_JOB_SQL), &[&job_id, &now]),
+            )
+            .map_err(statement_error)?;
+        if changed == 1 {
+            self.query(&format!("NOTIFY {CHANNEL}"), &[])?;
+            return Ok(());
+        }
+        let found = self.query(&pg(jobs::RETRY_REFUSAL_SQL), &[&job_id])?;
+        Err(RetryError::refusal(
+            job_id,
+            found.first().map(|row| (row.get(0), row.get(1))),
+        ))
+    }
+
+    pub fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {
+        let by_state = self.query(&pg(jobs::COUNT_BY_STATE_SQL), &[])?;
+        let (hour_ago, day_ago) = JobStats::since(now);
+        let counts = self.query(&pg(jobs::STATS_SQL), &[&hour_ago, &day_ago])?;
+        let row = counts
+            .first()
+            .ok_or_else(|| StorageError::Postgres("stats returned no row".into()))?;
+        Ok(JobStats::from_counts(
+            state_counts(&by_state),
+            (row.get(0), row.get(1), row.get(2)),
+        ))
+    }
+
+    pub fn expect_job(
+        &self,
+        job_id: &JobId,
+        now: i64,
+        first_poll_at: i64,
+    ) -> Result<bool, StorageError> {
+        let inserted = self
+            .runtime
+            .block_on(self.client.execute(
+                &pg(expected::EXPECT_JOB_SQL),
+                &[&job_id.as_str(), &now, &first_poll_at],
+            ))
+            .map_err(statement_error)?;
+        Ok(inserted == 1)
+    }
+
+    pub fn job_ids_like(&self, pattern: &str) -> Result<Vec<String>, StorageError> {
+        let rows = self.query(&pg(jobs::JOB_IDS_LIKE_SQL), &[&pattern])?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
+    pub fn list_expectations(&self, limit: usize) -> Result<Vec<Expectation>, StorageError> {
+        let rows = self.query(&pg(expected::LIST_EXPECTATIONS_SQL), &[&(limit as i64)])?;
+        Ok(rows
+            .iter()
+            .map(|row| Expectation {
+                job_id: row.get(0),
+                state: row.get(1),
+                expected_at: row.get(2),
+                next_poll_at: row.get(3),
+                polls: row.get::<_, i32>(4).unsigned_abs(),
+                last_status: row.get(5),
+                last_error: row.get(6),
+            })
+            .collect())
+    }
+}
+
+fn summary_from_row(row: &Row) -> JobSummary {
+    JobSummary {
+        job_id: row.get(0),
+        state: row.get(1),
+        source: row.get(2),
+        event_type: row.get(3),
+        attempts: row.get::<_, i32>(4).unsigned_abs(),
+        received_at: row.get(5),
+        next_attempt_at: row.get(6),
+        finished_at: row.get(7),
+        last_error: row.get(8),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_become_dollar_numbers() {
+        assert_eq!(
+            pg("UPDATE t SET a = ?12 WHERE b = ?1 AND c IS NULL"),
+            "UPDATE t SET a = $12 WHERE b = $1 AND c IS NULL"
+        );
+        assert_eq!(pg("SELECT '?' || ?"), "SELECT '?' || ?");
+    }
+}
