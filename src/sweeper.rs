@@ -34,9 +34,14 @@ impl Sweeper {
         }
     }
 
-    /// At start: every `running` row belongs to a process that is gone (we hold the instance
-    /// lock), so all of them are taken back at once instead of waiting for their leases.
+    /// At start: on a ledger of our own every `running` row belongs to a process that is gone
+    /// (we hold the instance lock), so all of them are taken back at once instead of waiting
+    /// for their leases. On a shared ledger other receivers run jobs right now: only expired
+    /// leases are taken back, as at every sweep.
     pub async fn recover(&self) -> Result<SweepReport, StorageError> {
+        if self.ledger.is_shared() {
+            return self.sweep_once().await;
+        }
         self.sweep(
             i64::MAX,
             "interrupted: the receiver stopped during this attempt",

@@ -11,193 +11,6 @@ use sume_receiver::signature;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test(flavor = "multi_thread")]
-async fn first_delivery_is_claimed_and_redelivery_is_a_duplicate() {
-    let server = TestServer::start("").await;
-    let body = job_body("job-1");
-    let answer = server.deliver(&body).await;
-    assert_eq!(answer.status, 200);
-    assert_eq!(
-        json(&answer),
-        serde_json::json!({"job_id": "job-1", "duplicate": false})
-    );
-    let (state, event_type, stored): (String, String, String) = server
-        .db()
-        .query_row(
-            "SELECT state, event_type, body FROM jobs WHERE job_id = 'job-1'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .unwrap();
-    assert_eq!(
-        (state.as_str(), event_type.as_str()),
-        ("claimed", "job.completed")
-    );
-    assert_eq!(stored, body, "the body is stored verbatim");
-
-    // A Redeliver: same event, fresh timestamp and signature.
-    let answer = server
-        .deliver_signed(&body, unix_now() - 5, &[SECRET])
-        .await;
-    assert_eq!(answer.status, 200);
-    assert_eq!(
-        json(&answer),
-        serde_json::json!({"job_id": "job-1", "duplicate": true})
-    );
-    assert_eq!(server.row_count(), 1);
-    server.stop().await.0.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn concurrent_deliveries_of_one_job_claim_it_once() {
-    let server = std::sync::Arc::new(TestServer::start("").await);
-    let mut deliveries = tokio::task::JoinSet::new();
-    for _ in 0..100 {
-        let server = server.clone();
-        deliveries.spawn(async move { server.deliver(&job_body("job-race")).await });
-    }
-    let mut first = 0;
-    while let Some(answer) = deliveries.join_next().await {
-        let answer = answer.unwrap();
-        assert_eq!(answer.status, 200);
-        if json(&answer)["duplicate"] == false {
-            first += 1;
-        }
-    }
-    assert_eq!(first, 1, "exactly one delivery is the first");
-    assert_eq!(server.row_count(), 1);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn unauthenticated_deliveries_get_401_and_leave_no_row() {
-    let server = TestServer::start("").await;
-    let body = job_body("job-forged");
-    let now = unix_now();
-    let cases: Vec<(&str, Vec<(&str, String)>)> = vec![
-        ("no headers", vec![]),
-        ("no signature", vec![(TIMESTAMP_HEADER, now.to_string())]),
-        (
-            "no timestamp",
-            vec![(
-                SIGNATURE_HEADER,
-                signature::sign(&[SECRET], &now.to_string(), body.as_bytes()),
-            )],
-        ),
-        (
-            "wrong secret",
-            vec![
-                (TIMESTAMP_HEADER, now.to_string()),
-                (
-                    SIGNATURE_HEADER,
-                    signature::sign(&["whsec_wrong"], &now.to_string(), body.as_bytes()),
-                ),
-            ],
-        ),
-        (
-            "stale timestamp",
-            vec![
-                (TIMESTAMP_HEADER, (now - 301).to_string()),
-                (
-                    SIGNATURE_HEADER,
-                    signature::sign(&[SECRET], &(now - 301).to_string(), body.as_bytes()),
-                ),
-            ],
-        ),
-        (
-            "signature over another body",
-            vec![
-                (TIMESTAMP_HEADER, now.to_string()),
-                (
-                    SIGNATURE_HEADER,
-                    signature::sign(&[SECRET], &now.to_string(), b"{}"),
-                ),
-            ],
-        ),
-        (
-            "empty entry",
-            vec![
-                (TIMESTAMP_HEADER, now.to_string()),
-                (SIGNATURE_HEADER, "sume-v1=".into()),
-            ],
-        ),
-    ];
-    for (name, headers) in cases {
-        let answer = server
-            .request(Method::POST, WEBHOOK_PATH, &headers, &body)
-            .await
-            .unwrap();
-        assert_eq!(answer.status, 401, "{name}");
-        assert_eq!(
-            json(&answer)["error"],
-            "invalid or missing signature",
-            "{name}: generic body"
-        );
-    }
-    assert_eq!(server.row_count(), 0);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn rotation_any_entry_and_any_secret_may_match() {
-    let server = TestServer::start("").await;
-    let answer = server
-        .deliver_signed(&job_body("job-rot"), unix_now(), &["whsec_newer", SECRET])
-        .await;
-    assert_eq!(answer.status, 200);
-    assert_eq!(server.row_count(), 1);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn bad_payloads_get_400_with_a_reason_and_leave_no_row() {
-    let server = TestServer::start("").await;
-    for (body, reason) in [
-        ("not json", "not a JSON object"),
-        ("[1,2]", "not a JSON object"),
-        (r#"{"type":"job.completed"}"#, "job_id is missing"),
-        (r#"{"job_id":""}"#, "job_id is empty"),
-        (r#"{"job_id":7}"#, "job_id must be a string"),
-        // Regression: these were claimed, then could never run (NUL) or forged log lines.
-        (r#"{"job_id":"a\u0000b"}"#, "control character"),
-        (r#"{"job_id":"a\nINFO forged line"}"#, "control character"),
-        (r#"{"job_id":"\u001b[31mred"}"#, "control character"),
-        (r#"{"job_id":".."}"#, "`.` or `..`"),
-    ] {
-        let answer = server.deliver(body).await;
-        assert_eq!(answer.status, 400, "{body}");
-        let error = json(&answer)["error"].as_str().unwrap().to_owned();
-        assert!(error.contains(reason), "{body}: {error}");
-    }
-    assert_eq!(server.row_count(), 0);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn oversize_bodies_get_413_declared_or_chunked() {
-    let server = TestServer::start("[server]\nmax_body_bytes = 1024\n").await;
-    let padding = "x".repeat(2000);
-    let body = format!(r#"{{"job_id":"job-big","pad":"{padding}"}}"#);
-    assert_eq!(server.deliver(&body).await.status, 413);
-
-    // Chunked, with no declared length: the limit still holds while reading.
-    let now = unix_now().to_string();
-    let signature = signature::sign(&[SECRET], &now, body.as_bytes());
-    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    let head = format!(
-        "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: test\r\ntransfer-encoding: chunked\r\n\
-         {TIMESTAMP_HEADER}: {now}\r\n{SIGNATURE_HEADER}: {signature}\r\nconnection: close\r\n\r\n"
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    for chunk in body.as_bytes().chunks(500) {
-        let framed = [format!("{:x}\r\n", chunk.len()).as_bytes(), chunk, b"\r\n"].concat();
-        if stream.write_all(&framed).await.is_err() {
-            break; // the server may answer and close before we finish
-        }
-    }
-    let _ = stream.write_all(b"0\r\n\r\n").await;
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer).await;
-    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
-    assert_eq!(server.row_count(), 0);
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn a_locked_database_gets_503_in_time_then_200_once_released() {
     let server = TestServer::start("[database]\nbusy_timeout = \"1s\"\n").await;
     let blocker = server.db();
@@ -218,27 +31,6 @@ async fn a_locked_database_gets_503_in_time_then_200_once_released() {
     assert_eq!(answer.status, 200);
     assert_eq!(json(&answer)["duplicate"], false);
     assert_eq!(server.state_of("job-locked").as_deref(), Some("claimed"));
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn other_routes_health_and_metrics() {
-    let server = TestServer::start("").await;
-    let get = |path: &'static str| server.request(Method::GET, path, &[], "");
-    assert_eq!(get("/healthz").await.unwrap().status, 200);
-    assert_eq!(get("/nope").await.unwrap().status, 404);
-    let answer = get(WEBHOOK_PATH).await.unwrap();
-    assert_eq!(answer.status, 405);
-    assert_eq!(answer.headers.get("allow").unwrap(), "POST");
-
-    server.deliver(&job_body("job-m")).await;
-    let metrics = get("/metrics").await.unwrap();
-    assert_eq!(metrics.status, 200);
-    let text = String::from_utf8(metrics.body.to_vec()).unwrap();
-    assert!(
-        text.contains("sume_deliveries_total{outcome=\"claimed\"}"),
-        "{text}"
-    );
-    assert!(text.contains("sume_jobs{state=\"claimed\"} 1"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -272,19 +64,6 @@ async fn a_second_receiver_reaching_the_ledger_through_a_symlink_is_refused() {
     assert!(
         format!("{error:#}").contains("another sume-receiver is already running"),
         "{error:#}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn claims_survive_a_restart() {
-    let server = TestServer::start("").await;
-    assert_eq!(server.deliver(&job_body("job-keep")).await.status, 200);
-    let (result, dir) = server.stop().await;
-    result.unwrap();
-    let server = TestServer::start_in(dir, "").await;
-    assert_eq!(
-        json(&server.deliver(&job_body("job-keep")).await)["duplicate"],
-        true
     );
 }
 
@@ -519,6 +298,221 @@ async fn readyz_flips_while_commits_fail_and_back() {
     assert_eq!(get("/readyz").await.unwrap().status, 200);
 }
 
+on_both_ledgers! {
+#[tokio::test(flavor = "multi_thread")]
+async fn first_delivery_is_claimed_and_redelivery_is_a_duplicate() {
+    let server = TestServer::start("").await;
+    let body = job_body("job-1");
+    let answer = server.deliver(&body).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        json(&answer),
+        serde_json::json!({"job_id": "job-1", "duplicate": false})
+    );
+    let row = &server.rows(
+        "SELECT state, event_type, body FROM jobs WHERE job_id = 'job-1'",
+        &[],
+    )[0];
+    assert_eq!((&row[0], &row[1]), (&"claimed".into(), &"job.completed".into()));
+    assert_eq!(row[2], body, "the body is stored verbatim");
+
+    // A Redeliver: same event, fresh timestamp and signature.
+    let answer = server
+        .deliver_signed(&body, unix_now() - 5, &[SECRET])
+        .await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        json(&answer),
+        serde_json::json!({"job_id": "job-1", "duplicate": true})
+    );
+    assert_eq!(server.row_count(), 1);
+    server.stop().await.0.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_deliveries_of_one_job_claim_it_once() {
+    let server = std::sync::Arc::new(TestServer::start("").await);
+    let mut deliveries = tokio::task::JoinSet::new();
+    for _ in 0..100 {
+        let server = server.clone();
+        deliveries.spawn(async move { server.deliver(&job_body("job-race")).await });
+    }
+    let mut first = 0;
+    while let Some(answer) = deliveries.join_next().await {
+        let answer = answer.unwrap();
+        assert_eq!(answer.status, 200);
+        if json(&answer)["duplicate"] == false {
+            first += 1;
+        }
+    }
+    assert_eq!(first, 1, "exactly one delivery is the first");
+    assert_eq!(server.row_count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unauthenticated_deliveries_get_401_and_leave_no_row() {
+    let server = TestServer::start("").await;
+    let body = job_body("job-forged");
+    let now = unix_now();
+    let cases: Vec<(&str, Vec<(&str, String)>)> = vec![
+        ("no headers", vec![]),
+        ("no signature", vec![(TIMESTAMP_HEADER, now.to_string())]),
+        (
+            "no timestamp",
+            vec![(
+                SIGNATURE_HEADER,
+                signature::sign(&[SECRET], &now.to_string(), body.as_bytes()),
+            )],
+        ),
+        (
+            "wrong secret",
+            vec![
+                (TIMESTAMP_HEADER, now.to_string()),
+                (
+                    SIGNATURE_HEADER,
+                    signature::sign(&["whsec_wrong"], &now.to_string(), body.as_bytes()),
+                ),
+            ],
+        ),
+        (
+            "stale timestamp",
+            vec![
+                (TIMESTAMP_HEADER, (now - 301).to_string()),
+                (
+                    SIGNATURE_HEADER,
+                    signature::sign(&[SECRET], &(now - 301).to_string(), body.as_bytes()),
+                ),
+            ],
+        ),
+        (
+            "signature over another body",
+            vec![
+                (TIMESTAMP_HEADER, now.to_string()),
+                (
+                    SIGNATURE_HEADER,
+                    signature::sign(&[SECRET], &now.to_string(), b"{}"),
+                ),
+            ],
+        ),
+        (
+            "empty entry",
+            vec![
+                (TIMESTAMP_HEADER, now.to_string()),
+                (SIGNATURE_HEADER, "sume-v1=".into()),
+            ],
+        ),
+    ];
+    for (name, headers) in cases {
+        let answer = server
+            .request(Method::POST, WEBHOOK_PATH, &headers, &body)
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 401, "{name}");
+        assert_eq!(
+            json(&answer)["error"],
+            "invalid or missing signature",
+            "{name}: generic body"
+        );
+    }
+    assert_eq!(server.row_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rotation_any_entry_and_any_secret_may_match() {
+    let server = TestServer::start("").await;
+    let answer = server
+        .deliver_signed(&job_body("job-rot"), unix_now(), &["whsec_newer", SECRET])
+        .await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(server.row_count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_payloads_get_400_with_a_reason_and_leave_no_row() {
+    let server = TestServer::start("").await;
+    for (body, reason) in [
+        ("not json", "not a JSON object"),
+        ("[1,2]", "not a JSON object"),
+        (r#"{"type":"job.completed"}"#, "job_id is missing"),
+        (r#"{"job_id":""}"#, "job_id is empty"),
+        (r#"{"job_id":7}"#, "job_id must be a string"),
+        // Regression: these were claimed, then could never run (NUL) or forged log lines.
+        (r#"{"job_id":"a\u0000b"}"#, "control character"),
+        (r#"{"job_id":"a\nINFO forged line"}"#, "control character"),
+        (r#"{"job_id":"\u001b[31mred"}"#, "control character"),
+        (r#"{"job_id":".."}"#, "`.` or `..`"),
+    ] {
+        let answer = server.deliver(body).await;
+        assert_eq!(answer.status, 400, "{body}");
+        let error = json(&answer)["error"].as_str().unwrap().to_owned();
+        assert!(error.contains(reason), "{body}: {error}");
+    }
+    assert_eq!(server.row_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversize_bodies_get_413_declared_or_chunked() {
+    let server = TestServer::start("[server]\nmax_body_bytes = 1024\n").await;
+    let padding = "x".repeat(2000);
+    let body = format!(r#"{{"job_id":"job-big","pad":"{padding}"}}"#);
+    assert_eq!(server.deliver(&body).await.status, 413);
+
+    // Chunked, with no declared length: the limit still holds while reading.
+    let now = unix_now().to_string();
+    let signature = signature::sign(&[SECRET], &now, body.as_bytes());
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let head = format!(
+        "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: test\r\ntransfer-encoding: chunked\r\n\
+         {TIMESTAMP_HEADER}: {now}\r\n{SIGNATURE_HEADER}: {signature}\r\nconnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    for chunk in body.as_bytes().chunks(500) {
+        let framed = [format!("{:x}\r\n", chunk.len()).as_bytes(), chunk, b"\r\n"].concat();
+        if stream.write_all(&framed).await.is_err() {
+            break; // the server may answer and close before we finish
+        }
+    }
+    let _ = stream.write_all(b"0\r\n\r\n").await;
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert_eq!(server.row_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn other_routes_health_and_metrics() {
+    let server = TestServer::start("").await;
+    let get = |path: &'static str| server.request(Method::GET, path, &[], "");
+    assert_eq!(get("/healthz").await.unwrap().status, 200);
+    assert_eq!(get("/nope").await.unwrap().status, 404);
+    let answer = get(WEBHOOK_PATH).await.unwrap();
+    assert_eq!(answer.status, 405);
+    assert_eq!(answer.headers.get("allow").unwrap(), "POST");
+
+    server.deliver(&job_body("job-m")).await;
+    let metrics = get("/metrics").await.unwrap();
+    assert_eq!(metrics.status, 200);
+    let text = String::from_utf8(metrics.body.to_vec()).unwrap();
+    assert!(
+        text.contains("sume_deliveries_total{outcome=\"claimed\"}"),
+        "{text}"
+    );
+    assert!(text.contains("sume_jobs{state=\"claimed\"} 1"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_survive_a_restart() {
+    let server = TestServer::start("").await;
+    assert_eq!(server.deliver(&job_body("job-keep")).await.status, 200);
+    let (result, dir) = server.stop().await;
+    result.unwrap();
+    let server = TestServer::start_in(dir, "").await;
+    assert_eq!(
+        json(&server.deliver(&job_body("job-keep")).await)["duplicate"],
+        true
+    );
+}
+
 /// /metrics, /healthz and /readyz on the admin listener (no token needed for these), and
 /// `expose_metrics = false` takes /metrics off the public listener.
 #[tokio::test(flavor = "multi_thread")]
@@ -552,4 +546,5 @@ async fn operational_endpoints_on_the_admin_listener() {
             "{path}"
         );
     }
+}
 }

@@ -168,296 +168,21 @@ impl Sender {
     }
 }
 
-fn ledger_rows(db: &Path) -> HashMap<String, (String, i64)> {
-    let conn = rusqlite::Connection::open(db).unwrap();
-    let mut statement = conn
-        .prepare("SELECT job_id, state, attempts FROM jobs")
-        .unwrap();
-    let rows = statement
-        .query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                (r.get::<_, String>(1)?, r.get::<_, i64>(2)?),
-            ))
+/// job_id -> (state, attempts) in the ledger of the service configured in `dir`.
+fn job_rows(dir: &Path) -> HashMap<String, (String, i64)> {
+    let config = sume_receiver::config::Config::parse(&config_text(dir, ""), dir).unwrap();
+    ledger_rows(&config, "SELECT job_id, state, attempts FROM jobs", &[])
+        .into_iter()
+        .map(|row| {
+            (
+                row[0].as_str().unwrap().to_owned(),
+                (
+                    row[1].as_str().unwrap().to_owned(),
+                    row[2].as_i64().unwrap(),
+                ),
+            )
         })
-        .unwrap();
-    rows.map(Result::unwrap).collect()
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn kill_9_at_random_moments_loses_no_acknowledged_job() {
-    const JOBS: usize = 200;
-    const DUPLICATES: usize = 100; // a third of the 300 deliveries
-    const SENDERS: usize = 4;
-    const KILLS: usize = 6;
-    const CONCURRENCY: usize = 4;
-
-    let dir = tempfile::tempdir().unwrap();
-    let runs_log = dir.path().join("runs.log");
-    let port = free_port();
-    let script = format!(
-        "echo \"$SUME_JOB_ID\" >> {}; sleep 0.02",
-        runs_log.display()
-    );
-    let handler = format!(
-        "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nconcurrency = {CONCURRENCY}\nmax_attempts = 20\nbackoff = \"50ms\"\n\n[sweeper]\ninterval = \"200ms\"\n"
-    );
-    let config = write_config(dir.path(), port, "", &handler);
-
-    // 300 deliveries: every job once, and the first 100 jobs a second time.
-    let deliveries: Vec<String> = (0..JOBS)
-        .chain(0..DUPLICATES)
-        .map(|i| format!("crash-job-{i:04}"))
-        .collect();
-    let next = Arc::new(Mutex::new(deliveries.into_iter()));
-    let acknowledged = Arc::new(Mutex::new(HashSet::new()));
-    let sender = Arc::new(Sender {
-        port,
-        client: sume_receiver::http_client::new_client(),
-    });
-
-    let mut service = Service::start(&config, port).await;
-    let mut senders = tokio::task::JoinSet::new();
-    for _ in 0..SENDERS {
-        let (next, acknowledged, sender) = (next.clone(), acknowledged.clone(), sender.clone());
-        senders.spawn(async move {
-            let mut duplicates = 0;
-            loop {
-                let Some(job_id) = next.lock().unwrap().next() else {
-                    return duplicates;
-                };
-                if sender.deliver_until_acknowledged(&job_id).await {
-                    duplicates += 1;
-                }
-                acknowledged.lock().unwrap().insert(job_id);
-                // Paced so that the kills land while deliveries are still coming in.
-                tokio::time::sleep(Duration::from_millis(fastrand::u64(5..25))).await;
-            }
-        });
-    }
-    for _ in 0..KILLS {
-        tokio::time::sleep(Duration::from_millis(fastrand::u64(50..350))).await;
-        service.kill_9();
-        service = Service::start(&config, port).await;
-    }
-    let mut duplicate_answers = 0;
-    while let Some(duplicates) = senders.join_next().await {
-        duplicate_answers += duplicates.unwrap();
-    }
-    let acknowledged = acknowledged.lock().unwrap().clone();
-    assert_eq!(acknowledged.len(), JOBS);
-    assert!(
-        duplicate_answers >= DUPLICATES,
-        "every second delivery of a job is a duplicate"
-    );
-
-    let db = dir.path().join("ledger.sqlite3");
-    let all_done = eventually(Duration::from_secs(30), || {
-        let rows = ledger_rows(&db);
-        acknowledged
-            .iter()
-            .all(|job_id| rows.get(job_id).is_some_and(|(state, _)| state == "done"))
-    })
-    .await;
-    service.stop_cleanly().await;
-    let rows = ledger_rows(&db);
-    assert!(all_done, "not every acknowledged job is done: {rows:?}");
-    assert_eq!(rows.len(), JOBS, "one row per job, no more");
-
-    let mut runs: HashMap<String, usize> = HashMap::new();
-    for line in std::fs::read_to_string(&runs_log).unwrap().lines() {
-        *runs.entry(line.to_owned()).or_default() += 1;
-    }
-    let mut reran = 0;
-    for job_id in &acknowledged {
-        let count = runs.get(job_id).copied().unwrap_or(0);
-        let attempts = rows[job_id].1;
-        assert!(count >= 1, "{job_id} is done but its handler never ran");
-        // The handler never fails here, so a second attempt means the first was interrupted by
-        // a kill; a run without such an attempt would be a double run.
-        assert!(
-            count as i64 <= attempts,
-            "{job_id} ran {count} times in {attempts} attempts"
-        );
-        if count > 1 {
-            reran += 1;
-        }
-    }
-    assert!(
-        reran <= KILLS * CONCURRENCY,
-        "{reran} jobs ran twice; at most {} were in flight at kills",
-        KILLS * CONCURRENCY
-    );
-    println!(
-        "crash test: {} deliveries ({duplicate_answers} answered duplicate), {KILLS} kills, {} jobs done, lost 0, re-run {reran}",
-        JOBS + DUPLICATES,
-        acknowledged.len()
-    );
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn sigterm_lets_a_running_handler_finish_within_the_grace() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let handler = "[handler]\ncommand = [\"sh\", \"-c\", \"sleep 1\"]\n";
-    let config = write_config(dir.path(), port, "", &format!("{handler}\n"));
-    let service = Service::start(&config, port).await;
-    let sender = Sender {
-        port,
-        client: sume_receiver::http_client::new_client(),
-    };
-    sender.deliver_until_acknowledged("job-graceful").await;
-    let db = dir.path().join("ledger.sqlite3");
-    assert!(
-        eventually(Duration::from_secs(5), || ledger_rows(&db)["job-graceful"]
-            .0
-            == "running")
-        .await
-    );
-    assert!(service.stop_cleanly().await < Duration::from_secs(5));
-    assert_eq!(ledger_rows(&db)["job-graceful"].0, "done");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn sigterm_past_the_grace_stops_the_handler_and_the_next_start_finishes_the_job() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let release = dir.path().join("release");
-    let script = format!("[ -e {} ] || sleep 30", release.display());
-    // One attempt only: an attempt our own shutdown interrupted must not use it up.
-    let handler = format!("[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nmax_attempts = 1\n");
-    let config = write_config(dir.path(), port, "shutdown_grace = \"300ms\"", &handler);
-
-    let service = Service::start(&config, port).await;
-    let sender = Sender {
-        port,
-        client: sume_receiver::http_client::new_client(),
-    };
-    sender.deliver_until_acknowledged("job-long").await;
-    let db = dir.path().join("ledger.sqlite3");
-    assert!(
-        eventually(Duration::from_secs(5), || ledger_rows(&db)["job-long"].0
-            == "running")
-        .await
-    );
-    let took = service.stop_cleanly().await;
-    assert!(took < Duration::from_secs(5), "took {took:?}");
-    // Regression: the row stayed `running` and the next start counted the interrupted attempt
-    // as failed, so a job on its last attempt went `dead`.
-    assert_eq!(
-        ledger_rows(&db)["job-long"],
-        ("claimed".to_owned(), 0),
-        "given back uncounted, for the next start"
-    );
-
-    std::fs::write(&release, "").unwrap();
-    let service = Service::start(&config, port).await;
-    assert!(
-        eventually(Duration::from_secs(10), || ledger_rows(&db)["job-long"].0
-            == "done")
-        .await
-    );
-    assert_eq!(
-        ledger_rows(&db)["job-long"].1,
-        1,
-        "the interrupted attempt does not count"
-    );
-    service.stop_cleanly().await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn cli_lists_shows_and_retries_jobs() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let runs_log = dir.path().join("runs.log");
-    let script = format!(
-        "echo \"$SUME_JOB_ID $SUME_ATTEMPT\" >> {}; echo 'no luck' >&2; exit 1",
-        runs_log.display()
-    );
-    let extra = format!(
-        "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nmax_attempts = 1\n\n[sweeper]\ninterval = \"100ms\"\n"
-    );
-    let config = write_config(dir.path(), port, "", &extra);
-    let db = dir.path().join("ledger.sqlite3");
-
-    let missing = cli(&config, &["jobs", "list"]);
-    assert!(!missing.status.success());
-    assert!(
-        String::from_utf8_lossy(&missing.stderr).contains("no ledger at"),
-        "{missing:?}"
-    );
-
-    let service = Service::start(&config, port).await;
-    let sender = Sender {
-        port,
-        client: sume_receiver::http_client::new_client(),
-    };
-    sender.deliver_until_acknowledged("job-cli").await;
-    assert!(
-        eventually(Duration::from_secs(5), || ledger_rows(&db)["job-cli"].0
-            == "dead")
-        .await
-    );
-
-    let list = cli(&config, &["jobs", "list", "--state", "dead"]);
-    assert!(list.status.success(), "{list:?}");
-    let table = String::from_utf8(list.stdout).unwrap();
-    assert!(
-        table.starts_with("JOB_ID") && table.contains("job-cli") && table.contains("no luck"),
-        "{table}"
-    );
-
-    let list = cli(&config, &["jobs", "list", "--state", "done", "--json"]);
-    assert_eq!(
-        serde_json::from_slice::<serde_json::Value>(&list.stdout).unwrap(),
-        serde_json::json!([])
-    );
-
-    let show = cli(&config, &["jobs", "show", "job-cli", "--json"]);
-    let job: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
-    assert_eq!(job["state"], "dead");
-    assert_eq!(job["attempts"], 1);
-    // The body as JSON, not a string holding JSON; times also in RFC 3339.
-    assert_eq!(
-        job["body"],
-        serde_json::from_str::<serde_json::Value>(&job_body("job-cli")).unwrap()
-    );
-    assert!(
-        job["received_at_utc"].as_str().unwrap().ends_with('Z'),
-        "{job}"
-    );
-    assert!(job["received_at"].is_i64(), "{job}");
-    assert!(job["last_error"]
-        .as_str()
-        .unwrap()
-        .contains("exited with status 1"));
-
-    let retry = cli(&config, &["jobs", "retry", "job-cli"]);
-    assert!(retry.status.success(), "{retry:?}");
-    let ran_twice = eventually(Duration::from_secs(5), || {
-        std::fs::read_to_string(&runs_log)
-            .unwrap_or_default()
-            .lines()
-            .count()
-            == 2
-    })
-    .await;
-    assert!(ran_twice, "the retried job did not run again");
-    assert!(
-        eventually(Duration::from_secs(5), || ledger_rows(&db)["job-cli"].0
-            == "dead")
-        .await
-    );
-
-    let unknown = cli(&config, &["jobs", "show", "nope"]);
-    assert!(!unknown.status.success());
-    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no job \"nope\""));
-    let unknown = cli(&config, &["jobs", "retry", "nope"]);
-    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no job \"nope\""));
-    let bad_state = cli(&config, &["jobs", "list", "--state", "sleeping"]);
-    assert!(String::from_utf8_lossy(&bad_state.stderr).contains("unknown state"));
-
-    service.stop_cleanly().await;
+        .collect()
 }
 
 #[test]
@@ -852,9 +577,8 @@ async fn backup_stats_and_retry_tell_the_truth() {
     for job in ["job-a", "job-b", "job-c"] {
         sender.deliver_until_acknowledged(job).await;
     }
-    let db = dir.path().join("ledger.sqlite3");
     assert!(
-        eventually(Duration::from_secs(5), || ledger_rows(&db)
+        eventually(Duration::from_secs(5), || job_rows(dir.path())
             .values()
             .all(|(state, _)| state == "dead"))
         .await
@@ -867,7 +591,11 @@ async fn backup_stats_and_retry_tell_the_truth() {
         String::from_utf8_lossy(&backup.stdout).contains("backed up 3 jobs"),
         "{backup:?}"
     );
-    assert_eq!(ledger_rows(&copy).len(), 3);
+    let copied: i64 = rusqlite::Connection::open(&copy)
+        .unwrap()
+        .query_row("SELECT count(*) FROM jobs", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(copied, 3);
     assert_eq!(
         std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777,
         0o600
@@ -931,4 +659,279 @@ async fn json_logs_carry_one_line_per_delivery() {
         (Some(401), Some("WARN"))
     );
     assert!(!log.contains(SECRET), "a secret reached the log");
+}
+
+on_both_ledgers! {
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_at_random_moments_loses_no_acknowledged_job() {
+    const JOBS: usize = 200;
+    const DUPLICATES: usize = 100; // a third of the 300 deliveries
+    const SENDERS: usize = 4;
+    const KILLS: usize = 6;
+    const CONCURRENCY: usize = 4;
+
+    let dir = tempfile::tempdir().unwrap();
+    let runs_log = dir.path().join("runs.log");
+    let port = free_port();
+    let script = format!(
+        "echo \"$SUME_JOB_ID\" >> {}; sleep 0.02",
+        runs_log.display()
+    );
+    let handler = format!(
+        "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nconcurrency = {CONCURRENCY}\nmax_attempts = 20\nbackoff = \"50ms\"\n\n[sweeper]\ninterval = \"200ms\"\n"
+    );
+    let config = write_config(dir.path(), port, "", &handler);
+
+    // 300 deliveries: every job once, and the first 100 jobs a second time.
+    let deliveries: Vec<String> = (0..JOBS)
+        .chain(0..DUPLICATES)
+        .map(|i| format!("crash-job-{i:04}"))
+        .collect();
+    let next = Arc::new(Mutex::new(deliveries.into_iter()));
+    let acknowledged = Arc::new(Mutex::new(HashSet::new()));
+    let sender = Arc::new(Sender {
+        port,
+        client: sume_receiver::http_client::new_client(),
+    });
+
+    let mut service = Service::start(&config, port).await;
+    let mut senders = tokio::task::JoinSet::new();
+    for _ in 0..SENDERS {
+        let (next, acknowledged, sender) = (next.clone(), acknowledged.clone(), sender.clone());
+        senders.spawn(async move {
+            let mut duplicates = 0;
+            loop {
+                let Some(job_id) = next.lock().unwrap().next() else {
+                    return duplicates;
+                };
+                if sender.deliver_until_acknowledged(&job_id).await {
+                    duplicates += 1;
+                }
+                acknowledged.lock().unwrap().insert(job_id);
+                // Paced so that the kills land while deliveries are still coming in.
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(5..25))).await;
+            }
+        });
+    }
+    for _ in 0..KILLS {
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(50..350))).await;
+        service.kill_9();
+        service = Service::start(&config, port).await;
+    }
+    let mut duplicate_answers = 0;
+    while let Some(duplicates) = senders.join_next().await {
+        duplicate_answers += duplicates.unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    assert_eq!(acknowledged.len(), JOBS);
+    assert!(
+        duplicate_answers >= DUPLICATES,
+        "every second delivery of a job is a duplicate"
+    );
+
+    let all_done = eventually(Duration::from_secs(30), || {
+        let rows = job_rows(dir.path());
+        acknowledged
+            .iter()
+            .all(|job_id| rows.get(job_id).is_some_and(|(state, _)| state == "done"))
+    })
+    .await;
+    service.stop_cleanly().await;
+    let rows = job_rows(dir.path());
+    assert!(all_done, "not every acknowledged job is done: {rows:?}");
+    assert_eq!(rows.len(), JOBS, "one row per job, no more");
+
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for line in std::fs::read_to_string(&runs_log).unwrap().lines() {
+        *runs.entry(line.to_owned()).or_default() += 1;
+    }
+    let mut reran = 0;
+    for job_id in &acknowledged {
+        let count = runs.get(job_id).copied().unwrap_or(0);
+        let attempts = rows[job_id].1;
+        assert!(count >= 1, "{job_id} is done but its handler never ran");
+        // The handler never fails here, so a second attempt means the first was interrupted by
+        // a kill; a run without such an attempt would be a double run.
+        assert!(
+            count as i64 <= attempts,
+            "{job_id} ran {count} times in {attempts} attempts"
+        );
+        if count > 1 {
+            reran += 1;
+        }
+    }
+    assert!(
+        reran <= KILLS * CONCURRENCY,
+        "{reran} jobs ran twice; at most {} were in flight at kills",
+        KILLS * CONCURRENCY
+    );
+    println!(
+        "crash test: {} deliveries ({duplicate_answers} answered duplicate), {KILLS} kills, {} jobs done, lost 0, re-run {reran}",
+        JOBS + DUPLICATES,
+        acknowledged.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_lets_a_running_handler_finish_within_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let handler = "[handler]\ncommand = [\"sh\", \"-c\", \"sleep 1\"]\n";
+    let config = write_config(dir.path(), port, "", &format!("{handler}\n"));
+    let service = Service::start(&config, port).await;
+    let sender = Sender {
+        port,
+        client: sume_receiver::http_client::new_client(),
+    };
+    sender.deliver_until_acknowledged("job-graceful").await;
+    assert!(
+        eventually(Duration::from_secs(5), || job_rows(dir.path())["job-graceful"]
+            .0
+            == "running")
+        .await
+    );
+    assert!(service.stop_cleanly().await < Duration::from_secs(5));
+    assert_eq!(job_rows(dir.path())["job-graceful"].0, "done");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_past_the_grace_stops_the_handler_and_the_next_start_finishes_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let release = dir.path().join("release");
+    let script = format!("[ -e {} ] || sleep 30", release.display());
+    // One attempt only: an attempt our own shutdown interrupted must not use it up.
+    let handler = format!("[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nmax_attempts = 1\n");
+    let config = write_config(dir.path(), port, "shutdown_grace = \"300ms\"", &handler);
+
+    let service = Service::start(&config, port).await;
+    let sender = Sender {
+        port,
+        client: sume_receiver::http_client::new_client(),
+    };
+    sender.deliver_until_acknowledged("job-long").await;
+    assert!(
+        eventually(Duration::from_secs(5), || job_rows(dir.path())["job-long"].0
+            == "running")
+        .await
+    );
+    let took = service.stop_cleanly().await;
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    // Regression: the row stayed `running` and the next start counted the interrupted attempt
+    // as failed, so a job on its last attempt went `dead`.
+    assert_eq!(
+        job_rows(dir.path())["job-long"],
+        ("claimed".to_owned(), 0),
+        "given back uncounted, for the next start"
+    );
+
+    std::fs::write(&release, "").unwrap();
+    let service = Service::start(&config, port).await;
+    assert!(
+        eventually(Duration::from_secs(10), || job_rows(dir.path())["job-long"].0
+            == "done")
+        .await
+    );
+    assert_eq!(
+        job_rows(dir.path())["job-long"].1,
+        1,
+        "the interrupted attempt does not count"
+    );
+    service.stop_cleanly().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_lists_shows_and_retries_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let runs_log = dir.path().join("runs.log");
+    let script = format!(
+        "echo \"$SUME_JOB_ID $SUME_ATTEMPT\" >> {}; echo 'no luck' >&2; exit 1",
+        runs_log.display()
+    );
+    let extra = format!(
+        "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nmax_attempts = 1\n\n[sweeper]\ninterval = \"100ms\"\n"
+    );
+    let config = write_config(dir.path(), port, "", &extra);
+
+    let missing = cli(&config, &["jobs", "list"]);
+    assert!(!missing.status.success());
+    let error = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        error.contains("no ledger at") || error.contains("start the service once"),
+        "{missing:?}"
+    );
+
+    let service = Service::start(&config, port).await;
+    let sender = Sender {
+        port,
+        client: sume_receiver::http_client::new_client(),
+    };
+    sender.deliver_until_acknowledged("job-cli").await;
+    assert!(
+        eventually(Duration::from_secs(5), || job_rows(dir.path())["job-cli"].0
+            == "dead")
+        .await
+    );
+
+    let list = cli(&config, &["jobs", "list", "--state", "dead"]);
+    assert!(list.status.success(), "{list:?}");
+    let table = String::from_utf8(list.stdout).unwrap();
+    assert!(
+        table.starts_with("JOB_ID") && table.contains("job-cli") && table.contains("no luck"),
+        "{table}"
+    );
+
+    let list = cli(&config, &["jobs", "list", "--state", "done", "--json"]);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&list.stdout).unwrap(),
+        serde_json::json!([])
+    );
+
+    let show = cli(&config, &["jobs", "show", "job-cli", "--json"]);
+    let job: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(job["state"], "dead");
+    assert_eq!(job["attempts"], 1);
+    // The body as JSON, not a string holding JSON; times also in RFC 3339.
+    assert_eq!(
+        job["body"],
+        serde_json::from_str::<serde_json::Value>(&job_body("job-cli")).unwrap()
+    );
+    assert!(
+        job["received_at_utc"].as_str().unwrap().ends_with('Z'),
+        "{job}"
+    );
+    assert!(job["received_at"].is_i64(), "{job}");
+    assert!(job["last_error"]
+        .as_str()
+        .unwrap()
+        .contains("exited with status 1"));
+
+    let retry = cli(&config, &["jobs", "retry", "job-cli"]);
+    assert!(retry.status.success(), "{retry:?}");
+    let ran_twice = eventually(Duration::from_secs(5), || {
+        std::fs::read_to_string(&runs_log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+            == 2
+    })
+    .await;
+    assert!(ran_twice, "the retried job did not run again");
+    assert!(
+        eventually(Duration::from_secs(5), || job_rows(dir.path())["job-cli"].0
+            == "dead")
+        .await
+    );
+
+    let unknown = cli(&config, &["jobs", "show", "nope"]);
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no job \"nope\""));
+    let unknown = cli(&config, &["jobs", "retry", "nope"]);
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no job \"nope\""));
+    let bad_state = cli(&config, &["jobs", "list", "--state", "sleeping"]);
+    assert!(String::from_utf8_lossy(&bad_state.stderr).contains("unknown state"));
+
+    service.stop_cleanly().await;
+}
 }

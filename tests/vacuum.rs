@@ -22,168 +22,41 @@ fn retention(ttl_days: u64, dedupe_days: u64) -> RetentionConfig {
     }
 }
 
-/// Claims `count` jobs named `{prefix}-{i}` and sets their state and age (days since finishing).
-async fn add_jobs(
-    ledger: &Ledger,
+/// Jobs named `{prefix}-{i}` in `state`, finished `age_days` ago if finished.
+fn add_jobs(
+    config: &Config,
     prefix: &str,
     count: usize,
     state: &'static str,
     age_days: i64,
     body_bytes: usize,
 ) {
-    let prefix = prefix.to_owned();
     let pad = "p".repeat(body_bytes);
-    ledger
-        .sqlite()
-        .unwrap()
-        .write(move |conn| {
-            for i in 0..count {
-                let job_id = format!("{prefix}-{i}");
-                let claim = NewClaim {
-                    body: format!(r#"{{"job_id":"{job_id}","pad":"{pad}"}}"#),
-                    job_id: JobId::parse(&job_id).unwrap(),
-                    event_type: None,
-                    source: Source::Webhook,
-                };
-                ledger::insert_claim(conn, &claim, ledger::now_ms())?;
-            }
-            let finished = ledger::now_ms() - age_days * DAY_MS;
-            let finished_at = if matches!(state, "done" | "dead") {
-                Some(finished)
-            } else {
-                None
-            };
-            conn.execute(
-                "UPDATE jobs SET state = ?1, finished_at = ?2 WHERE job_id LIKE ?3 || '-%'",
-                rusqlite::params![state, finished_at, prefix],
-            )?;
-            Ok(())
-        })
-        .await
-        .unwrap();
+    let finished_at =
+        matches!(state, "done" | "dead").then(|| ledger::now_ms() - age_days * DAY_MS);
+    insert_jobs(
+        config,
+        (0..count).map(|i| {
+            let job_id = format!("{prefix}-{i}");
+            let body = format!(r#"{{"job_id":"{job_id}","pad":"{pad}"}}"#);
+            (job_id, state, body, finished_at)
+        }),
+    );
 }
 
-fn count(conn: &rusqlite::Connection, sql: &str) -> i64 {
-    conn.query_row(sql, [], |r| r.get(0)).unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
-    let dir = tempfile::tempdir().unwrap();
-    let (config, ledger) = open_ledger(dir.path()).await;
-    add_jobs(&ledger, "fresh", 10, "done", 1, 10).await;
-    add_jobs(&ledger, "old-done", 1200, "done", 40, 10).await; // more than one batch
-    add_jobs(&ledger, "old-dead", 5, "dead", 40, 10).await;
-    add_jobs(&ledger, "ancient", 700, "done", 400, 10).await;
-    for (prefix, state) in [
-        ("claimed", "claimed"),
-        ("running", "running"),
-        ("retrying", "retrying"),
-    ] {
-        add_jobs(&ledger, prefix, 3, state, 0, 10).await;
-    }
-    // Unfinished rows with an old received_at: age alone never removes unfinished work.
-    ledger
-        .sqlite()
-        .unwrap()
-        .write(|conn| {
-            conn.execute(
-                "UPDATE jobs SET received_at = 0 WHERE finished_at IS NULL",
-                [],
-            )
-        })
-        .await
-        .unwrap();
-    ledger
-        .sqlite()
-        .unwrap()
-        .write(|conn| {
-            conn.execute_batch(&format!(
-                "INSERT INTO expected_jobs (job_id, state, expected_at, next_poll_at, resolved_at)
-                 VALUES ('exp-old', 'arrived', 0, 0, {old}), ('exp-new', 'arrived', 0, 0, {new}),
-                        ('exp-waiting', 'waiting', 0, 0, NULL)",
-                old = ledger::now_ms() - 400 * DAY_MS,
-                new = ledger::now_ms(),
-            ))
-        })
-        .await
-        .unwrap();
-
-    let vacuum = Vacuum::new(ledger.clone(), retention(30, 365), CancellationToken::new());
-    let report = vacuum.vacuum_once().await.unwrap();
-    // Bodies go first (old and ancient alike), then the ancient tombstones.
-    assert_eq!(
-        report,
-        VacuumReport {
-            bodies_purged: 1905,
-            jobs_forgotten: 700,
-            expectations_forgotten: 1
-        }
-    );
-
-    let conn = rusqlite::Connection::open(&config.database.path).unwrap();
-    assert_eq!(
-        count(
-            &conn,
-            "SELECT count(*) FROM jobs WHERE job_id LIKE 'ancient-%'"
-        ),
-        0
-    );
-    assert_eq!(
-        count(
-            &conn,
-            "SELECT count(*) FROM jobs WHERE job_id LIKE 'old-%' AND body IS NULL"
-        ),
-        1205,
-        "tombstones"
-    );
-    assert_eq!(
-        count(
-            &conn,
-            "SELECT count(*) FROM jobs WHERE job_id LIKE 'fresh-%' AND body IS NOT NULL"
-        ),
-        10
-    );
-    assert_eq!(
-        count(
-            &conn,
-            "SELECT count(*) FROM jobs WHERE finished_at IS NULL AND body IS NOT NULL"
-        ),
-        9
-    );
-    assert_eq!(count(&conn, "SELECT count(*) FROM expected_jobs"), 2);
-
-    // A tombstone still makes a Redeliver a duplicate.
-    let again = NewClaim {
-        job_id: JobId::parse("old-done-7").unwrap(),
-        event_type: None,
-        body: "{}".into(),
-        source: Source::Webhook,
-    };
-    assert_eq!(
-        ledger.claim(again).await.unwrap(),
-        ledger::ClaimOutcome::Duplicate
-    );
-
-    assert_eq!(
-        vacuum.vacuum_once().await.unwrap(),
-        VacuumReport::default(),
-        "nothing left to do"
-    );
-    drop(conn);
-    ledger.close().await;
+fn count(config: &Config, sql: &str) -> i64 {
+    ledger_rows(config, sql, &[])[0][0].as_i64().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn vacuum_gives_the_space_back_to_the_file_system() {
     let dir = tempfile::tempdir().unwrap();
     let (config, ledger) = open_ledger(dir.path()).await;
-    add_jobs(&ledger, "keep", 200, "done", 1, 2000).await;
-    add_jobs(&ledger, "churn", 3000, "done", 400, 2000).await;
+    add_jobs(&config, "keep", 200, "done", 1, 2000);
+    add_jobs(&config, "churn", 3000, "done", 400, 2000);
     let size = || {
-        let conn = rusqlite::Connection::open(&config.database.path).unwrap();
         count(
-            &conn,
+            &config,
             "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
         )
     };
@@ -197,25 +70,6 @@ async fn vacuum_gives_the_space_back_to_the_file_system() {
     assert!(
         after < before / 5,
         "the ledger shrank from {before} to {after} bytes"
-    );
-    ledger.close().await;
-}
-
-/// Regression: a retention run working through a big backlog held up SIGTERM until it was done.
-#[tokio::test(flavor = "multi_thread")]
-async fn vacuum_stops_between_batches_at_shutdown() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_config, ledger) = open_ledger(dir.path()).await;
-    add_jobs(&ledger, "backlog", 2000, "done", 400, 10).await;
-    let shutdown = CancellationToken::new();
-    shutdown.cancel();
-    let report = Vacuum::new(ledger.clone(), retention(30, 365), shutdown)
-        .vacuum_once()
-        .await
-        .unwrap();
-    assert_eq!(
-        report.bodies_purged, 500,
-        "one batch, then it noticed the shutdown"
     );
     ledger.close().await;
 }
@@ -239,7 +93,7 @@ fn the_vacuum_command_reports_what_it_removed() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let ledger = Ledger::open(&config.database).await.unwrap();
-        add_jobs(&ledger, "gone", 3, "done", 400, 10).await;
+        add_jobs(&config, "gone", 3, "done", 400, 10);
         ledger.close().await;
     });
     let output = run();
@@ -249,4 +103,121 @@ fn the_vacuum_command_reports_what_it_removed() {
         stdout.contains("purged 3 bodies, forgot 3 jobs"),
         "{stdout}"
     );
+}
+
+on_both_ledgers! {
+#[tokio::test(flavor = "multi_thread")]
+async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, ledger) = open_ledger(dir.path()).await;
+    add_jobs(&config, "fresh", 10, "done", 1, 10);
+    add_jobs(&config, "old-done", 1200, "done", 40, 10); // more than one batch
+    add_jobs(&config, "old-dead", 5, "dead", 40, 10);
+    add_jobs(&config, "ancient", 700, "done", 400, 10);
+    for (prefix, state) in [
+        ("claimed", "claimed"),
+        ("running", "running"),
+        ("retrying", "retrying"),
+    ] {
+        add_jobs(&config, prefix, 3, state, 0, 10);
+    }
+    // Unfinished rows with an old received_at: age alone never removes unfinished work.
+    ledger_execute(
+        &config,
+        "UPDATE jobs SET received_at = 0 WHERE finished_at IS NULL",
+        &[],
+    );
+    ledger_execute(
+        &config,
+        &format!(
+            "INSERT INTO expected_jobs (job_id, state, expected_at, next_poll_at, resolved_at)
+             VALUES ('exp-old', 'arrived', 0, 0, {old}), ('exp-new', 'arrived', 0, 0, {new}),
+                    ('exp-waiting', 'waiting', 0, 0, NULL)",
+            old = ledger::now_ms() - 400 * DAY_MS,
+            new = ledger::now_ms(),
+        ),
+        &[],
+    );
+
+    let vacuum = Vacuum::new(ledger.clone(), retention(30, 365), CancellationToken::new());
+    let report = vacuum.vacuum_once().await.unwrap();
+    // Bodies go first (old and ancient alike), then the ancient tombstones.
+    assert_eq!(
+        report,
+        VacuumReport {
+            bodies_purged: 1905,
+            jobs_forgotten: 700,
+            expectations_forgotten: 1
+        }
+    );
+
+    assert_eq!(
+        count(
+            &config,
+            "SELECT count(*) FROM jobs WHERE job_id LIKE 'ancient-%'"
+        ),
+        0
+    );
+    assert_eq!(
+        count(
+            &config,
+            "SELECT count(*) FROM jobs WHERE job_id LIKE 'old-%' AND body IS NULL"
+        ),
+        1205,
+        "tombstones"
+    );
+    assert_eq!(
+        count(
+            &config,
+            "SELECT count(*) FROM jobs WHERE job_id LIKE 'fresh-%' AND body IS NOT NULL"
+        ),
+        10
+    );
+    assert_eq!(
+        count(
+            &config,
+            "SELECT count(*) FROM jobs WHERE finished_at IS NULL AND body IS NOT NULL"
+        ),
+        9
+    );
+    assert_eq!(count(&config, "SELECT count(*) FROM expected_jobs"), 2);
+
+    // A tombstone still makes a Redeliver a duplicate.
+    let again = NewClaim {
+        job_id: JobId::parse("old-done-7").unwrap(),
+        event_type: None,
+        body: "{}".into(),
+        source: Source::Webhook,
+    };
+    assert_eq!(
+        ledger.claim(again).await.unwrap(),
+        ledger::ClaimOutcome::Duplicate
+    );
+
+    assert_eq!(
+        vacuum.vacuum_once().await.unwrap(),
+        VacuumReport::default(),
+        "nothing left to do"
+    );
+    ledger.close().await;
+}
+
+/// Regression: a retention run working through a big backlog held up SIGTERM until it was done.
+#[tokio::test(flavor = "multi_thread")]
+async fn vacuum_stops_between_batches_at_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, ledger) = open_ledger(dir.path()).await;
+    add_jobs(&config, "backlog", 2000, "done", 400, 10);
+    let shutdown = CancellationToken::new();
+    shutdown.cancel();
+    let report = Vacuum::new(ledger.clone(), retention(30, 365), shutdown)
+        .vacuum_once()
+        .await
+        .unwrap();
+    assert_eq!(
+        report.bodies_purged, 500,
+        "one batch, then it noticed the shutdown"
+    );
+    ledger.close().await;
+}
 }

@@ -92,28 +92,17 @@ async fn start_http_handler() -> (String, Arc<Mutex<Vec<(String, String, String)
     (format!("http://{addr}/jobs"), seen)
 }
 
-/// Inserts claimed jobs straight into a stopped ledger, as a backlog left by a previous run
-/// (or by claims made while the in-memory queue was full).
+/// Claimed jobs in a stopped ledger, as a backlog left by a previous run (or by claims made
+/// while the in-memory queue was full).
 async fn claimed_backlog(dir: &std::path::Path, job_ids: impl Iterator<Item = String>) {
     let (config, ledger) = open_ledger(dir).await;
     ledger.close().await;
-    let quote = |text: &str| format!("'{}'", text.replace('\'', "''"));
-    let rows: Vec<String> = job_ids
-        .map(|job_id| {
-            format!(
-                "({}, 'claimed', {}, 1, 1, 1)",
-                quote(&job_id),
-                quote(&job_body(&job_id))
-            )
-        })
-        .collect();
-    ledger_execute(
+    insert_jobs(
         &config,
-        &format!(
-            "INSERT INTO jobs (job_id, state, body, received_at, next_attempt_at, updated_at) VALUES {}",
-            rows.join(", ")
-        ),
-        &[],
+        job_ids.map(|job_id| {
+            let body = job_body(&job_id);
+            (job_id, "claimed", body, None)
+        }),
     );
 }
 

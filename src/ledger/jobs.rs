@@ -63,7 +63,7 @@ pub const GIVE_UP_SQL: &str =
 /// Shared. Parameters: state or NULL, limit.
 pub const LIST_JOBS_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
          next_attempt_at, finished_at, last_error
-     FROM jobs WHERE ?1 IS NULL OR state = ?1
+     FROM jobs WHERE CAST(?1 AS TEXT) IS NULL OR state = ?1
      ORDER BY received_at DESC, job_id LIMIT ?2";
 /// Shared.
 pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,

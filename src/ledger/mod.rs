@@ -89,6 +89,11 @@ impl Ledger {
         Ok(Arc::new(ledger))
     }
 
+    /// Whether other receivers may use this ledger at the same time (PostgreSQL).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Ledger::Postgres(_))
+    }
+
     /// The SQLite backend, for what only it has (the file, raw statements in tests).
     pub fn sqlite(&self) -> Option<&SqliteLedger> {
         match self {

@@ -435,6 +435,39 @@ pub fn ledger_execute(config: &Config, sql: &str, params: &[&str]) -> u64 {
     }
 }
 
+/// Inserts jobs straight into the ledger in one statement, as rows left by an earlier run:
+/// (job_id, state, body, finished_at). Unfinished ones are due at once.
+pub fn insert_jobs(
+    config: &Config,
+    jobs: impl Iterator<Item = (String, &'static str, String, Option<i64>)>,
+) {
+    let quote = |text: &str| format!("'{}'", text.replace('\'', "''"));
+    let rows: Vec<String> = jobs
+        .map(|(job_id, state, body, finished_at)| {
+            let due = if matches!(state, "claimed" | "retrying") {
+                "1"
+            } else {
+                "NULL"
+            };
+            let finished = finished_at.map_or("NULL".to_owned(), |at| at.to_string());
+            format!(
+                "({}, '{state}', {}, 1, {due}, {finished}, 1)",
+                quote(&job_id),
+                quote(&body)
+            )
+        })
+        .collect();
+    ledger_execute(
+        config,
+        &format!(
+            "INSERT INTO jobs (job_id, state, body, received_at, next_attempt_at, finished_at, \
+             updated_at) VALUES {}",
+            rows.join(", ")
+        ),
+        &[],
+    );
+}
+
 /// The test directory a config was made for (where its ledger lives).
 fn config_dir(config: &Config) -> &Path {
     config.database.path.parent().unwrap()
