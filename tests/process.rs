@@ -137,37 +137,6 @@ fn signed_delivery(
         .unwrap()
 }
 
-/// Signs and POSTs deliveries to a receiver that may be down: retries until it answers 200.
-struct Sender {
-    port: u16,
-    client: sume_receiver::http_client::HttpClient,
-}
-
-impl Sender {
-    async fn deliver_until_acknowledged(&self, job_id: &str) -> bool {
-        let body = job_body(job_id);
-        for _ in 0..2000 {
-            let request = signed_delivery(self.port, SECRET, &body);
-            match sume_receiver::http_client::send(
-                &self.client,
-                request,
-                Duration::from_secs(10),
-                4096,
-            )
-            .await
-            {
-                Ok(answer) if answer.status == 200 => {
-                    let duplicate: serde_json::Value =
-                        serde_json::from_slice(&answer.body).unwrap();
-                    return duplicate["duplicate"].as_bool().unwrap();
-                }
-                _ => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        }
-        panic!("{job_id} was never acknowledged");
-    }
-}
-
 /// job_id -> (state, attempts) in the ledger of the service configured in `dir`.
 fn job_rows(dir: &Path) -> HashMap<String, (String, i64)> {
     let config = sume_receiver::config::Config::parse(&config_text(dir, ""), dir).unwrap();
@@ -454,12 +423,9 @@ async fn systemd_hears_ready_watchdog_pings_and_stopping() {
     .await;
     let ready = receive();
     assert!(ready.contains("READY=1"), "{ready}");
-    Sender {
-        port,
-        client: sume_receiver::http_client::new_client(),
-    }
-    .deliver_until_acknowledged("job-notify")
-    .await;
+    Balancer::new(&[port])
+        .deliver_until_acknowledged("job-notify")
+        .await;
     let ping = receive();
     assert!(ping.contains("WATCHDOG=1"), "{ping}");
     assert!(ping.contains("STATUS=serving"), "{ping}");
@@ -570,10 +536,7 @@ async fn backup_stats_and_retry_tell_the_truth() {
     let extra = "[handler]\ncommand = [\"false\"]\nmax_attempts = 1\n";
     let config = write_config(dir.path(), port, "", extra);
     let service = Service::start(&config, port).await;
-    let sender = Sender {
-        port,
-        client: sume_receiver::http_client::new_client(),
-    };
+    let sender = Balancer::new(&[port]);
     for job in ["job-a", "job-b", "job-c"] {
         sender.deliver_until_acknowledged(job).await;
     }
@@ -661,6 +624,188 @@ async fn json_logs_carry_one_line_per_delivery() {
     assert!(!log.contains(SECRET), "a secret reached the log");
 }
 
+/// Two receivers on one PostgreSQL ledger behind a load balancer that sends each delivery to
+/// either of them (to the other while one is down): 10,000 deliveries, 30 % of them duplicates,
+/// 500 job_ids sent to both receivers at the same moment; one receiver killed with -9 in the
+/// middle and restarted. Every acknowledged job is done, no job_id is claimed first twice, and
+/// only jobs in flight on the killed receiver may run again.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_receivers_on_one_postgres_ledger_lose_nothing_across_a_kill_9() {
+    Backend::Postgres
+        .run("two_receivers_on_one_postgres_ledger_lose_nothing_across_a_kill_9", async {
+            const JOBS: usize = 7_000;
+            const REPEATED: usize = 2_500; // delivered a second time, one after the other
+            const AT_ONCE: usize = 500; // delivered to both receivers at the same moment
+            const SENDERS: usize = 32;
+            const CONCURRENCY: usize = 8;
+
+            let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let runs_log = dir_a.path().join("runs.log");
+            let handler = format!(
+                "[handler]\ncommand = [\"sh\", \"-c\", {:?}]\nconcurrency = {CONCURRENCY}\n\
+                 timeout = \"2s\"\nmax_attempts = 20\nbackoff = \"50ms\"\n\n\
+                 [sweeper]\ninterval = \"200ms\"\nstale_after = \"1s\"\n",
+                format!("echo \"$SUME_JOB_ID\" >> {}", runs_log.display())
+            );
+            let (port_a, port_b) = (free_port(), free_port());
+            let config_a = write_config(dir_a.path(), port_a, "", &handler);
+            std::fs::copy(dir_a.path().join("postgres-url"), dir_b.path().join("postgres-url"))
+                .unwrap();
+            let config_b = write_config(dir_b.path(), port_b, "", &handler);
+            let service_a = Service::start(&config_a, port_a).await;
+            let service_b = Service::start(&config_b, port_b).await;
+
+            // Each job once, AT_ONCE of them to both receivers together, then REPEATED again.
+            let deliveries: Vec<(usize, bool)> = (0..JOBS)
+                .map(|i| (i, i < AT_ONCE))
+                .chain((AT_ONCE..AT_ONCE + REPEATED).map(|i| (i, false)))
+                .collect();
+            let requests = deliveries.len() + AT_ONCE;
+            assert_eq!(requests, 10_000);
+            let next = Arc::new(Mutex::new(deliveries.into_iter()));
+            let first_claims: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+            let acknowledged = Arc::new(Mutex::new(HashSet::new()));
+            let balancer = Arc::new(Balancer::new(&[port_a, port_b]));
+            let started = Instant::now();
+            let mut senders = tokio::task::JoinSet::new();
+            for _ in 0..SENDERS {
+                let (next, first_claims, acknowledged, balancer) = (
+                    next.clone(),
+                    first_claims.clone(),
+                    acknowledged.clone(),
+                    balancer.clone(),
+                );
+                senders.spawn(async move {
+                    loop {
+                        let Some((i, at_once)) = next.lock().unwrap().next() else {
+                            return;
+                        };
+                        let job_id = format!("pair-job-{i:05}");
+                        let firsts = if at_once {
+                            let (a, b) = tokio::join!(
+                                balancer.deliver(&job_id, 0),
+                                balancer.deliver(&job_id, 1)
+                            );
+                            usize::from(!a) + usize::from(!b)
+                        } else {
+                            usize::from(!balancer.deliver(&job_id, fastrand::usize(..2)).await)
+                        };
+                        *first_claims.lock().unwrap().entry(job_id.clone()).or_default() += firsts;
+                        acknowledged.lock().unwrap().insert(job_id);
+                    }
+                });
+            }
+            // The kill: once 40 % of the jobs are acknowledged, receiver A dies and comes back.
+            while acknowledged.lock().unwrap().len() < JOBS * 4 / 10 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            service_a.kill_9();
+            let killed_at = acknowledged.lock().unwrap().len();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let service_a = Service::start(&config_a, port_a).await;
+            while senders.join_next().await.is_some() {}
+            let sent_in = started.elapsed();
+            let acknowledged = acknowledged.lock().unwrap().clone();
+            assert_eq!(acknowledged.len(), JOBS);
+
+            let all_done = eventually(Duration::from_secs(120), || {
+                let rows = job_rows(dir_a.path());
+                acknowledged
+                    .iter()
+                    .all(|job_id| rows.get(job_id).is_some_and(|(state, _)| state == "done"))
+            })
+            .await;
+            let drained_in = started.elapsed();
+            service_a.stop_cleanly().await;
+            service_b.stop_cleanly().await;
+            let rows = job_rows(dir_a.path());
+            assert!(all_done, "not every acknowledged job is done");
+            assert_eq!(rows.len(), JOBS, "one row per job, no more");
+
+            let first_claims = first_claims.lock().unwrap().clone();
+            let claimed_twice: Vec<_> = first_claims.iter().filter(|(_, n)| **n > 1).collect();
+            assert!(claimed_twice.is_empty(), "claimed first twice: {claimed_twice:?}");
+            // A claim committed just before the kill but never answered is seen as a duplicate
+            // on its retry: such a job has no first claim among the answers.
+            let unanswered_firsts = first_claims.values().filter(|n| **n == 0).count();
+
+            let mut runs: HashMap<String, usize> = HashMap::new();
+            for line in std::fs::read_to_string(&runs_log).unwrap().lines() {
+                *runs.entry(line.to_owned()).or_default() += 1;
+            }
+            let mut reran = 0;
+            for job_id in &acknowledged {
+                let count = runs.get(job_id).copied().unwrap_or(0);
+                let attempts = rows[job_id].1;
+                assert!(count >= 1, "{job_id} is done but its handler never ran");
+                // The handler never fails: a second run needs a second attempt, which only the
+                // kill can cause (the first attempt's lease expired).
+                assert!(count as i64 <= attempts, "{job_id} ran {count} times in {attempts} attempts");
+                if count > 1 {
+                    reran += 1;
+                }
+            }
+            assert!(
+                reran <= CONCURRENCY,
+                "{reran} jobs ran twice; at most {CONCURRENCY} were running on the killed receiver"
+            );
+            println!(
+                "two receivers: {requests} deliveries ({} duplicates, {AT_ONCE} job_ids to both at once) \
+                 sent in {:.1} s; kill -9 of one after {killed_at} jobs acknowledged; all {JOBS} jobs done \
+                 after {:.1} s; lost 0; claimed first twice 0; first claim unanswered (kill) \
+                 {unanswered_firsts}; ran twice {reran}",
+                REPEATED + AT_ONCE,
+                sent_in.as_secs_f64(),
+                drained_in.as_secs_f64(),
+            );
+        })
+        .await;
+}
+
+/// Signs and POSTs deliveries as a load balancer in front of receivers that may be down: to
+/// one receiver, then to the next while it does not answer 200.
+struct Balancer {
+    ports: Vec<u16>,
+    client: sume_receiver::http_client::HttpClient,
+}
+
+impl Balancer {
+    fn new(ports: &[u16]) -> Balancer {
+        Balancer {
+            ports: ports.to_vec(),
+            client: sume_receiver::http_client::new_client(),
+        }
+    }
+
+    /// Delivers until acknowledged, starting with receiver `first`; whether it was a duplicate.
+    async fn deliver(&self, job_id: &str, first: usize) -> bool {
+        let body = job_body(job_id);
+        for attempt in 0..2000 {
+            let port = self.ports[(first + attempt) % self.ports.len()];
+            let request = signed_delivery(port, SECRET, &body);
+            match sume_receiver::http_client::send(
+                &self.client,
+                request,
+                Duration::from_secs(10),
+                4096,
+            )
+            .await
+            {
+                Ok(answer) if answer.status == 200 => {
+                    let answer: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+                    return answer["duplicate"].as_bool().unwrap();
+                }
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        panic!("{job_id} was never acknowledged");
+    }
+
+    async fn deliver_until_acknowledged(&self, job_id: &str) -> bool {
+        self.deliver(job_id, 0).await
+    }
+}
+
 on_both_ledgers! {
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_at_random_moments_loses_no_acknowledged_job() {
@@ -689,10 +834,7 @@ async fn kill_9_at_random_moments_loses_no_acknowledged_job() {
         .collect();
     let next = Arc::new(Mutex::new(deliveries.into_iter()));
     let acknowledged = Arc::new(Mutex::new(HashSet::new()));
-    let sender = Arc::new(Sender {
-        port,
-        client: sume_receiver::http_client::new_client(),
-    });
+    let sender = Arc::new(Balancer::new(&[port]));
 
     let mut service = Service::start(&config, port).await;
     let mut senders = tokio::task::JoinSet::new();
@@ -779,10 +921,7 @@ async fn sigterm_lets_a_running_handler_finish_within_the_grace() {
     let handler = "[handler]\ncommand = [\"sh\", \"-c\", \"sleep 1\"]\n";
     let config = write_config(dir.path(), port, "", &format!("{handler}\n"));
     let service = Service::start(&config, port).await;
-    let sender = Sender {
-        port,
-        client: sume_receiver::http_client::new_client(),
-    };
+    let sender = Balancer::new(&[port]);
     sender.deliver_until_acknowledged("job-graceful").await;
     assert!(
         eventually(Duration::from_secs(5), || job_rows(dir.path())["job-graceful"]
@@ -805,10 +944,7 @@ async fn sigterm_past_the_grace_stops_the_handler_and_the_next_start_finishes_th
     let config = write_config(dir.path(), port, "shutdown_grace = \"300ms\"", &handler);
 
     let service = Service::start(&config, port).await;
-    let sender = Sender {
-        port,
-        client: sume_receiver::http_client::new_client(),
-    };
+    let sender = Balancer::new(&[port]);
     sender.deliver_until_acknowledged("job-long").await;
     assert!(
         eventually(Duration::from_secs(5), || job_rows(dir.path())["job-long"].0
@@ -863,10 +999,7 @@ async fn cli_lists_shows_and_retries_jobs() {
     );
 
     let service = Service::start(&config, port).await;
-    let sender = Sender {
-        port,
-        client: sume_receiver::http_client::new_client(),
-    };
+    let sender = Balancer::new(&[port]);
     sender.deliver_until_acknowledged("job-cli").await;
     assert!(
         eventually(Duration::from_secs(5), || job_rows(dir.path())["job-cli"].0

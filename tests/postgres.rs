@@ -1,0 +1,273 @@
+//! What only a PostgreSQL ledger has: its outages, several receivers, its schema checks.
+//! Runs against the server in SUME_TEST_POSTGRES_URL (skipped with a message without it).
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use sume_receiver::config::Config;
+use sume_receiver::ledger::Ledger;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// A TCP relay to the PostgreSQL server that can fail like it: [`Relay::cut`] drops every
+/// open connection mid-stream and refuses new ones, as a server restart or a failover does,
+/// until [`Relay::restore`].
+struct Relay {
+    port: u16,
+    up: Arc<AtomicBool>,
+    /// Bumped at each cut: connections of an earlier generation end.
+    generation: watch::Sender<u64>,
+}
+
+impl Relay {
+    async fn start(target: String) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = Arc::new(AtomicBool::new(true));
+        let (generation, _) = watch::channel(0u64);
+        let relay = Relay {
+            port,
+            up: up.clone(),
+            generation: generation.clone(),
+        };
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                if !up.load(Ordering::SeqCst) {
+                    continue; // dropped: connection refused, in effect
+                }
+                let mut cut = generation.subscribe();
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        relay
+    }
+
+    fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        self.generation.send_modify(|generation| *generation += 1);
+    }
+
+    fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+/// host:port of the server in a database URL (as [`new_postgres_database`] writes it).
+fn server_of(database_url: &str) -> String {
+    let config: postgres::Config = database_url.parse().unwrap();
+    let host = match &config.get_hosts()[0] {
+        postgres::config::Host::Tcp(host) => host.clone(),
+        other => panic!("the test server must be reached over TCP, not {other:?}"),
+    };
+    format!("{host}:{}", config.get_ports().first().unwrap_or(&5432))
+}
+
+/// PostgreSQL goes away for 3 s under load (every connection cut, new ones refused) and comes
+/// back: the two receivers answer 503 with Retry-After meanwhile, never 2xx without a row, say
+/// so on /readyz, and take deliveries again without a restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_outage_under_load_is_503_then_recovers_without_a_restart() {
+    Backend::Postgres
+        .run("a_postgres_outage_under_load_is_503_then_recovers_without_a_restart", async {
+            let database = new_postgres_database();
+            let server = server_of(&database);
+            let relay = Relay::start(server.clone()).await;
+            let relayed = database.replacen(&server, &format!("127.0.0.1:{}", relay.port), 1);
+            let mut servers = Vec::new();
+            for _ in 0..2 {
+                let dir = tempfile::tempdir().unwrap();
+                std::fs::write(dir.path().join("postgres-url"), &relayed).unwrap();
+                servers.push(Arc::new(
+                    TestServer::start_in(dir, "[server]\nclaim_timeout = \"2s\"\n").await,
+                ));
+            }
+
+            let stop = Arc::new(AtomicBool::new(false));
+            let next = Arc::new(AtomicUsize::new(0));
+            let answers: Arc<Mutex<Vec<(String, u16, bool)>>> = Arc::default();
+            let mut senders = tokio::task::JoinSet::new();
+            for sender in 0..8 {
+                let (stop, next, answers) = (stop.clone(), next.clone(), answers.clone());
+                let server = servers[sender % 2].clone();
+                senders.spawn(async move {
+                    while !stop.load(Ordering::SeqCst) {
+                        let job_id = format!("outage-{}", next.fetch_add(1, Ordering::SeqCst));
+                        let answer = server.deliver(&job_body(&job_id)).await;
+                        let retry_after = answer.headers.get("retry-after").is_some();
+                        answers.lock().unwrap().push((job_id, answer.status.as_u16(), retry_after));
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                });
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            relay.cut();
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            for server in &servers {
+                assert_eq!(server.get_status("/readyz").await, 503, "not ready while PostgreSQL is away");
+                assert_eq!(server.get_status("/healthz").await, 200, "alive all the same");
+            }
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            relay.restore();
+            let recovered_at = answers.lock().unwrap().len();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            stop.store(true, Ordering::SeqCst);
+            while senders.join_next().await.is_some() {}
+
+            let answers = answers.lock().unwrap().clone();
+            let refused: Vec<_> = answers.iter().filter(|(_, status, _)| *status == 503).collect();
+            assert!(!refused.is_empty(), "no delivery was refused while PostgreSQL was away");
+            assert!(
+                refused.iter().all(|(_, _, retry_after)| *retry_after),
+                "a 503 without Retry-After"
+            );
+            assert!(
+                answers.iter().all(|(_, status, _)| matches!(status, 200 | 503)),
+                "only 200 or 503: {:?}",
+                answers.iter().filter(|(_, s, _)| !matches!(s, 200 | 503)).collect::<Vec<_>>()
+            );
+            // Recovered without a restart: the last second of deliveries all claimed.
+            let tail: Vec<_> = answers[recovered_at..].iter().rev().take(20).collect();
+            assert!(
+                tail.iter().all(|(_, status, _)| *status == 200),
+                "still refused after PostgreSQL came back: {tail:?}"
+            );
+            for server in &servers {
+                assert_eq!(server.get_status("/readyz").await, 200, "ready again");
+            }
+            // No 2xx without its row.
+            let stored: std::collections::HashSet<String> = with_postgres(&database, |client| {
+                client
+                    .query("SELECT job_id FROM jobs", &[])
+                    .unwrap()
+                    .iter()
+                    .map(|row| row.get(0))
+                    .collect()
+            });
+            let acknowledged: Vec<_> = answers.iter().filter(|(_, status, _)| *status == 200).collect();
+            let missing: Vec<_> = acknowledged.iter().filter(|(job_id, _, _)| !stored.contains(job_id)).collect();
+            assert!(missing.is_empty(), "acknowledged without a row: {missing:?}");
+            println!(
+                "outage: {} deliveries, {} claimed, {} refused (503) while PostgreSQL was away, 0 acknowledged without a row",
+                answers.len(),
+                acknowledged.len(),
+                refused.len()
+            );
+            for server in servers {
+                Arc::into_inner(server).unwrap().stop().await.0.unwrap();
+            }
+        })
+        .await;
+}
+
+/// Receivers starting at once on a new database: the migrations run once, under the lock.
+#[tokio::test(flavor = "multi_thread")]
+async fn receivers_starting_together_migrate_once() {
+    Backend::Postgres
+        .run("receivers_starting_together_migrate_once", async {
+            let dir = tempfile::tempdir().unwrap();
+            let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+            let starts: Vec<_> = (0..4)
+                .map(|_| {
+                    let database = config.database.clone();
+                    tokio::spawn(async move { Ledger::open(&database).await })
+                })
+                .collect();
+            for start in starts {
+                start.await.unwrap().unwrap().close().await;
+            }
+            assert_eq!(
+                ledger_rows(&config, "SELECT version FROM sume_schema", &[]),
+                [[serde_json::json!(2)]]
+            );
+        })
+        .await;
+}
+
+/// A database whose schema is newer than this binary, or that acknowledges commits before they
+/// are durable, is refused with the reason; neither is changed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_newer_schema_and_synchronous_commit_off_are_refused() {
+    Backend::Postgres
+        .run(
+            "a_newer_schema_and_synchronous_commit_off_are_refused",
+            async {
+                let dir = tempfile::tempdir().unwrap();
+                let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+                Ledger::open(&config.database).await.unwrap().close().await;
+                ledger_execute(&config, "UPDATE sume_schema SET version = 99", &[]);
+                let error = format!("{:#}", Ledger::open(&config.database).await.err().unwrap());
+                assert!(error.contains("newer than this binary knows"), "{error}");
+                let cli = std::process::Command::new(env!("CARGO_BIN_EXE_sume-receiver"))
+                    .arg("--config")
+                    .arg({
+                        let path = dir.path().join("config.toml");
+                        std::fs::write(&path, config_text(dir.path(), "")).unwrap();
+                        path
+                    })
+                    .args(["jobs", "list"])
+                    .output()
+                    .unwrap();
+                assert!(!cli.status.success());
+                assert!(
+                    String::from_utf8_lossy(&cli.stderr).contains("schema version 99"),
+                    "{cli:?}"
+                );
+
+                let other = tempfile::tempdir().unwrap();
+                let url = postgres_url_of(other.path());
+                let name: postgres::Config = url.parse().unwrap();
+                with_postgres(&url, |client| {
+                    client
+                        .batch_execute(&format!(
+                            "ALTER DATABASE {} SET synchronous_commit = off",
+                            name.get_dbname().unwrap()
+                        ))
+                        .unwrap()
+                });
+                let config = Config::parse(&config_text(other.path(), ""), other.path()).unwrap();
+                let error = format!("{:#}", Ledger::open(&config.database).await.err().unwrap());
+                assert!(error.contains("synchronous_commit = off"), "{error}");
+            },
+        )
+        .await;
+}
+
+/// The password of database.url never shows in logs or messages about the ledger.
+#[test]
+fn the_database_password_never_shows() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "[signature]\nsecrets = [\"s3cret-signing\"]\n[database]\n\
+                url = \"postgres://sume:hunter2@db.internal:6432/ledger\"\n";
+    let config = Config::parse(text, dir.path()).unwrap();
+    let shown = format!("{:?}", config.database);
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(
+        shown.contains("postgres://db.internal:6432/ledger"),
+        "{shown}"
+    );
+    let bad = Config::parse(
+        "[signature]\nsecrets = [\"s\"]\n[database]\nurl = \"postgres://sume:hunter2@/\"\n",
+        dir.path(),
+    );
+    let error = format!("{:#}", bad.err().unwrap());
+    assert!(
+        error.contains("database.url") && !error.contains("hunter2"),
+        "{error}"
+    );
+}
