@@ -78,101 +78,194 @@ fn server_of(database_url: &str) -> String {
     format!("{host}:{}", config.get_ports().first().unwrap_or(&5432))
 }
 
-/// PostgreSQL goes away for 3 s under load (every connection cut, new ones refused) and comes
+/// How PostgreSQL goes away in [`outage_under_load`].
+enum Outage {
+    /// Every connection cut mid-stream and new ones refused for 3 s, then back.
+    Cut,
+    /// The server itself restarted by this command (it waits for the restart).
+    Restart(String),
+}
+
+/// Tests that need the server up for their whole run take this lock shared; a restart takes it
+/// alone.
+static SERVER_UP: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// The command that restarts the test server, for the restart test: as root on Debian,
+/// `pg_ctlcluster 15 main restart` (CI sets it; without it the test is skipped).
+const RESTART_VARIABLE: &str = "SUME_TEST_POSTGRES_RESTART";
+
+/// PostgreSQL goes away under load (connections cut mid-commit, new ones refused) and comes
 /// back: the two receivers answer 503 with Retry-After meanwhile, never 2xx without a row, say
-/// so on /readyz, and take deliveries again without a restart.
+/// so on /readyz, and take deliveries again without a restart of their own.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_postgres_outage_under_load_is_503_then_recovers_without_a_restart() {
     Backend::Postgres
-        .run("a_postgres_outage_under_load_is_503_then_recovers_without_a_restart", async {
-            let database = new_postgres_database();
-            let server = server_of(&database);
-            let relay = Relay::start(server.clone()).await;
-            let relayed = database.replacen(&server, &format!("127.0.0.1:{}", relay.port), 1);
-            let mut servers = Vec::new();
-            for _ in 0..2 {
-                let dir = tempfile::tempdir().unwrap();
-                std::fs::write(dir.path().join("postgres-url"), &relayed).unwrap();
-                servers.push(Arc::new(
-                    TestServer::start_in(dir, "[server]\nclaim_timeout = \"2s\"\n").await,
-                ));
-            }
+        .run(
+            "a_postgres_outage_under_load_is_503_then_recovers_without_a_restart",
+            async {
+                let _up = SERVER_UP.read().await;
+                outage_under_load(Outage::Cut).await
+            },
+        )
+        .await;
+}
 
-            let stop = Arc::new(AtomicBool::new(false));
-            let next = Arc::new(AtomicUsize::new(0));
-            let answers: Arc<Mutex<Vec<(String, u16, bool)>>> = Arc::default();
-            let mut senders = tokio::task::JoinSet::new();
-            for sender in 0..8 {
-                let (stop, next, answers) = (stop.clone(), next.clone(), answers.clone());
-                let server = servers[sender % 2].clone();
-                senders.spawn(async move {
-                    while !stop.load(Ordering::SeqCst) {
-                        let job_id = format!("outage-{}", next.fetch_add(1, Ordering::SeqCst));
-                        let answer = server.deliver(&job_body(&job_id)).await;
-                        let retry_after = answer.headers.get("retry-after").is_some();
-                        answers.lock().unwrap().push((job_id, answer.status.as_u16(), retry_after));
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                });
+/// The same with the real server restarted (fast shutdown: it terminates every session).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_restart_under_load_is_503_then_recovers_without_a_restart() {
+    let Ok(command) = std::env::var(RESTART_VARIABLE) else {
+        eprintln!("SKIPPED a_postgres_restart_under_load: set {RESTART_VARIABLE} to a command that restarts the test server");
+        return;
+    };
+    Backend::Postgres
+        .run(
+            "a_postgres_restart_under_load_is_503_then_recovers_without_a_restart",
+            async {
+                let _alone = SERVER_UP.write().await;
+                outage_under_load(Outage::Restart(command)).await
+            },
+        )
+        .await;
+}
+
+async fn outage_under_load(outage: Outage) {
+    let database = new_postgres_database();
+    let server = server_of(&database);
+    let relay = Relay::start(server.clone()).await;
+    let relayed = database.replacen(&server, &format!("127.0.0.1:{}", relay.port), 1);
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("postgres-url"), &relayed).unwrap();
+        servers.push(Arc::new(
+            TestServer::start_in(dir, "[server]\nclaim_timeout = \"2s\"\n").await,
+        ));
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let next = Arc::new(AtomicUsize::new(0));
+    let answers: Arc<Mutex<Vec<(String, u16, bool)>>> = Arc::default();
+    let mut senders = tokio::task::JoinSet::new();
+    for sender in 0..8 {
+        let (stop, next, answers) = (stop.clone(), next.clone(), answers.clone());
+        let server = servers[sender % 2].clone();
+        senders.spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let job_id = format!("outage-{}", next.fetch_add(1, Ordering::SeqCst));
+                let answer = server.deliver(&job_body(&job_id)).await;
+                let retry_after = answer.headers.get("retry-after").is_some();
+                answers
+                    .lock()
+                    .unwrap()
+                    .push((job_id, answer.status.as_u16(), retry_after));
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    match &outage {
+        Outage::Cut => {
             relay.cut();
             tokio::time::sleep(Duration::from_millis(1500)).await;
             for server in &servers {
-                assert_eq!(server.get_status("/readyz").await, 503, "not ready while PostgreSQL is away");
-                assert_eq!(server.get_status("/healthz").await, 200, "alive all the same");
+                assert_eq!(
+                    server.get_status("/readyz").await,
+                    503,
+                    "not ready while PostgreSQL is away"
+                );
+                assert_eq!(
+                    server.get_status("/healthz").await,
+                    200,
+                    "alive all the same"
+                );
             }
             tokio::time::sleep(Duration::from_millis(1500)).await;
             relay.restore();
-            let recovered_at = answers.lock().unwrap().len();
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            stop.store(true, Ordering::SeqCst);
-            while senders.join_next().await.is_some() {}
+        }
+        Outage::Restart(command) => {
+            let command = command.clone();
+            let restarted = tokio::task::spawn_blocking(move || {
+                std::process::Command::new("sh")
+                    .args(["-c", &command])
+                    .status()
+            })
+            .await
+            .unwrap()
+            .unwrap();
+            assert!(restarted.success(), "{restarted}");
+        }
+    }
+    let recovered_at = answers.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::SeqCst);
+    while senders.join_next().await.is_some() {}
 
-            let answers = answers.lock().unwrap().clone();
-            let refused: Vec<_> = answers.iter().filter(|(_, status, _)| *status == 503).collect();
-            assert!(!refused.is_empty(), "no delivery was refused while PostgreSQL was away");
-            assert!(
-                refused.iter().all(|(_, _, retry_after)| *retry_after),
-                "a 503 without Retry-After"
-            );
-            assert!(
-                answers.iter().all(|(_, status, _)| matches!(status, 200 | 503)),
-                "only 200 or 503: {:?}",
-                answers.iter().filter(|(_, s, _)| !matches!(s, 200 | 503)).collect::<Vec<_>>()
-            );
-            // Recovered without a restart: the last second of deliveries all claimed.
-            let tail: Vec<_> = answers[recovered_at..].iter().rev().take(20).collect();
-            assert!(
-                tail.iter().all(|(_, status, _)| *status == 200),
-                "still refused after PostgreSQL came back: {tail:?}"
-            );
-            for server in &servers {
-                assert_eq!(server.get_status("/readyz").await, 200, "ready again");
-            }
-            // No 2xx without its row.
-            let stored: std::collections::HashSet<String> = with_postgres(&database, |client| {
-                client
-                    .query("SELECT job_id FROM jobs", &[])
-                    .unwrap()
-                    .iter()
-                    .map(|row| row.get(0))
-                    .collect()
-            });
-            let acknowledged: Vec<_> = answers.iter().filter(|(_, status, _)| *status == 200).collect();
-            let missing: Vec<_> = acknowledged.iter().filter(|(job_id, _, _)| !stored.contains(job_id)).collect();
-            assert!(missing.is_empty(), "acknowledged without a row: {missing:?}");
-            println!(
-                "outage: {} deliveries, {} claimed, {} refused (503) while PostgreSQL was away, 0 acknowledged without a row",
-                answers.len(),
-                acknowledged.len(),
-                refused.len()
-            );
-            for server in servers {
-                Arc::into_inner(server).unwrap().stop().await.0.unwrap();
-            }
-        })
-        .await;
+    let answers = answers.lock().unwrap().clone();
+    let refused: Vec<_> = answers
+        .iter()
+        .filter(|(_, status, _)| *status == 503)
+        .collect();
+    assert!(
+        !refused.is_empty(),
+        "no delivery was refused while PostgreSQL was away"
+    );
+    assert!(
+        refused.iter().all(|(_, _, retry_after)| *retry_after),
+        "a 503 without Retry-After"
+    );
+    assert!(
+        answers
+            .iter()
+            .all(|(_, status, _)| matches!(status, 200 | 503)),
+        "only 200 or 503: {:?}",
+        answers
+            .iter()
+            .filter(|(_, s, _)| !matches!(s, 200 | 503))
+            .collect::<Vec<_>>()
+    );
+    // Recovered without a restart: the last second of deliveries all claimed.
+    let tail: Vec<_> = answers[recovered_at..].iter().rev().take(20).collect();
+    assert!(
+        tail.iter().all(|(_, status, _)| *status == 200),
+        "still refused after PostgreSQL came back: {tail:?}"
+    );
+    for server in &servers {
+        assert_eq!(server.get_status("/readyz").await, 200, "ready again");
+    }
+    // No 2xx without its row.
+    let stored: std::collections::HashSet<String> = with_postgres(&database, |client| {
+        client
+            .query("SELECT job_id FROM jobs", &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    });
+    let acknowledged: Vec<_> = answers
+        .iter()
+        .filter(|(_, status, _)| *status == 200)
+        .collect();
+    let missing: Vec<_> = acknowledged
+        .iter()
+        .filter(|(job_id, _, _)| !stored.contains(job_id))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "acknowledged without a row: {missing:?}"
+    );
+    println!(
+        "{}: {} deliveries, {} claimed, {} refused (503) while PostgreSQL was away, 0 acknowledged without a row",
+        match outage {
+            Outage::Cut => "connections cut for 3 s",
+            Outage::Restart(_) => "server restarted",
+        },
+        answers.len(),
+        acknowledged.len(),
+        refused.len()
+    );
+    for server in servers {
+        Arc::into_inner(server).unwrap().stop().await.0.unwrap();
+    }
 }
 
 /// Receivers starting at once on a new database: the migrations run once, under the lock.
@@ -180,6 +273,7 @@ async fn a_postgres_outage_under_load_is_503_then_recovers_without_a_restart() {
 async fn receivers_starting_together_migrate_once() {
     Backend::Postgres
         .run("receivers_starting_together_migrate_once", async {
+            let _up = SERVER_UP.read().await;
             let dir = tempfile::tempdir().unwrap();
             let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
             let starts: Vec<_> = (0..4)

@@ -118,6 +118,16 @@ impl Service {
     }
 }
 
+/// A test that fails midway must not leave its service running.
+impl Drop for Service {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// A delivery of `body` to the receiver on `port`, signed now with `secret`.
 fn signed_delivery(
     port: u16,
