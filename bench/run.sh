@@ -11,7 +11,9 @@
 # Knobs (environment): DURATION (15s), CONNECTIONS (64), DUP_RATIO (0.3), BODY_BYTES (1024),
 # PREFILL (1000000), SWEEP ("1 16 64 256"), WORK_JOBS (8000: below the in-memory queue's 10,000),
 # BACKLOG (100000), WORK_CONCURRENCY ("4 32"), ACCESS_LOG (false; the access log costs ~10 %),
-# BIN (a prebuilt sume-receiver; default: build release).
+# BIN (a prebuilt sume-receiver; default: build release), BENCH_POSTGRES_URL (a PostgreSQL
+# role that may create databases, for the PostgreSQL cases: "PostgreSQL alone", one receiver,
+# two receivers on one database; default SUME_TEST_POSTGRES_URL; without either they are skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -146,6 +148,41 @@ claim_first() {
   stop_receiver >/dev/null
 }
 
+# The PostgreSQL cases: a fresh database each, on the server of BENCH_POSTGRES_URL.
+BENCH_POSTGRES_URL=${BENCH_POSTGRES_URL:-${SUME_TEST_POSTGRES_URL:-}}
+new_postgres_database() {
+  local name="sume_bench_$(date +%s%N)"
+  psql "$BENCH_POSTGRES_URL" -qc "CREATE DATABASE $name" >/dev/null
+  echo "${BENCH_POSTGRES_URL%/*}/$name"
+}
+
+# run_postgres_alone NAME -- LOADGEN_ARGS...: the PostgreSQL ledger's claim batcher, no HTTP.
+run_postgres_alone() {
+  local name=$1; shift 2
+  local dir="$work/$name"; mkdir -p "$dir"
+  write_config "$dir" "url = \"$(new_postgres_database)\""
+  local report; report=$(loadgen "$dir" --postgres-alone --connections "$CONNECTIONS" "$@")
+  echo "{\"name\": \"$name\", \"connections\": $CONNECTIONS, \"rss_kib\": null, \"report\": $report}" >> "$results"
+  echo "$report" | python3 -c "import json,sys; r=json.load(sys.stdin); print('  $name: %.0f claims/s, p99 %.2f ms; ledger check %s' % (r['per_second'], r['p99_ms'], r['ledger_check']))" >&2
+}
+
+# run_postgres_pair NAME -- LOADGEN_ARGS...: two receivers on one PostgreSQL database, the
+# connections spread over both; the peak RSS is the larger of the two.
+run_postgres_pair() {
+  local name=$1; shift 2
+  local a="$work/$name-a" b="$work/$name-b" url; url=$(new_postgres_database)
+  mkdir -p "$a" "$b"
+  local port_a=$port port_b=$((port + 1))
+  port=$port_b; write_config "$b" "url = \"$url\""; start_receiver "$b"
+  local pid_b=$receiver_pid; background_pids+=("$pid_b")
+  port=$port_a; write_config "$a" "url = \"$url\""; start_receiver "$a"
+  local report; report=$(loadgen "$a" --connections "$CONNECTIONS" --also-to "127.0.0.1:$port_b" "$@")
+  local rss_a rss_b; rss_a=$(stop_receiver); receiver_pid=$pid_b; rss_b=$(stop_receiver)
+  local rss=$(( rss_a > rss_b ? rss_a : rss_b ))
+  echo "{\"name\": \"$name\", \"connections\": $CONNECTIONS, \"rss_kib\": $rss, \"report\": $report}" >> "$results"
+  echo "$report" | python3 -c "import json,sys; r=json.load(sys.stdin); print('  $name: %.0f/s p99 %.2f ms; ledger check %s; peak RSS $rss_a / $rss_b KiB' % (r['per_second'], r['p99_ms'], r['ledger_check']))" >&2
+}
+
 if $smoke; then DUP_SET=200; else DUP_SET=20000; fi
 common=(--requests "$REQUESTS" --duration "$DURATION" --body-bytes "$BODY_BYTES")
 echo "sume-receiver benchmark: C=$CONNECTIONS B=$BODY_BYTES D=$DUP_RATIO, $DURATION or $REQUESTS requests per case" >&2
@@ -160,6 +197,15 @@ run_case "6-duplicates-only"      ''                         "$CONNECTIONS" clai
 for c in $SWEEP; do
   run_case "sweep-full-c$c"       ''                         "$c" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
 done
+
+if [ -n "$BENCH_POSTGRES_URL" ]; then
+  command -v psql >/dev/null || { echo "the PostgreSQL cases need psql (apt-get install postgresql-client)" >&2; exit 1; }
+  run_postgres_alone "p0-postgres-alone"     -- "${common[@]}" --dup-ratio "$DUP_RATIO"
+  run_case "p2-postgres-1-receiver" "url = \"$(new_postgres_database)\"" "$CONNECTIONS" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
+  run_postgres_pair "p2-postgres-2-receivers" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
+else
+  echo "  PostgreSQL cases skipped: set BENCH_POSTGRES_URL (a role that may create databases)" >&2
+fi
 
 for c in $WORK_CONCURRENCY; do
   run_work_from_memory "$c"
@@ -191,6 +237,10 @@ print(f"(0p)/(0) SQLite alone, 1M vs empty: {ratio('0-sqlite-alone-prefilled', '
 print(f"(2)/(1) durable vs HTTP ceiling  : {ratio('2-full-group-commit', '1-ceiling-healthz'):.2f}")
 print(f"(2)/(3) group commit vs naive    : {ratio('2-full-group-commit', '3-full-txn-per-request'):.2f}")
 print(f"(4)/(2) synchronous normal/full  : {ratio('4-full-sync-normal', '2-full-group-commit'):.2f}")
+if "p0-postgres-alone" in by:
+    print(f"(p2)/(p0) PostgreSQL full vs alone  : {ratio('p2-postgres-1-receiver', 'p0-postgres-alone'):.2f}")
+    print(f"(p2, 2 receivers)/(p2, 1)        : {ratio('p2-postgres-2-receivers', 'p2-postgres-1-receiver'):.2f}")
+    print(f"(p2)/(2) PostgreSQL vs SQLite     : {ratio('p2-postgres-1-receiver', '2-full-group-commit'):.2f}")
 for name in work:
     if name.startswith("work-backlog-"):
         c = name.rsplit("-c", 1)[1]

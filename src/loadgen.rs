@@ -58,8 +58,17 @@ pub struct LoadgenArgs {
     /// No receiver, no HTTP: claim straight into the config's ledger through the writer's own
     /// commit, --connections claims per transaction (as many as that many connections have in
     /// flight). The durable limit the full path is measured against; the service must be stopped.
-    #[arg(long, conflicts_with_all = ["healthz", "rate"])]
+    #[arg(long, conflicts_with_all = ["healthz", "rate", "postgres_alone"])]
     pub sqlite_alone: bool,
+    /// No receiver, no HTTP: --connections tasks claim through the PostgreSQL ledger's own
+    /// claim batcher (database.url), as that many connections' deliveries would. The durable
+    /// limit of a receiver on PostgreSQL.
+    #[arg(long, conflicts_with_all = ["healthz", "rate"])]
+    pub postgres_alone: bool,
+    /// More receivers on the same ledger (host:port): the connections are spread over the
+    /// config's listener and these, as a load balancer would.
+    #[arg(long, value_name = "ADDRESS")]
+    pub also_to: Vec<std::net::SocketAddr>,
     /// Skip the ledger check (for a receiver on another machine).
     #[arg(long)]
     pub no_check: bool,
@@ -183,10 +192,16 @@ pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
     if run.args.sqlite_alone {
         let run = run.clone();
         total = tokio::task::spawn_blocking(move || run.claim_without_service()).await??;
+    } else if run.args.postgres_alone {
+        total = run.clone().claim_through_postgres().await?;
     } else {
+        let receivers: Vec<std::net::SocketAddr> = std::iter::once(run.config.server.listen)
+            .chain(run.args.also_to.iter().copied())
+            .collect();
         let mut connections = tokio::task::JoinSet::new();
-        for _ in 0..run.args.connections {
-            connections.spawn(run.clone().connection());
+        for index in 0..run.args.connections {
+            let address = receivers[index % receivers.len()];
+            connections.spawn(run.clone().connection(address));
         }
         while let Some(tally) = connections.join_next().await {
             total.merge(tally??);
@@ -207,7 +222,9 @@ pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
     let ledger_check = if run.args.healthz || run.args.no_check {
         "skipped".to_owned()
     } else {
-        check_ledger(&run)?
+        // Off the runtime: a PostgreSQL ledger is read through a blocking client of its own.
+        let run = run.clone();
+        tokio::task::spawn_blocking(move || check_ledger(&run)).await??
     };
     Ok(Report {
         tag: run.tag.clone(),
@@ -277,6 +294,9 @@ impl Run {
     /// The `--sqlite-alone` run: batches of --connections claims, each claim's latency the
     /// commit time of its batch.
     fn claim_without_service(&self) -> anyhow::Result<Tally> {
+        if self.config.database.url.is_some() {
+            bail!("--sqlite-alone measures a SQLite ledger; this config names a PostgreSQL one (--postgres-alone)");
+        }
         let _lock = crate::InstanceLock::acquire(&self.config.database.path)?;
         let writer = crate::ledger::WriterAlone::open(&self.config.database)?;
         let mut tally = Tally::default();
@@ -287,15 +307,7 @@ impl Run {
             if batch.is_empty() {
                 return Ok(tally);
             }
-            let claims = batch
-                .iter()
-                .map(|&index| NewClaim {
-                    job_id: JobId::parse(&self.job_id(index)).expect("generated ids are valid"),
-                    event_type: Some("job.completed".into()),
-                    body: self.body(index),
-                    source: Source::Webhook,
-                })
-                .collect();
+            let claims = batch.iter().map(|&index| self.claim(index)).collect();
             let started = Instant::now();
             let outcomes = writer.claim(claims).context("a batch of claims failed")?;
             let elapsed = started.elapsed();
@@ -304,6 +316,49 @@ impl Run {
                 tally.record("claimed", elapsed, Some(outcome == ClaimOutcome::Duplicate));
                 acknowledged.insert(index);
             }
+        }
+    }
+
+    /// The `--postgres-alone` run: --connections tasks, each claiming one delivery at a time
+    /// through the ledger (its batcher groups them), each claim's latency its own wait.
+    async fn claim_through_postgres(self: Arc<Self>) -> anyhow::Result<Tally> {
+        if self.config.database.url.is_none() {
+            bail!("--postgres-alone needs database.url in the config");
+        }
+        let ledger = crate::ledger::Ledger::open(&self.config.database).await?;
+        let mut claimers = tokio::task::JoinSet::new();
+        for _ in 0..self.args.connections {
+            let (run, ledger) = (self.clone(), ledger.clone());
+            claimers.spawn(async move {
+                let mut tally = Tally::default();
+                while let Some(index) = run.next_delivery() {
+                    let started = Instant::now();
+                    let outcome = ledger.claim(run.claim(index)).await?;
+                    tally.record(
+                        "claimed",
+                        started.elapsed(),
+                        Some(outcome == ClaimOutcome::Duplicate),
+                    );
+                    run.acknowledged.lock().expect("not poisoned").insert(index);
+                }
+                anyhow::Ok(tally)
+            });
+        }
+        let mut total = Tally::default();
+        while let Some(tally) = claimers.join_next().await {
+            total.merge(tally??);
+        }
+        ledger.close().await;
+        Ok(total)
+    }
+
+    /// Delivery `index` as the receiver would claim it.
+    fn claim(&self, index: usize) -> NewClaim {
+        NewClaim {
+            job_id: JobId::parse(&self.job_id(index)).expect("generated ids are valid"),
+            event_type: Some("job.completed".into()),
+            body: self.body(index),
+            source: Source::Webhook,
         }
     }
 
@@ -335,8 +390,7 @@ impl Run {
             .body(Full::new(Bytes::from(body)))?)
     }
 
-    async fn connection(self: Arc<Self>) -> anyhow::Result<Tally> {
-        let address = self.config.server.listen;
+    async fn connection(self: Arc<Self>, address: std::net::SocketAddr) -> anyhow::Result<Tally> {
         let stream = tokio::net::TcpStream::connect(address)
             .await
             .with_context(|| format!("cannot connect to {address}"))?;
