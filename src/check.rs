@@ -13,7 +13,8 @@ pub struct Findings {
     pub warnings: Vec<String>,
 }
 
-/// Checks what parsing cannot: the credential files, the ledger's directory, the handler.
+/// Checks what parsing cannot: the credential files, the ledger's directory (SQLite) or its URL
+/// file (PostgreSQL), the handler.
 pub fn check(config: &Config) -> Findings {
     let mut findings = Findings {
         warnings: config.warnings(),
@@ -34,7 +35,14 @@ pub fn check(config: &Config) -> Findings {
     if let Some(admin) = &config.admin {
         credential(&mut findings, "admin.token_file", admin.token().map(drop));
     }
-    if let Err(error) = ledger_directory_writable(&config.database.path) {
+    if config.database.uses_postgres() {
+        // Not connected to here: `serve` says at start if the server cannot be reached.
+        credential(
+            &mut findings,
+            "database.url_file",
+            config.database.postgres_url().map(drop),
+        );
+    } else if let Err(error) = ledger_directory_writable(&config.database.path) {
         findings.errors.push(error);
     }
     if let Some(HandlerKind::Command(argv)) = config.handler.as_ref().map(|h| h.kind()) {

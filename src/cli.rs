@@ -245,7 +245,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
         }
         JobsCommand::Retry { job_id } => {
             open()?.retry_job(job_id.as_str(), ledger::now_ms())?;
-            if config.database.url.is_some() {
+            if config.database.uses_postgres() {
                 println!("job {job_id} is queued to run again: the receivers were notified, and one picks it up as soon as a worker slot is free");
             } else if crate::service_running(&config.database.path) {
                 let within = humantime::format_duration(crate::worker::IDLE_LOOK);

@@ -227,6 +227,9 @@ pub struct DatabaseConfig {
     /// A PostgreSQL database instead of the SQLite file: `postgres://user:password@host/db`.
     /// Several receivers may share it.
     pub url: Option<PostgresUrl>,
+    /// A file holding that URL instead (keeps the password out of the config file); read when
+    /// the ledger is opened.
+    pub url_file: Option<PathBuf>,
     pub synchronous: Synchronous,
     /// How long a write waits for a lock held by another process before it gives up (503).
     #[serde(deserialize_with = "duration")]
@@ -242,11 +245,35 @@ impl Default for DatabaseConfig {
         Self {
             path: PathBuf::from("/var/lib/sume-receiver/ledger.sqlite3"),
             url: None,
+            url_file: None,
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_secs(2),
             max_batch: 512,
             check_at_start: CheckAtStart::Quick,
         }
+    }
+}
+
+impl DatabaseConfig {
+    /// Whether the ledger is a PostgreSQL database (`url` or `url_file`) rather than the file.
+    pub fn uses_postgres(&self) -> bool {
+        self.url.is_some() || self.url_file.is_some()
+    }
+
+    /// The PostgreSQL URL, read from `url_file` if that is how it is given; `None` for SQLite.
+    pub fn postgres_url(&self) -> anyhow::Result<Option<PostgresUrl>> {
+        let Some(file) = &self.url_file else {
+            return Ok(self.url.clone());
+        };
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("database.url_file: cannot read {}", file.display()))?;
+        PostgresUrl::parse(text.trim()).map(Some).map_err(|error| {
+            anyhow::anyhow!(
+                "{} (in {})",
+                error.replace("database.url", "database.url_file"),
+                file.display()
+            )
+        })
     }
 }
 
@@ -658,6 +685,7 @@ impl Config {
     fn resolve_paths(&mut self, base_dir: &Path) {
         self.database.path = base_dir.join(&self.database.path);
         let files = [
+            self.database.url_file.as_mut(),
             self.signature.secrets_file.as_mut(),
             self.sume_api.as_mut().map(|api| &mut api.api_key_file),
             self.admin
@@ -670,6 +698,9 @@ impl Config {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
+        if self.database.url.is_some() && self.database.url_file.is_some() {
+            bail!("database: set url or url_file, not both");
+        }
         let signature = &self.signature;
         if signature.secrets.is_empty() && signature.secrets_file.is_none() {
             bail!("signature.secrets: no secret configured (set `secrets` or `secrets_file`)");

@@ -57,9 +57,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     // Several receivers may share a PostgreSQL ledger; a SQLite file has one owner.
-    let _instance = match config.database.url {
-        Some(_) => None,
-        None => Some(InstanceLock::acquire(&config.database.path)?),
+    let _instance = if config.database.uses_postgres() {
+        None
+    } else {
+        Some(InstanceLock::acquire(&config.database.path)?)
     };
     for warning in config.warnings() {
         tracing::warn!("{warning}");
@@ -78,13 +79,13 @@ pub async fn run(
         }
         Err(error) => tracing::warn!(%error, "cannot read or raise the open files limit"),
     }
-    let ledger =
-        Ledger::open(&config.database)
-            .await
-            .with_context(|| match &config.database.url {
-                Some(url) => format!("cannot open the ledger at {url:?}"),
-                None => format!("cannot open the ledger {}", config.database.path.display()),
-            })?;
+    let ledger = Ledger::open(&config.database).await.with_context(|| {
+        if config.database.uses_postgres() {
+            "cannot open the PostgreSQL ledger".to_owned()
+        } else {
+            format!("cannot open the ledger {}", config.database.path.display())
+        }
+    })?;
     run_on(config, ledger, listener, shutdown).await
 }
 

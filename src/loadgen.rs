@@ -294,7 +294,7 @@ impl Run {
     /// The `--sqlite-alone` run: batches of --connections claims, each claim's latency the
     /// commit time of its batch.
     fn claim_without_service(&self) -> anyhow::Result<Tally> {
-        if self.config.database.url.is_some() {
+        if self.config.database.uses_postgres() {
             bail!("--sqlite-alone measures a SQLite ledger; this config names a PostgreSQL one (--postgres-alone)");
         }
         let _lock = crate::InstanceLock::acquire(&self.config.database.path)?;
@@ -322,7 +322,7 @@ impl Run {
     /// The `--postgres-alone` run: --connections tasks, each claiming one delivery at a time
     /// through the ledger (its batcher groups them), each claim's latency its own wait.
     async fn claim_through_postgres(self: Arc<Self>) -> anyhow::Result<Tally> {
-        if self.config.database.url.is_none() {
+        if !self.config.database.uses_postgres() {
             bail!("--postgres-alone needs database.url in the config");
         }
         let ledger = crate::ledger::Ledger::open(&self.config.database).await?;

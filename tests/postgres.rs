@@ -342,6 +342,31 @@ async fn a_newer_schema_and_synchronous_commit_off_are_refused() {
         .await;
 }
 
+/// The URL may come from a file (the password kept out of the config file), not both ways.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_database_url_may_come_from_a_file() {
+    Backend::Postgres
+        .run("the_database_url_may_come_from_a_file", async {
+            let _up = SERVER_UP.read().await;
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(
+                dir.path().join("database-url"),
+                format!("{}\n", new_postgres_database()),
+            )
+            .unwrap();
+            let text = "[signature]\nsecrets = [\"s\"]\n[database]\nurl_file = \"database-url\"\n";
+            let config = Config::parse(text, dir.path()).unwrap();
+            Ledger::open(&config.database).await.unwrap().close().await;
+
+            std::fs::remove_file(dir.path().join("database-url")).unwrap();
+            let error = format!("{:#}", Ledger::open(&config.database).await.err().unwrap());
+            assert!(error.contains("database.url_file: cannot read"), "{error}");
+            let both = Config::parse(&format!("{text}url = \"postgres://u@h/d\"\n"), dir.path());
+            assert!(format!("{:#}", both.err().unwrap()).contains("not both"));
+        })
+        .await;
+}
+
 /// The password of database.url never shows in logs or messages about the ledger.
 #[test]
 fn the_database_password_never_shows() {

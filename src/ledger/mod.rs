@@ -77,8 +77,8 @@ impl Ledger {
     /// Opens the configured backend: `database.url` names a PostgreSQL database, otherwise the
     /// SQLite file at `database.path`. Creates and migrates the schema as needed.
     pub async fn open(config: &DatabaseConfig) -> anyhow::Result<Arc<Ledger>> {
-        let ledger = match &config.url {
-            Some(url) => Ledger::Postgres(PostgresLedger::open(url, config).await?),
+        let ledger = match config.postgres_url()? {
+            Some(url) => Ledger::Postgres(PostgresLedger::open(&url, config).await?),
             None => {
                 let config = config.clone();
                 Ledger::Sqlite(
@@ -289,8 +289,8 @@ pub enum Inspector {
 
 impl Inspector {
     pub fn open(config: &DatabaseConfig) -> anyhow::Result<Inspector> {
-        Ok(match &config.url {
-            Some(url) => Inspector::Postgres(postgres::Inspector::open(url)?),
+        Ok(match config.postgres_url()? {
+            Some(url) => Inspector::Postgres(postgres::Inspector::open(&url)?),
             None => Inspector::Sqlite(sqlite::open_existing(config)?),
         })
     }

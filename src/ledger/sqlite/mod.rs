@@ -442,10 +442,10 @@ pub struct BackupReport {
 /// (`VACUUM INTO`: one read transaction, so writers go on), private to its owner, then runs
 /// `PRAGMA integrity_check` on the copy. Refuses to overwrite anything.
 pub fn backup(config: &DatabaseConfig, target: &Path) -> anyhow::Result<BackupReport> {
-    if let Some(url) = &config.url {
+    if config.uses_postgres() {
         bail!(
-            "backup copies a SQLite ledger; the ledger at {url:?} is PostgreSQL: back it up \
-             with pg_dump or your provider's backups (the jobs and expected_jobs tables)"
+            "backup copies a SQLite ledger; this ledger is PostgreSQL (database.url): back it \
+             up with pg_dump or your provider's backups (the jobs and expected_jobs tables)"
         );
     }
     let conn = open_existing(config)?;
