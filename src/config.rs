@@ -230,6 +230,9 @@ pub struct DatabaseConfig {
     /// A file holding that URL instead (keeps the password out of the config file); read when
     /// the ledger is opened.
     pub url_file: Option<PathBuf>,
+    /// CA certificates (PEM) that PostgreSQL's TLS certificate may chain to, besides the
+    /// system's (a managed provider's bundle); used with `sslmode=require`.
+    pub ca_file: Option<PathBuf>,
     pub synchronous: Synchronous,
     /// How long a write waits for a lock held by another process before it gives up (503).
     #[serde(deserialize_with = "duration")]
@@ -246,6 +249,7 @@ impl Default for DatabaseConfig {
             path: PathBuf::from("/var/lib/sume-receiver/ledger.sqlite3"),
             url: None,
             url_file: None,
+            ca_file: None,
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_secs(2),
             max_batch: 512,
@@ -308,6 +312,19 @@ impl PostgresUrl {
             config.application_name("sume-receiver");
         }
         config
+    }
+
+    /// Whether the server is on this machine (loopback or a Unix socket): no need to encrypt.
+    pub fn is_local(&self) -> bool {
+        self.0.get_hosts().iter().all(|host| match host {
+            tokio_postgres::config::Host::Tcp(name) => {
+                name == "localhost"
+                    || name
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            }
+            tokio_postgres::config::Host::Unix(_) => true,
+        })
     }
 
     /// host:port/database, for logs and messages.
@@ -686,6 +703,7 @@ impl Config {
         self.database.path = base_dir.join(&self.database.path);
         let files = [
             self.database.url_file.as_mut(),
+            self.database.ca_file.as_mut(),
             self.signature.secrets_file.as_mut(),
             self.sume_api.as_mut().map(|api| &mut api.api_key_file),
             self.admin

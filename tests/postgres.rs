@@ -367,6 +367,59 @@ async fn the_database_url_may_come_from_a_file() {
         .await;
 }
 
+/// With `sslmode=require` the connections are encrypted and the server's certificate is
+/// verified: against `database.ca_file` it is accepted, against the system's CAs alone (which
+/// did not sign it) refused. SUME_TEST_POSTGRES_CA names the CA of the test server's
+/// certificate for "localhost" (CI makes one; without it the test is skipped).
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_is_used_and_verified_when_the_url_requires_it() {
+    let Ok(ca) = std::env::var("SUME_TEST_POSTGRES_CA") else {
+        eprintln!("SKIPPED tls_is_used_and_verified_when_the_url_requires_it: set SUME_TEST_POSTGRES_CA to the CA of the test server's certificate for localhost");
+        return;
+    };
+    Backend::Postgres
+        .run("tls_is_used_and_verified_when_the_url_requires_it", async {
+            let _up = SERVER_UP.read().await;
+            let database = new_postgres_database();
+            let server = server_of(&database);
+            let port = server.rsplit(':').next().unwrap();
+            let tls_url = format!(
+                "{}?sslmode=require",
+                database.replacen(&server, &format!("localhost:{port}"), 1)
+            );
+            let dir = tempfile::tempdir().unwrap();
+            let text = |ca_line: &str| {
+                format!(
+                    "[signature]\nsecrets = [\"s\"]\n[database]\nurl = \"{tls_url}\"\n{ca_line}"
+                )
+            };
+            let config =
+                Config::parse(&text(&format!("ca_file = \"{ca}\"\n")), dir.path()).unwrap();
+            let ledger = Ledger::open(&config.database).await.unwrap();
+            ledger.probe().await.unwrap(); // a pooled connection, open now
+            let encrypted = with_postgres(&database, |client| {
+                client
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
+                         WHERE datname = current_database() AND pid <> pg_backend_pid() AND ssl",
+                        &[],
+                    )
+                    .unwrap()
+                    .get::<_, i64>(0)
+            });
+            assert!(encrypted >= 1, "the ledger's connections are encrypted");
+            ledger.close().await;
+
+            let unverified = Config::parse(&text(""), dir.path()).unwrap();
+            let error = format!(
+                "{:#}",
+                Ledger::open(&unverified.database).await.err().unwrap()
+            );
+            assert!(error.contains("certificate"), "{error}");
+        })
+        .await;
+}
+
 /// The password of database.url never shows in logs or messages about the ledger.
 #[test]
 fn the_database_password_never_shows() {

@@ -290,7 +290,7 @@ pub enum Inspector {
 impl Inspector {
     pub fn open(config: &DatabaseConfig) -> anyhow::Result<Inspector> {
         Ok(match config.postgres_url()? {
-            Some(url) => Inspector::Postgres(postgres::Inspector::open(&url)?),
+            Some(url) => Inspector::Postgres(postgres::Inspector::open(&url, config)?),
             None => Inspector::Sqlite(sqlite::open_existing(config)?),
         })
     }

@@ -25,8 +25,11 @@ use anyhow::{bail, Context};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 use tokio::task::JoinSet;
+use tokio_postgres::config::SslMode;
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Socket};
+use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -128,25 +131,17 @@ impl PostgresLedger {
     pub async fn open(url: &PostgresUrl, config: &DatabaseConfig) -> anyhow::Result<Self> {
         let pg_config = url.config(CONNECT_TIMEOUT);
         let location = url.location();
-        let (mut client, connection) = pg_config
-            .connect(NoTls)
+        let tls = Tls::new(url, config.ca_file.as_deref())?;
+        let mut client = tls
+            .connect(&pg_config)
             .await
             .map_err(|error| anyhow::anyhow!(error_text(&error)))
             .with_context(|| format!("cannot connect to PostgreSQL at {location}"))?;
-        let driver = tokio::spawn(connection);
         check_durability(&client, &location).await?;
         migrate(&mut client, &location).await?;
         drop(client);
-        let _ = driver.await;
 
-        let manager = Manager::from_config(
-            pg_config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
+        let pool = Pool::builder(tls.manager(&pg_config))
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)
             .create_timeout(Some(CONNECT_TIMEOUT))
@@ -178,7 +173,7 @@ impl PostgresLedger {
                 }
             }
         });
-        tasks.spawn(listen(pg_config, work_added.clone(), stopping.clone()));
+        tasks.spawn(listen(pg_config, tls, work_added.clone(), stopping.clone()));
         tracing::info!(ledger = %location, "PostgreSQL ledger open");
         Ok(PostgresLedger {
             pool,
@@ -779,33 +774,18 @@ async fn insert_claims(
 /// notification, and once after every (re)connection, since some may have been missed.
 async fn listen(
     pg_config: tokio_postgres::Config,
+    tls: Tls,
     work_added: Arc<Notify>,
     stopping: CancellationToken,
 ) {
     let mut failures = Throttled::new("cannot listen for new work on PostgreSQL; retrying");
     loop {
         let listening = async {
-            let (client, mut connection) = pg_config.connect(NoTls).await?;
-            let wake = work_added.clone();
-            let messages = tokio::spawn(async move {
-                while let Some(message) =
-                    std::future::poll_fn(|cx| connection.poll_message(cx)).await
-                {
-                    match message {
-                        Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
-                        Ok(_) => {}
-                        Err(error) => return Err(error),
-                    }
+            match &tls {
+                Tls::Off => listen_until_lost(&pg_config, NoTls, &work_added).await,
+                Tls::Verified(connector) => {
+                    listen_until_lost(&pg_config, connector.clone(), &work_added).await
                 }
-                Ok(())
-            });
-            client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
-            work_added.notify_one();
-            let ended = messages.await;
-            drop(client);
-            match ended {
-                Ok(result) => result,
-                Err(_) => Ok(()),
             }
         };
         tokio::select! {
@@ -823,6 +803,124 @@ async fn listen(
     }
 }
 
+/// One LISTEN connection, until it is lost: each notification wakes the worker, and so does
+/// the start (notifications sent while no connection listened are lost).
+async fn listen_until_lost<T>(
+    pg_config: &tokio_postgres::Config,
+    tls: T,
+    work_added: &Arc<Notify>,
+) -> Result<(), tokio_postgres::Error>
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, mut connection) = pg_config.connect(tls).await?;
+    let wake = work_added.clone();
+    let messages = tokio::spawn(async move {
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
+                Ok(_) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    });
+    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+    work_added.notify_one();
+    let ended = messages.await;
+    drop(client);
+    ended.unwrap_or(Ok(()))
+}
+
+/// How connections to PostgreSQL are made: in the clear, or over TLS when the URL asks for it
+/// (`sslmode=require`), the server's certificate and host name verified against the system's
+/// CA certificates and `database.ca_file`.
+#[derive(Clone)]
+enum Tls {
+    Off,
+    Verified(MakeRustlsConnect),
+}
+
+impl Tls {
+    fn new(url: &PostgresUrl, ca_file: Option<&std::path::Path>) -> anyhow::Result<Tls> {
+        let config = url.config(CONNECT_TIMEOUT);
+        if config.get_ssl_mode() != SslMode::Require {
+            if !url.is_local() {
+                tracing::warn!(ledger = %url.location(), "the connection to PostgreSQL is not encrypted: add sslmode=require to database.url");
+            }
+            return Ok(Tls::Off);
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        let native = rustls_native_certs::load_native_certs();
+        roots.add_parsable_certificates(native.certs);
+        if let Some(file) = ca_file {
+            use rustls::pki_types::pem::PemObject;
+            let certificates = rustls::pki_types::CertificateDer::pem_file_iter(file)
+                .and_then(|certificates| certificates.collect::<Result<Vec<_>, _>>())
+                .with_context(|| {
+                    format!(
+                        "database.ca_file: cannot read PEM certificates from {}",
+                        file.display()
+                    )
+                })?;
+            if certificates.is_empty() {
+                bail!("database.ca_file: no certificate in {}", file.display());
+            }
+            for certificate in certificates {
+                roots.add(certificate).with_context(|| {
+                    format!(
+                        "database.ca_file: a certificate in {} is not usable",
+                        file.display()
+                    )
+                })?;
+            }
+        }
+        if roots.is_empty() {
+            bail!("sslmode=require, but there is no CA certificate to verify PostgreSQL's with: install the system's (ca-certificates) or set database.ca_file");
+        }
+        let client = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Tls::Verified(MakeRustlsConnect::new(client)))
+    }
+
+    /// Connects; the connection runs on a task of its own until the client is dropped.
+    async fn connect(
+        &self,
+        config: &tokio_postgres::Config,
+    ) -> Result<Client, tokio_postgres::Error> {
+        async fn spawned<T>(
+            config: &tokio_postgres::Config,
+            tls: T,
+        ) -> Result<Client, tokio_postgres::Error>
+        where
+            T: MakeTlsConnect<Socket>,
+            T::Stream: Send + 'static,
+        {
+            let (client, connection) = config.connect(tls).await?;
+            tokio::spawn(connection);
+            Ok(client)
+        }
+        match self {
+            Tls::Off => spawned(config, NoTls).await,
+            Tls::Verified(connector) => spawned(config, connector.clone()).await,
+        }
+    }
+
+    fn manager(&self, config: &tokio_postgres::Config) -> Manager {
+        let recycling = || ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        match self {
+            Tls::Off => Manager::from_config(config.clone(), NoTls, recycling()),
+            Tls::Verified(connector) => {
+                Manager::from_config(config.clone(), connector.clone(), recycling())
+            }
+        }
+    }
+}
+
 /// The PostgreSQL ledger for the command line: one connection, the `jobs` commands.
 pub struct Inspector {
     runtime: tokio::runtime::Runtime,
@@ -832,19 +930,17 @@ pub struct Inspector {
 impl Inspector {
     /// Connects and checks that the schema is the one this binary knows (the service migrates
     /// it; the command line never does).
-    pub fn open(url: &PostgresUrl) -> anyhow::Result<Inspector> {
+    pub fn open(url: &PostgresUrl, config: &DatabaseConfig) -> anyhow::Result<Inspector> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         let location = url.location();
         let client = runtime.block_on(async {
-            let (client, connection) = url
-                .config(CONNECT_TIMEOUT)
-                .connect(NoTls)
+            let client = Tls::new(url, config.ca_file.as_deref())?
+                .connect(&url.config(CONNECT_TIMEOUT))
                 .await
                 .map_err(|error| anyhow::anyhow!(error_text(&error)))
                 .with_context(|| format!("cannot connect to PostgreSQL at {location}"))?;
-            tokio::spawn(connection);
             let version = client
                 .query_opt("SELECT version FROM sume_schema", &[])
                 .await
