@@ -147,6 +147,34 @@ fn signed_delivery(
         .unwrap()
 }
 
+/// How many of the `acknowledged` jobs the handler (which appends the job_id to `runs_log` and
+/// never fails) ran more than once. Each run beyond the first needs an attempt of its own:
+/// one interrupted by a kill; a run without such an attempt would be a double run.
+fn jobs_run_twice(
+    runs_log: &Path,
+    rows: &HashMap<String, (String, i64)>,
+    acknowledged: &HashSet<String>,
+) -> usize {
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for line in std::fs::read_to_string(runs_log).unwrap().lines() {
+        *runs.entry(line.to_owned()).or_default() += 1;
+    }
+    let mut reran = 0;
+    for job_id in acknowledged {
+        let count = runs.get(job_id).copied().unwrap_or(0);
+        let attempts = rows[job_id].1;
+        assert!(count >= 1, "{job_id} is done but its handler never ran");
+        assert!(
+            count as i64 <= attempts,
+            "{job_id} ran {count} times in {attempts} attempts"
+        );
+        if count > 1 {
+            reran += 1;
+        }
+    }
+    reran
+}
+
 /// job_id -> (state, attempts) in the ledger of the service configured in `dir`.
 fn job_rows(dir: &Path) -> HashMap<String, (String, i64)> {
     let config = sume_receiver::config::Config::parse(&config_text(dir, ""), dir).unwrap();
@@ -739,22 +767,7 @@ async fn two_receivers_on_one_postgres_ledger_lose_nothing_across_a_kill_9() {
             // on its retry: such a job has no first claim among the answers.
             let unanswered_firsts = first_claims.values().filter(|n| **n == 0).count();
 
-            let mut runs: HashMap<String, usize> = HashMap::new();
-            for line in std::fs::read_to_string(&runs_log).unwrap().lines() {
-                *runs.entry(line.to_owned()).or_default() += 1;
-            }
-            let mut reran = 0;
-            for job_id in &acknowledged {
-                let count = runs.get(job_id).copied().unwrap_or(0);
-                let attempts = rows[job_id].1;
-                assert!(count >= 1, "{job_id} is done but its handler never ran");
-                // The handler never fails: a second run needs a second attempt, which only the
-                // kill can cause (the first attempt's lease expired).
-                assert!(count as i64 <= attempts, "{job_id} ran {count} times in {attempts} attempts");
-                if count > 1 {
-                    reran += 1;
-                }
-            }
+            let reran = jobs_run_twice(&runs_log, &rows, &acknowledged);
             assert!(
                 reran <= CONCURRENCY,
                 "{reran} jobs ran twice; at most {CONCURRENCY} were running on the killed receiver"
@@ -893,25 +906,7 @@ async fn kill_9_at_random_moments_loses_no_acknowledged_job() {
     assert!(all_done, "not every acknowledged job is done: {rows:?}");
     assert_eq!(rows.len(), JOBS, "one row per job, no more");
 
-    let mut runs: HashMap<String, usize> = HashMap::new();
-    for line in std::fs::read_to_string(&runs_log).unwrap().lines() {
-        *runs.entry(line.to_owned()).or_default() += 1;
-    }
-    let mut reran = 0;
-    for job_id in &acknowledged {
-        let count = runs.get(job_id).copied().unwrap_or(0);
-        let attempts = rows[job_id].1;
-        assert!(count >= 1, "{job_id} is done but its handler never ran");
-        // The handler never fails here, so a second attempt means the first was interrupted by
-        // a kill; a run without such an attempt would be a double run.
-        assert!(
-            count as i64 <= attempts,
-            "{job_id} ran {count} times in {attempts} attempts"
-        );
-        if count > 1 {
-            reran += 1;
-        }
-    }
+    let reran = jobs_run_twice(&runs_log, &rows, &acknowledged);
     assert!(
         reran <= KILLS * CONCURRENCY,
         "{reran} jobs ran twice; at most {} were in flight at kills",

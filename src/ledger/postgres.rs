@@ -382,13 +382,7 @@ impl PostgresLedger {
         now: i64,
         first_poll_at: i64,
     ) -> Result<bool, StorageError> {
-        let inserted = self
-            .execute(
-                &pg(expected::EXPECT_JOB_SQL),
-                &[&job_id.as_str(), &now, &first_poll_at],
-            )
-            .await?;
-        Ok(inserted == 1)
+        expect_job(&*self.client().await?, job_id, now, first_poll_at).await
     }
 
     pub(super) async fn resolve_arrived(&self, now: i64) -> Result<usize, StorageError> {
@@ -514,6 +508,24 @@ impl PostgresLedger {
         }
         self.pool.close();
     }
+}
+
+/// Registers a job to expect; `false` if it was registered already. Used by the service and
+/// the command line alike.
+async fn expect_job(
+    client: &Client,
+    job_id: &JobId,
+    now: i64,
+    first_poll_at: i64,
+) -> Result<bool, StorageError> {
+    let inserted = client
+        .execute(
+            &pg(expected::EXPECT_JOB_SQL),
+            &[&job_id.as_str(), &now, &first_poll_at],
+        )
+        .await
+        .map_err(statement_error)?;
+    Ok(inserted == 1)
 }
 
 fn attempt_number(attempt: &Attempt) -> i32 {
@@ -1027,14 +1039,8 @@ impl Inspector {
         now: i64,
         first_poll_at: i64,
     ) -> Result<bool, StorageError> {
-        let inserted = self
-            .runtime
-            .block_on(self.client.execute(
-                &pg(expected::EXPECT_JOB_SQL),
-                &[&job_id.as_str(), &now, &first_poll_at],
-            ))
-            .map_err(statement_error)?;
-        Ok(inserted == 1)
+        self.runtime
+            .block_on(expect_job(&self.client, job_id, now, first_poll_at))
     }
 
     pub fn job_ids_like(&self, pattern: &str) -> Result<Vec<String>, StorageError> {
