@@ -241,6 +241,11 @@ pub struct DatabaseConfig {
     /// commit off, which only the benchmark has reason to do.
     pub max_batch: usize,
     pub check_at_start: CheckAtStart,
+    /// This receiver's name on the leases it takes in a shared (PostgreSQL) ledger: the host
+    /// name and the listen port, unique among receivers and the same after a restart. Set at
+    /// load, not configured.
+    #[serde(skip)]
+    pub receiver: String,
 }
 
 impl Default for DatabaseConfig {
@@ -254,6 +259,7 @@ impl Default for DatabaseConfig {
             busy_timeout: Duration::from_secs(2),
             max_batch: 512,
             check_at_start: CheckAtStart::Quick,
+            receiver: String::new(),
         }
     }
 }
@@ -278,6 +284,18 @@ impl DatabaseConfig {
                 file.display()
             )
         })
+    }
+}
+
+/// This machine's host name (gethostname), or "localhost" if it has none.
+fn host_name() -> String {
+    let mut buffer = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer we own.
+    let failed = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) } != 0;
+    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+    match std::str::from_utf8(&buffer[..end]) {
+        Ok(name) if !failed && !name.is_empty() => name.to_owned(),
+        _ => "localhost".to_owned(),
     }
 }
 
@@ -610,6 +628,7 @@ impl Config {
         let mut config: Config = toml::from_str(text)
             .map_err(|error| anyhow::anyhow!(describe_toml_error(text, &error)))?;
         config.resolve_paths(base_dir);
+        config.database.receiver = format!("{}:{}", host_name(), config.server.listen.port());
         config.validate()?;
         Ok(config)
     }

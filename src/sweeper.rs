@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::ledger::{now_ms, Ledger, StorageError};
+use crate::ledger::{now_ms, Leases, Ledger, StorageError};
 use crate::metrics::METRICS;
 use crate::worker::Queue;
 
@@ -34,24 +34,28 @@ impl Sweeper {
         }
     }
 
-    /// At start: on a ledger of our own every `running` row belongs to a process that is gone
-    /// (we hold the instance lock), so all of them are taken back at once instead of waiting
-    /// for their leases. On a shared ledger other receivers run jobs right now: only expired
-    /// leases are taken back, as at every sweep.
+    /// At start: takes back at once the attempts this receiver was running when it stopped
+    /// (on a ledger of its own, every `running` row: no one else can be running them), then,
+    /// on a shared ledger, the expired leases of others as at every sweep.
     pub async fn recover(&self) -> Result<SweepReport, StorageError> {
-        if self.ledger.is_shared() {
-            return self.sweep_once().await;
+        let own = self
+            .sweep(
+                Leases::HeldBeforeThisStart,
+                "interrupted: the receiver stopped during this attempt",
+            )
+            .await?;
+        if !self.ledger.is_shared() {
+            return Ok(own);
         }
-        self.sweep(
-            i64::MAX,
-            "interrupted: the receiver stopped during this attempt",
-        )
-        .await
+        let others = self.sweep_once().await?;
+        Ok(SweepReport {
+            leases_expired: own.leases_expired + others.leases_expired,
+        })
     }
 
     pub async fn sweep_once(&self) -> Result<SweepReport, StorageError> {
         self.sweep(
-            now_ms(),
+            Leases::ExpiredBefore(now_ms()),
             "lease expired: the handler neither finished nor failed in time",
         )
         .await
@@ -59,7 +63,7 @@ impl Sweeper {
 
     async fn sweep(
         &self,
-        leases_before: i64,
+        leases: Leases,
         reason: &'static str,
     ) -> Result<SweepReport, StorageError> {
         let max_attempts = self.max_attempts;
@@ -67,7 +71,7 @@ impl Sweeper {
         let queue = self.queue.clone();
         let expired = self
             .ledger
-            .expire_leases(leases_before, now, max_attempts, reason, move |job_id| {
+            .expire_leases(leases, now, max_attempts, reason, move |job_id| {
                 queue.holds(job_id)
             })
             .await?;

@@ -95,6 +95,8 @@ pub struct Worker {
     receiver: mpsc::Receiver<JobId>,
     /// A ledger that cannot be read is retried every [`IDLE_LOOK`]: logged once, then rarely.
     read_failures: Throttled,
+    /// Likewise a job that cannot be started (the ledger takes no changes).
+    start_failures: Arc<Mutex<Throttled>>,
 }
 
 impl Worker {
@@ -113,6 +115,9 @@ impl Worker {
             queue: queue.clone(),
             receiver,
             read_failures: Throttled::new("cannot read due jobs from the ledger; trying again"),
+            start_failures: Arc::new(Mutex::new(Throttled::new(
+                "cannot start jobs: the ledger takes no changes; each stays due and is tried again every second",
+            ))),
         };
         Ok((worker, queue))
     }
@@ -138,6 +143,7 @@ impl Worker {
                 lease_slack: self.lease_slack,
                 queue: self.queue.clone(),
                 stop_handlers: stop_handlers.clone(),
+                start_failures: self.start_failures.clone(),
             };
             running.spawn(async move {
                 job.run(job_id).await;
@@ -243,6 +249,7 @@ struct JobRun {
     lease_slack: Duration,
     queue: Queue,
     stop_handlers: CancellationToken,
+    start_failures: Arc<Mutex<Throttled>>,
 }
 
 impl JobRun {
@@ -261,11 +268,23 @@ impl JobRun {
         let now = now_ms();
         let lease_until = now + duration_ms(timeout + self.lease_slack);
         let attempt = match self.ledger.start_attempt(job_id, now, lease_until).await {
-            Ok(Some(attempt)) => attempt,
+            Ok(Some(attempt)) => {
+                self.start_failures
+                    .lock()
+                    .expect("not poisoned")
+                    .recovered();
+                attempt
+            }
             // Already started, finished, or purged: nothing to do.
             Ok(None) => return false,
             Err(error) => {
-                tracing::warn!(job_id = %job_id, %error, "could not start the job; it stays due in the ledger");
+                self.start_failures
+                    .lock()
+                    .expect("not poisoned")
+                    .warn(&format!("{error} (job {job_id:?})"));
+                // The job stays due, and would be taken again at once: holding its slot for a
+                // while keeps a ledger that refuses changes from being hammered in a loop.
+                tokio::time::sleep(IDLE_LOOK).await;
                 return false;
             }
         };

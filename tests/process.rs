@@ -830,6 +830,34 @@ impl Balancer {
 }
 
 on_both_ledgers! {
+/// A receiver killed mid-attempt and started again takes its interrupted attempt back at once
+/// (on PostgreSQL: the lease carries its name), not after the lease expires (here 2 minutes).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_receiver_takes_back_its_own_interrupted_attempt_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let runs = dir.path().join("runs.log");
+    let script = format!(
+        "echo \"$SUME_ATTEMPT\" >> {}; [ \"$SUME_ATTEMPT\" -gt 1 ] || sleep 30",
+        runs.display()
+    );
+    let extra = format!("[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\ntimeout = \"60s\"\n");
+    let config = write_config(dir.path(), port, "", &extra);
+    let attempts = || std::fs::read_to_string(&runs).unwrap_or_default();
+    let service = Service::start(&config, port).await;
+    Balancer::new(&[port]).deliver_until_acknowledged("job-cut").await;
+    assert!(eventually(Duration::from_secs(5), || attempts() == "1\n").await);
+    service.kill_9();
+    let service = Service::start(&config, port).await;
+    assert!(
+        eventually(Duration::from_secs(5), || attempts() == "1\n2\n").await,
+        "the interrupted attempt did not run again at once: {:?}",
+        attempts()
+    );
+    assert!(eventually(Duration::from_secs(5), || job_rows(dir.path())["job-cut"].0 == "done").await);
+    service.stop_cleanly().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_at_random_moments_loses_no_acknowledged_job() {
     const JOBS: usize = 200;

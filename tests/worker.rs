@@ -106,6 +106,41 @@ async fn claimed_backlog(dir: &std::path::Path, job_ids: impl Iterator<Item = St
     );
 }
 
+/// Regression: a job the ledger would not let start (changes failing, reads fine) was taken again
+/// at once, as fast as the ledger answered: a loop against a broken ledger, a warning each time.
+/// Now the slot waits a second before the job is tried again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ledger_that_refuses_starts_is_not_hammered() {
+    let server = TestServer::start(&command_handler(
+        "exit 1",
+        "max_attempts = 3\nconcurrency = 1\n[database]\nbusy_timeout = \"10ms\"",
+    ))
+    .await;
+    server.deliver(&job_body("job-stuck")).await;
+    wait_for_state(&server, "job-stuck", "retrying").await;
+    let failed_commits = || async {
+        let scrape = server
+            .request(hyper::Method::GET, "/metrics", &[], "")
+            .await
+            .unwrap();
+        let text = String::from_utf8(scrape.body.to_vec()).unwrap();
+        text.lines()
+            .find_map(|line| line.strip_prefix("sume_ledger_commits_total{result=\"failed\"} "))
+            .map_or(0.0, |value| value.parse::<f64>().unwrap())
+    };
+    let before = failed_commits().await;
+    let blocker = server.db();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    blocker.execute_batch("COMMIT").unwrap();
+    let failed = failed_commits().await - before;
+    assert!(
+        (1.0..=4.0).contains(&failed),
+        "{failed} failed starts in 2 s with the ledger locked (one a second expected)"
+    );
+    wait_for_state(&server, "job-stuck", "dead").await;
+}
+
 on_both_ledgers! {
 #[tokio::test(flavor = "multi_thread")]
 async fn handler_gets_body_and_environment_and_job_is_done() {
@@ -304,6 +339,15 @@ async fn sweep_once_takes_back_expired_leases() {
     } else {
         assert_eq!(recovered.leases_expired, 0);
         assert_eq!(state("live-lease"), "running");
+        // The same lease under this receiver's own name: its attempt was cut short by the
+        // stop, so the restart takes it back at once.
+        ledger_execute(
+            &config,
+            "UPDATE jobs SET leased_by = ?1 WHERE job_id = 'live-lease'",
+            &[&config.database.receiver],
+        );
+        assert_eq!(sweeper.recover().await.unwrap().leases_expired, 1);
+        assert_eq!(state("live-lease"), "retrying");
     }
     ledger.close().await;
 }

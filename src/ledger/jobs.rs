@@ -16,7 +16,7 @@ use crate::metrics::{AttemptResult, METRICS};
 // The statements that must stay cheap however large the ledger grows; tests check that each
 // reads only its partial index (EXPLAIN QUERY PLAN).
 /// Shared.
-pub const EXPIRED_LEASES_SQL: &str = "SELECT job_id FROM jobs
+pub const EXPIRED_LEASES_SQL: &str = "SELECT job_id, attempts FROM jobs
          WHERE state = 'running' AND lease_expires_at <= ?1";
 /// Shared.
 pub const DUE_JOBS_SQL: &str = "SELECT job_id FROM jobs
@@ -45,15 +45,15 @@ pub const RELEASE_ATTEMPT_SQL: &str =
                      attempts = attempts - 1, next_attempt_at = ?3,
                      lease_expires_at = NULL, updated_at = ?3
      WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'";
-/// Shared. Parameters: job_id, now, max_attempts, error, cutoff. The lease is checked again:
-/// another receiver may have taken it back and started a new attempt since it was read. The
-/// casts tell PostgreSQL the type that a `CASE` alone leaves open.
+/// Shared. Parameters: job_id, now, max_attempts, error, cutoff, attempt number. The lease and
+/// the attempt are checked again: another receiver may have taken it back, and started a new
+/// attempt, since it was read. The casts tell PostgreSQL the type a `CASE` alone leaves open.
 pub const TAKE_BACK_LEASE_SQL: &str = "UPDATE jobs SET
              state = CASE WHEN attempts >= ?3 THEN 'dead' ELSE 'retrying' END,
              next_attempt_at = CASE WHEN attempts >= ?3 THEN NULL ELSE CAST(?2 AS BIGINT) END,
              finished_at = CASE WHEN attempts >= ?3 THEN CAST(?2 AS BIGINT) ELSE NULL END,
              lease_expires_at = NULL, last_error = ?4, updated_at = ?2
-         WHERE job_id = ?1 AND state = 'running' AND lease_expires_at <= ?5
+         WHERE job_id = ?1 AND state = 'running' AND lease_expires_at <= ?5 AND attempts = ?6
          RETURNING state";
 /// Shared. Parameters: job_id, now, error.
 pub const GIVE_UP_SQL: &str =
@@ -319,10 +319,22 @@ pub fn release_attempt(conn: &Connection, attempt: &Attempt, now: i64) -> rusqli
 /// Running jobs whose lease expired before `cutoff`: candidates for [`take_back_lease`] once
 /// the caller has left out those it is still running itself (their handler timeout is enforced
 /// on the monotonic clock, so a jump of the wall clock must not hand them out twice).
-pub fn expired_leases(conn: &Connection, cutoff: i64) -> rusqlite::Result<Vec<String>> {
+pub fn expired_leases(conn: &Connection, cutoff: i64) -> rusqlite::Result<Vec<LeasedAttempt>> {
     conn.prepare_cached(EXPIRED_LEASES_SQL)?
-        .query_map([cutoff], |row| row.get(0))?
+        .query_map([cutoff], |row| {
+            Ok(LeasedAttempt {
+                job_id: row.get(0)?,
+                number: row.get(1)?,
+            })
+        })?
         .collect()
+}
+
+/// A running attempt found by its lease: the job and the attempt's number (the fencing token).
+#[derive(Debug, Clone)]
+pub struct LeasedAttempt {
+    pub job_id: String,
+    pub number: i64,
 }
 
 /// Takes back one expired lease: the attempt counts as failed with `error`; the job is due
@@ -330,7 +342,7 @@ pub fn expired_leases(conn: &Connection, cutoff: i64) -> rusqlite::Result<Vec<St
 /// expired (taken back by someone else first).
 pub fn take_back_lease(
     conn: &Connection,
-    job_id: &str,
+    lease: &LeasedAttempt,
     cutoff: i64,
     now: i64,
     max_attempts: u32,
@@ -338,9 +350,10 @@ pub fn take_back_lease(
 ) -> rusqlite::Result<Option<State>> {
     let state = conn
         .prepare_cached(TAKE_BACK_LEASE_SQL)?
-        .query_row(params![job_id, now, max_attempts, error, cutoff], |row| {
-            row.get::<_, String>(0)
-        })
+        .query_row(
+            params![lease.job_id, now, max_attempts, error, cutoff, lease.number],
+            |row| row.get::<_, String>(0),
+        )
         .optional()?;
     Ok(state.map(|state| State::from_str(&state).unwrap_or(State::Retrying)))
 }

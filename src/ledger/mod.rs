@@ -141,16 +141,20 @@ impl Ledger {
         on_backend!(self, ledger => ledger.release_attempt(attempt, now).await)
     }
 
-    /// See [`jobs::expire_leases`]; safe to run on several receivers at once.
+    /// Takes back `leases`, except those `still_running` says this process is running (their
+    /// handler timeout is enforced on the monotonic clock, so a jump of the wall clock must not
+    /// hand them out twice). Each attempt taken back counts as failed with `error`; its job is
+    /// due again at `now`, or dead after its last attempt. Safe on several receivers at once:
+    /// each lease is taken back once (the attempt number fences it). How many it took back.
     pub async fn expire_leases(
         &self,
-        cutoff: i64,
+        leases: Leases,
         now: i64,
         max_attempts: u32,
         error: &'static str,
         still_running: impl Fn(&str) -> bool + Send + 'static,
     ) -> Result<usize, StorageError> {
-        on_backend!(self, ledger => ledger.expire_leases(cutoff, now, max_attempts, error, still_running).await)
+        on_backend!(self, ledger => ledger.expire_leases(leases, now, max_attempts, error, still_running).await)
     }
 
     pub async fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError> {
@@ -267,6 +271,17 @@ impl Ledger {
             Ledger::Postgres(ledger) => ledger.close().await,
         }
     }
+}
+
+/// Which leases [`Ledger::expire_leases`] takes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leases {
+    /// Those that expired before this time (Unix ms): their holder overran or is gone.
+    ExpiredBefore(i64),
+    /// At start: those this receiver held when it stopped (its attempts were cut short), at
+    /// once. On SQLite every running row; on PostgreSQL those leased under this receiver's
+    /// name (`database.receiver`), while other receivers' leases wait for their expiry.
+    HeldBeforeThisStart,
 }
 
 /// The bounded statements retention repeats.

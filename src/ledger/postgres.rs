@@ -34,8 +34,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     expected, jobs, Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Expectation,
-    JobDetail, JobStats, JobSummary, NewClaim, PollResult, RetentionStep, RetryError, Source,
-    State, StorageError, WRITER_QUEUE_CAPACITY,
+    JobDetail, JobStats, JobSummary, Leases, NewClaim, PollResult, RetentionStep, RetryError,
+    Source, State, StorageError, WRITER_QUEUE_CAPACITY,
 };
 use crate::config::{DatabaseConfig, PostgresUrl};
 use crate::job_id::JobId;
@@ -46,6 +46,7 @@ use crate::throttle::Throttled;
 const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0001_jobs.sql"),
     include_str!("../../migrations/postgres/0002_expected_jobs.sql"),
+    include_str!("../../migrations/postgres/0003_leased_by.sql"),
 ];
 /// The advisory lock that serialises migrations between receivers starting at once.
 const MIGRATION_LOCK: i64 = 0x5355_4d45_0001;
@@ -76,14 +77,17 @@ pub fn pg(sql: &str) -> String {
     out
 }
 
-/// A failed statement. A server error means PostgreSQL rolled the statement back; anything else
-/// (connection lost, timeout) may have happened after the commit reached the server.
+/// A failed statement. A server error means PostgreSQL rolled the statement back, and a client
+/// side error (a value that cannot be sent) means nothing was sent; but a connection lost
+/// during the statement may have been lost after its commit reached the server.
 fn statement_error(error: tokio_postgres::Error) -> StorageError {
     let text = error_text(&error);
-    if error.code().is_some() {
-        StorageError::Postgres(text)
-    } else {
+    let connection_lost = error.is_closed()
+        || std::error::Error::source(&error).is_some_and(|cause| cause.is::<std::io::Error>());
+    if error.code().is_none() && connection_lost {
         StorageError::OutcomeUnknown(text)
+    } else {
+        StorageError::Postgres(text)
     }
 }
 
@@ -123,6 +127,8 @@ pub struct PostgresLedger {
     failed: CancellationToken,
     work_added: Arc<Notify>,
     location: String,
+    /// This receiver's name on its leases (`database.receiver`).
+    receiver: String,
 }
 
 impl PostgresLedger {
@@ -184,6 +190,7 @@ impl PostgresLedger {
             failed,
             work_added,
             location,
+            receiver: config.receiver.clone(),
         })
     }
 
@@ -244,7 +251,7 @@ impl PostgresLedger {
         let rows = self
             .query(
                 START_ATTEMPT_SQL,
-                &[&job_id.as_str(), &lease_expires_at, &now],
+                &[&job_id.as_str(), &lease_expires_at, &now, &self.receiver],
             )
             .await?;
         Ok(rows.first().map(|row| Attempt {
@@ -297,26 +304,34 @@ impl PostgresLedger {
 
     pub(super) async fn expire_leases(
         &self,
-        cutoff: i64,
+        leases: Leases,
         now: i64,
         max_attempts: u32,
         error: &'static str,
         still_running: impl Fn(&str) -> bool + Send + 'static,
     ) -> Result<usize, StorageError> {
-        let expired = self
-            .query(&pg(jobs::EXPIRED_LEASES_SQL), &[&cutoff])
-            .await?;
+        let (candidates, cutoff) = match leases {
+            Leases::ExpiredBefore(cutoff) => (
+                self.query(&pg(jobs::EXPIRED_LEASES_SQL), &[&cutoff])
+                    .await?,
+                cutoff,
+            ),
+            Leases::HeldBeforeThisStart => (
+                self.query(OWN_LEASES_SQL, &[&self.receiver]).await?,
+                i64::MAX,
+            ),
+        };
         let max_attempts = i32::try_from(max_attempts).unwrap_or(i32::MAX);
         let mut taken_back = 0;
-        for row in expired {
-            let job_id: &str = row.get(0);
+        for row in candidates {
+            let (job_id, attempt): (&str, i32) = (row.get(0), row.get(1));
             if still_running(job_id) {
                 continue;
             }
             let rows = self
                 .query(
                     &pg(jobs::TAKE_BACK_LEASE_SQL),
-                    &[&job_id, &now, &max_attempts, &error, &cutoff],
+                    &[&job_id, &now, &max_attempts, &error, &cutoff, &attempt],
                 )
                 .await?;
             if let Some(row) = rows.first() {
@@ -537,9 +552,14 @@ fn state_counts(rows: &[Row]) -> Vec<(String, i64)> {
     rows.iter().map(|row| (row.get(0), row.get(1))).collect()
 }
 
-/// Starts an attempt on a row no other receiver is starting (`SKIP LOCKED`: it is theirs).
+/// Running attempts leased under this receiver's name: at start, the ones it was running when
+/// it stopped.
+const OWN_LEASES_SQL: &str =
+    "SELECT job_id, attempts FROM jobs WHERE state = 'running' AND leased_by = $1";
+/// Starts an attempt on a row no other receiver is starting (`SKIP LOCKED`: it is theirs),
+/// leased under this receiver's name.
 const START_ATTEMPT_SQL: &str = "UPDATE jobs SET state = 'running', attempts = attempts + 1,
-        lease_expires_at = $2, next_attempt_at = NULL, updated_at = $3
+        lease_expires_at = $2, next_attempt_at = NULL, updated_at = $3, leased_by = $4
     WHERE job_id = (SELECT job_id FROM jobs
                     WHERE job_id = $1 AND state IN ('claimed', 'retrying') AND body IS NOT NULL
                     FOR UPDATE SKIP LOCKED)

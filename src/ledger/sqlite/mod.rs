@@ -12,8 +12,8 @@ use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use super::{
-    expected, jobs, now_ms, Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, NewClaim,
-    PollResult, RetentionStep, State, StorageError,
+    expected, jobs, now_ms, Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Leases,
+    NewClaim, PollResult, RetentionStep, State, StorageError,
 };
 use crate::config::{CheckAtStart, DatabaseConfig, Synchronous};
 use crate::job_id::JobId;
@@ -254,20 +254,25 @@ impl SqliteLedger {
 
     pub(super) async fn expire_leases(
         &self,
-        cutoff: i64,
+        leases: Leases,
         now: i64,
         max_attempts: u32,
         error: &'static str,
         still_running: impl Fn(&str) -> bool + Send + 'static,
     ) -> Result<usize, StorageError> {
+        // No other process can hold a lease on this file: at start, every one is ours.
+        let cutoff = match leases {
+            Leases::ExpiredBefore(cutoff) => cutoff,
+            Leases::HeldBeforeThisStart => i64::MAX,
+        };
         self.write(move |conn| {
             let expired = jobs::expired_leases(conn, cutoff)?;
             let mut taken_back = 0;
-            for job_id in expired.iter().filter(|id| !still_running(id)) {
+            for lease in expired.iter().filter(|lease| !still_running(&lease.job_id)) {
                 if let Some(state) =
-                    jobs::take_back_lease(conn, job_id, cutoff, now, max_attempts, error)?
+                    jobs::take_back_lease(conn, lease, cutoff, now, max_attempts, error)?
                 {
-                    jobs::record_lease_taken_back(job_id, state);
+                    jobs::record_lease_taken_back(&lease.job_id, state);
                     taken_back += 1;
                 }
             }
