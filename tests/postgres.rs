@@ -424,6 +424,113 @@ async fn tls_is_used_and_verified_when_the_url_requires_it() {
         .await;
 }
 
+/// A job claimed on one receiver starts on another at once: the claim's NOTIFY wakes it (its
+/// own look into the ledger would come only every second). Receiver A has no handler, so only
+/// B can run the jobs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_on_one_receiver_wakes_the_workers_of_the_others() {
+    Backend::Postgres
+        .run(
+            "a_claim_on_one_receiver_wakes_the_workers_of_the_others",
+            async {
+                let _up = SERVER_UP.read().await;
+                let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+                let runs = dir_b.path().join("runs.log");
+                std::fs::write(
+                    dir_b.path().join("postgres-url"),
+                    postgres_url_of(dir_a.path()),
+                )
+                .unwrap();
+                let claimer = TestServer::start_in(dir_a, "[sweeper]\ninterval = \"1h\"\n").await;
+                let handler = format!(
+                    "[handler]\ncommand = [\"sh\", \"-c\", {:?}]\n\n[sweeper]\ninterval = \"1h\"\n",
+                    format!("echo \"$SUME_JOB_ID\" >> {}", runs.display())
+                );
+                let runner = TestServer::start_in(dir_b, &handler).await;
+                // Let the runner's worker settle into its idle wait.
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let mut delays = Vec::new();
+                for i in 0..5 {
+                    let job_id = format!("woken-{i}");
+                    let claimed = std::time::Instant::now();
+                    assert_eq!(claimer.deliver(&job_body(&job_id)).await.status, 200);
+                    let ran = eventually(Duration::from_secs(5), || {
+                        std::fs::read_to_string(&runs)
+                            .unwrap_or_default()
+                            .contains(&job_id)
+                    })
+                    .await;
+                    assert!(ran, "{job_id} never ran on the other receiver");
+                    delays.push(claimed.elapsed());
+                    tokio::time::sleep(Duration::from_millis(fastrand::u64(200..700))).await;
+                }
+                delays.sort();
+                assert!(
+                delays[2] < Duration::from_millis(300),
+                "claim -> start on the other receiver: {delays:?} (polling alone: ~500 ms median)"
+            );
+                claimer.stop().await.0.unwrap();
+                runner.stop().await.0.unwrap();
+            },
+        )
+        .await;
+}
+
+/// Two receivers' retention runs at the same moment on one database: every old row is removed
+/// once, and the counts add up (each batch takes its rows with SKIP LOCKED).
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_on_two_receivers_at_once_removes_each_row_once() {
+    Backend::Postgres
+        .run(
+            "retention_on_two_receivers_at_once_removes_each_row_once",
+            async {
+                let _up = SERVER_UP.read().await;
+                let dir = tempfile::tempdir().unwrap();
+                let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+                let (first, second) = (
+                    Ledger::open(&config.database).await.unwrap(),
+                    Ledger::open(&config.database).await.unwrap(),
+                );
+                let long_ago = sume_receiver::ledger::now_ms() - 400 * 86_400_000;
+                insert_jobs(
+                    &config,
+                    (0..5000)
+                        .map(|i| (format!("old-{i}"), "done", "{}".to_owned(), Some(long_ago))),
+                );
+                let retention = sume_receiver::config::RetentionConfig {
+                    ttl: Duration::from_secs(30 * 86_400),
+                    dedupe_ttl: Duration::from_secs(365 * 86_400),
+                    interval: Duration::from_secs(3600),
+                };
+                let run = |ledger: std::sync::Arc<Ledger>| {
+                    let retention = retention.clone();
+                    tokio::spawn(async move {
+                        sume_receiver::vacuum::Vacuum::new(
+                            ledger,
+                            retention,
+                            tokio_util::sync::CancellationToken::new(),
+                        )
+                        .vacuum_once()
+                        .await
+                        .unwrap()
+                    })
+                };
+                let (a, b) = (run(first.clone()), run(second.clone()));
+                let (a, b) = (a.await.unwrap(), b.await.unwrap());
+                // (One run may delete rows before the other purged their bodies: only the rows
+                // removed add up exactly.)
+                assert_eq!(a.jobs_forgotten + b.jobs_forgotten, 5000, "{a:?} {b:?}");
+                assert_eq!(
+                    ledger_rows(&config, "SELECT count(*) FROM jobs", &[]),
+                    [[serde_json::json!(0)]]
+                );
+                first.close().await;
+                second.close().await;
+            },
+        )
+        .await;
+}
+
 /// The password of database.url never shows in logs or messages about the ledger.
 #[test]
 fn the_database_password_never_shows() {
