@@ -563,69 +563,6 @@ async fn send_test_and_sign_make_deliveries_the_receiver_accepts() {
     service.stop_cleanly().await;
 }
 
-/// backup while the service runs: a checked, private copy that holds the jobs; refuses to
-/// overwrite. jobs retry tells whether a service will pick the job up now or at the next start;
-/// jobs stats counts.
-#[tokio::test(flavor = "multi_thread")]
-async fn backup_stats_and_retry_tell_the_truth() {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let extra = "[handler]\ncommand = [\"false\"]\nmax_attempts = 1\n";
-    let config = write_config(dir.path(), port, "", extra);
-    let service = Service::start(&config, port).await;
-    let sender = Balancer::new(&[port]);
-    for job in ["job-a", "job-b", "job-c"] {
-        sender.deliver_until_acknowledged(job).await;
-    }
-    assert!(
-        eventually(Duration::from_secs(5), || job_rows(dir.path())
-            .values()
-            .all(|(state, _)| state == "dead"))
-        .await
-    );
-
-    let copy = dir.path().join("backup.sqlite3");
-    let backup = cli(&config, &["backup", copy.to_str().unwrap()]);
-    assert!(backup.status.success(), "{backup:?}");
-    assert!(
-        String::from_utf8_lossy(&backup.stdout).contains("backed up 3 jobs"),
-        "{backup:?}"
-    );
-    let copied: i64 = rusqlite::Connection::open(&copy)
-        .unwrap()
-        .query_row("SELECT count(*) FROM jobs", [], |row| row.get(0))
-        .unwrap();
-    assert_eq!(copied, 3);
-    assert_eq!(
-        std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
-    let again = cli(&config, &["backup", copy.to_str().unwrap()]);
-    assert!(!again.status.success());
-    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
-
-    let stats = cli(&config, &["jobs", "stats", "--json"]);
-    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
-    assert_eq!(stats["by_state"]["dead"], 3, "{stats}");
-    assert_eq!(stats["received_last_hour"], 3, "{stats}");
-    assert_eq!(stats["dead_last_day"], 3, "{stats}");
-    let table = String::from_utf8(cli(&config, &["jobs", "stats"]).stdout).unwrap();
-    assert!(table.contains("dead, last 24 h"), "{table}");
-
-    let retry = cli(&config, &["jobs", "retry", "job-a"]);
-    assert!(
-        String::from_utf8_lossy(&retry.stdout).contains("the running service picks it up"),
-        "{retry:?}"
-    );
-    service.stop_cleanly().await;
-    let retry = cli(&config, &["jobs", "retry", "job-b"]);
-    assert!(
-        String::from_utf8_lossy(&retry.stdout).contains("runs at the next start"),
-        "{retry:?}"
-    );
-}
-
 /// The access log: one line per delivery with its fields; JSON for log shippers.
 #[tokio::test(flavor = "multi_thread")]
 async fn json_logs_carry_one_line_per_delivery() {
@@ -830,6 +767,93 @@ impl Balancer {
 }
 
 on_both_ledgers! {
+/// backup while the service runs: a checked, private copy that holds the jobs; refuses to
+/// overwrite. jobs retry tells whether a service will pick the job up now or at the next start;
+/// jobs stats counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn backup_stats_and_retry_tell_the_truth() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let extra = "[handler]\ncommand = [\"false\"]\nmax_attempts = 1\n";
+    let config = write_config(dir.path(), port, "", extra);
+    let service = Service::start(&config, port).await;
+    let sender = Balancer::new(&[port]);
+    for job in ["job-a", "job-b", "job-c"] {
+        sender.deliver_until_acknowledged(job).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || job_rows(dir.path())
+            .values()
+            .all(|(state, _)| state == "dead"))
+        .await
+    );
+
+    if Backend::current() == Backend::Sqlite {
+        let copy = dir.path().join("backup.sqlite3");
+        let backup = cli(&config, &["backup", copy.to_str().unwrap()]);
+        assert!(backup.status.success(), "{backup:?}");
+        assert!(
+            String::from_utf8_lossy(&backup.stdout).contains("backed up 3 jobs"),
+            "{backup:?}"
+        );
+        let copied: i64 = rusqlite::Connection::open(&copy)
+            .unwrap()
+            .query_row("SELECT count(*) FROM jobs", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(copied, 3);
+        assert_eq!(
+            std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let again = cli(&config, &["backup", copy.to_str().unwrap()]);
+        assert!(!again.status.success());
+        assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+    } else {
+        let backup = cli(&config, &["backup", "copy.sqlite3"]);
+        assert!(!backup.status.success());
+        assert!(
+            String::from_utf8_lossy(&backup.stderr).contains("pg_dump"),
+            "{backup:?}"
+        );
+    }
+
+    let stats = cli(&config, &["jobs", "stats", "--json"]);
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["by_state"]["dead"], 3, "{stats}");
+    assert_eq!(stats["received_last_hour"], 3, "{stats}");
+    assert_eq!(stats["dead_last_day"], 3, "{stats}");
+    let table = String::from_utf8(cli(&config, &["jobs", "stats"]).stdout).unwrap();
+    assert!(table.contains("dead, last 24 h"), "{table}");
+
+    let expect = cli(&config, &["jobs", "expect", "job-later"]);
+    assert!(
+        String::from_utf8_lossy(&expect.stdout).contains("job job-later is expected"),
+        "{expect:?}"
+    );
+    let expected = cli(&config, &["jobs", "expected", "--json"]);
+    let expected: serde_json::Value = serde_json::from_slice(&expected.stdout).unwrap();
+    assert_eq!(expected[0]["job_id"], "job-later", "{expected}");
+    assert_eq!(expected[0]["state"], "waiting", "{expected}");
+
+    let (running, stopped) = match Backend::current() {
+        Backend::Sqlite => ("the running service picks it up", "runs at the next start"),
+        Backend::Postgres => ("the receivers were notified", "the receivers were notified"),
+    };
+    let retry = cli(&config, &["jobs", "retry", "job-a"]);
+    assert!(
+        String::from_utf8_lossy(&retry.stdout).contains(running),
+        "{retry:?}"
+    );
+    service.stop_cleanly().await;
+    let retry = cli(&config, &["jobs", "retry", "job-b"]);
+    assert!(
+        String::from_utf8_lossy(&retry.stdout).contains(stopped),
+        "{retry:?}"
+    );
+    assert_eq!(job_rows(dir.path())["job-b"].0, "claimed");
+}
+
 /// A receiver killed mid-attempt and started again takes its interrupted attempt back at once
 /// (on PostgreSQL: the lease carries its name), not after the lease expires (here 2 minutes).
 #[tokio::test(flavor = "multi_thread")]
