@@ -268,6 +268,41 @@ async fn outage_under_load(outage: Outage) {
     }
 }
 
+/// A receiver started while PostgreSQL is not there yet (booting together, failing over) waits
+/// for it instead of exiting, and serves as soon as it comes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_receiver_started_before_postgres_waits_for_it() {
+    Backend::Postgres
+        .run("a_receiver_started_before_postgres_waits_for_it", async {
+            let _up = SERVER_UP.read().await;
+            let database = new_postgres_database();
+            let server = server_of(&database);
+            let relay = Relay::start(server.clone()).await;
+            let relayed = database.replacen(&server, &format!("127.0.0.1:{}", relay.port), 1);
+            relay.cut();
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("postgres-url"), &relayed).unwrap();
+            let restore = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                relay.restore();
+                relay
+            });
+            let started = std::time::Instant::now();
+            let receiver = TestServer::start_in(dir, "").await;
+            assert!(
+                started.elapsed() >= Duration::from_millis(1400),
+                "served before PostgreSQL came"
+            );
+            assert_eq!(
+                receiver.deliver(&job_body("job-after-boot")).await.status,
+                200
+            );
+            receiver.stop().await.0.unwrap();
+            drop(restore.await.unwrap());
+        })
+        .await;
+}
+
 /// Receivers starting at once on a new database: the migrations run once, under the lock.
 #[tokio::test(flavor = "multi_thread")]
 async fn receivers_starting_together_migrate_once() {

@@ -60,6 +60,12 @@ const CLAIM_BATCHES_IN_FLIGHT: usize = 4;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// After a failed commit, how often the database is probed until it answers again (readiness).
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a start waits for PostgreSQL to accept connections (a machine booting with its
+/// database, a failover in progress) before it gives up; the unit's TimeoutStartSec is longer,
+/// and systemd would otherwise give up after a few quick restarts.
+const START_PATIENCE: Duration = Duration::from_secs(60);
+/// How often a start tries again meanwhile.
+const START_RETRY: Duration = Duration::from_millis(500);
 /// After a lost LISTEN connection, how long before connecting again.
 const LISTEN_RETRY: Duration = Duration::from_secs(1);
 
@@ -138,11 +144,7 @@ impl PostgresLedger {
         let pg_config = url.config(CONNECT_TIMEOUT);
         let location = url.location();
         let tls = Tls::new(url, config.ca_file.as_deref())?;
-        let mut client = tls
-            .connect(&pg_config)
-            .await
-            .map_err(|error| anyhow::anyhow!(error_text(&error)))
-            .with_context(|| format!("cannot connect to PostgreSQL at {location}"))?;
+        let mut client = connect_at_start(&tls, &pg_config, &location).await?;
         check_durability(&client, &location).await?;
         migrate(&mut client, &location).await?;
         drop(client);
@@ -592,6 +594,83 @@ const TAKE_DUE_EXPECTATIONS_SQL: &str = "UPDATE expected_jobs SET next_poll_at =
                      WHERE state = 'waiting' AND next_poll_at <= $1
                      ORDER BY next_poll_at LIMIT $2 FOR UPDATE SKIP LOCKED)
     RETURNING job_id, expected_at, polls";
+
+/// The first connection of a start: tried again while PostgreSQL is not there yet (refused,
+/// unreachable, starting up, shutting down) for up to [`START_PATIENCE`]; any other failure
+/// (authentication, TLS, no such database) ends the start at once.
+async fn connect_at_start(
+    tls: &Tls,
+    pg_config: &tokio_postgres::Config,
+    location: &str,
+) -> anyhow::Result<Client> {
+    let started = std::time::Instant::now();
+    let mut waiting = false;
+    loop {
+        match tls.connect(pg_config).await {
+            Ok(client) => {
+                if waiting {
+                    tracing::info!(ledger = %location, waited_ms = started.elapsed().as_millis() as u64, "PostgreSQL accepts connections");
+                }
+                return Ok(client);
+            }
+            Err(error) if not_there_yet(&error) && started.elapsed() < START_PATIENCE => {
+                if !waiting {
+                    tracing::warn!(ledger = %location, error = %error_text(&error), patience = ?START_PATIENCE, "PostgreSQL does not accept connections yet; trying again");
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(
+                        "waiting for PostgreSQL",
+                    )]);
+                    waiting = true;
+                }
+                tokio::time::sleep(START_RETRY).await;
+            }
+            Err(error) => {
+                return Err(anyhow::anyhow!(error_text(&error)))
+                    .with_context(|| format!("cannot connect to PostgreSQL at {location}"))
+            }
+        }
+    }
+}
+
+/// Whether a failed connection means the server is not (yet) there, as opposed to refusing us.
+fn not_there_yet(error: &tokio_postgres::Error) -> bool {
+    if let Some(code) = error.code() {
+        // Class 57: operator intervention (starting up, shutting down); 08: connection
+        // exception.
+        return code.code().starts_with("57") || code.code().starts_with("08");
+    }
+    // Closed by the other end before it said anything: a server (or proxy) still starting.
+    if error.is_closed() {
+        return true;
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            // A TLS failure arrives as an I/O error too: that is no reason to wait.
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
+                return false;
+            }
+            use std::io::ErrorKind::*;
+            return matches!(
+                io.kind(),
+                ConnectionRefused
+                    | ConnectionReset
+                    | ConnectionAborted
+                    | NotConnected
+                    | TimedOut
+                    | UnexpectedEof
+                    | BrokenPipe
+                    | HostUnreachable
+                    | NetworkUnreachable
+                    | AddrNotAvailable
+            );
+        }
+        source = cause.source();
+    }
+    false
+}
 
 /// Refuses a server that acknowledges commits before they are durable: a claim answered 2xx
 /// must survive a crash of PostgreSQL.

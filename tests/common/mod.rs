@@ -209,7 +209,8 @@ impl TestServer {
     }
 
     async fn wait_until_healthy(&self) {
-        for _ in 0..200 {
+        // Up to 5 s: a start may wait for its database.
+        for _ in 0..500 {
             if let Ok(answer) = self.request(Method::GET, "/healthz", &[], "").await {
                 if answer.status == 200 {
                     return;
