@@ -54,8 +54,12 @@ const MIGRATION_LOCK: i64 = 0x5355_4d45_0001;
 const CHANNEL: &str = "sume_jobs";
 /// Connections per receiver: the claim batches in flight, the worker's transitions, reads.
 const POOL_SIZE: usize = 8;
-/// Claim batches committing at once: while one waits for its commit the next fills up.
-const CLAIM_BATCHES_IN_FLIGHT: usize = 4;
+/// Claim batches committing at once: while one waits for its commit the next fills up, and a
+/// round trip to a remote server overlaps another batch's. More only split the same claims into
+/// smaller batches competing for the server's CPU: on the 2-vCPU development VM (server on the
+/// same machine) 1 / 2 / 4 / 8 in flight gave 27.1k / 24.4k / 21.0k / 15.9k deliveries/s on
+/// the full path and 38.8k / 46.0k / 33.6k / 23.3k claims/s alone (C = 64).
+const CLAIM_BATCHES_IN_FLIGHT: usize = 2;
 /// How long a connection attempt may take before the operation fails (503 for a claim).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// After a failed commit, how often the database is probed until it answers again (readiness).
