@@ -566,6 +566,46 @@ async fn retention_on_two_receivers_at_once_removes_each_row_once() {
         .await;
 }
 
+/// An expectation due for a poll is handed to one receiver only: taking it moves its next poll
+/// a lease ahead, so another receiver looking at the same moment finds nothing due; after the
+/// lease (the first receiver died while polling) it is due again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_due_expectation_is_polled_by_one_receiver_at_a_time() {
+    Backend::Postgres
+        .run(
+            "a_due_expectation_is_polled_by_one_receiver_at_a_time",
+            async {
+                let _up = SERVER_UP.read().await;
+                let dir = tempfile::tempdir().unwrap();
+                let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+                let (first, second) = (
+                    Ledger::open(&config.database).await.unwrap(),
+                    Ledger::open(&config.database).await.unwrap(),
+                );
+                let now = sume_receiver::ledger::now_ms();
+                let job_id = sume_receiver::job_id::JobId::parse("job-expected").unwrap();
+                assert!(first.expect_job(&job_id, now - 10, now - 5).await.unwrap());
+                let lease = Duration::from_millis(500);
+                let taken = first.due_expectations(now, 10, lease).await.unwrap();
+                assert_eq!(taken.len(), 1);
+                assert!(second
+                    .due_expectations(now, 10, lease)
+                    .await
+                    .unwrap()
+                    .is_empty());
+                let after_lease = now + 600;
+                let again = second
+                    .due_expectations(after_lease, 10, lease)
+                    .await
+                    .unwrap();
+                assert_eq!(again.len(), 1, "due again once the lease is over");
+                first.close().await;
+                second.close().await;
+            },
+        )
+        .await;
+}
+
 /// The password of database.url never shows in logs or messages about the ledger.
 #[test]
 fn the_database_password_never_shows() {
