@@ -89,7 +89,8 @@ pub async fn run(
     run_on(config, ledger, listener, shutdown).await
 }
 
-/// Runs the receiver on an open `ledger` (see [`run`], which also takes the instance lock).
+/// Runs the receiver on an open `ledger` (see [`run`], which also opens it, and takes the
+/// instance lock of a SQLite ledger).
 /// Ends with an error, after a graceful stop, if the ledger's writer dies: systemd then
 /// restarts the service instead of leaving it to answer 503 forever.
 pub async fn run_on(
