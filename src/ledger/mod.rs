@@ -22,7 +22,9 @@ use crate::metrics::Snapshot;
 pub use expected::*;
 pub use jobs::*;
 use postgres::PostgresLedger;
-pub use sqlite::{backup, BackupReport, SqliteLedger, WriterAlone, WRITER_QUEUE_CAPACITY};
+pub use sqlite::{
+    backup, BackupReport, PendingClaims, SqliteLedger, WriterAlone, WRITER_QUEUE_CAPACITY,
+};
 
 /// Why a ledger operation failed. Cheap to clone: one failed group commit fails every waiter.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

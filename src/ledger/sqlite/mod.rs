@@ -1,6 +1,7 @@
 //! The SQLite ledger: opening with pragmas, schema migrations, the writer thread and the reader pool.
 
 mod checkpoint;
+mod wal_sync;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -20,8 +21,8 @@ use crate::job_id::JobId;
 use crate::metrics::Snapshot;
 
 use checkpoint::Checkpointer;
-use writer::Writer;
 pub use writer::QUEUE_CAPACITY as WRITER_QUEUE_CAPACITY;
+use writer::{Answering, Durability, Writer};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` counts how many have run.
 const MIGRATIONS: &[&str] = &[
@@ -72,7 +73,7 @@ impl SqliteLedger {
     /// Creates the file if needed, checks that it is ours and whole, migrates it, and starts
     /// the writer thread.
     pub fn open(config: &DatabaseConfig) -> anyhow::Result<SqliteLedger> {
-        let conn = open_for_writing(config)?;
+        let (conn, durability) = open_for_writing(config)?;
         let settings = config.clone();
         let readers = r2d2::Pool::builder()
             .max_size(READER_POOL_SIZE)
@@ -83,7 +84,7 @@ impl SqliteLedger {
             .context("cannot open the reader pool")?;
         let checkpointer =
             Checkpointer::start(open_connection(&config.path, config, OpenFlags::default())?)?;
-        let (writer, thread) = Writer::start(conn, config.max_batch)?;
+        let (writer, thread) = Writer::start(conn, config.max_batch, durability)?;
         Ok(SqliteLedger {
             writer,
             readers,
@@ -353,8 +354,8 @@ impl SqliteLedger {
 }
 
 /// The writer's connection: the file created if needed, checked to be ours and whole, migrated,
-/// and tuned for the writer.
-fn open_for_writing(config: &DatabaseConfig) -> anyhow::Result<Connection> {
+/// and tuned for the writer; and how its commits become durable.
+fn open_for_writing(config: &DatabaseConfig) -> anyhow::Result<(Connection, Durability)> {
     if let Some(dir) = config
         .path
         .parent()
@@ -374,38 +375,73 @@ fn open_for_writing(config: &DatabaseConfig) -> anyhow::Result<Connection> {
         "PRAGMA wal_autocheckpoint = {WRITER_AUTOCHECKPOINT_PAGES};
          PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES};"
     ))?;
-    Ok(conn)
+    let durability = match config.synchronous {
+        Synchronous::Normal => Durability::AtCommit,
+        // The same fsync of the WAL as FULL's inside COMMIT, on the WAL syncer's thread, so that
+        // the writer commits the next batch meanwhile (wal_sync.rs says why that is as safe).
+        Synchronous::Full => {
+            conn.execute_batch("PRAGMA synchronous = NORMAL")?;
+            let sync = wal_sync::sync_wal_file(&config.path).with_context(|| {
+                format!(
+                    "cannot open the WAL of {} to sync it",
+                    config.path.display()
+                )
+            })?;
+            Durability::AfterWalSync(sync)
+        }
+    };
+    Ok((conn, durability))
 }
 
-/// The ledger's writer connection and checkpointer with no queue, no runtime and no HTTP in
-/// front: batches of claims go straight through the writer's commit on the caller's thread. The
-/// limit the request path is measured against (`loadgen --sqlite-alone`).
+/// The ledger's writer connection, WAL syncer and checkpointer with no queue, no runtime and no
+/// HTTP in front: batches of claims go straight through the writer's commit on the caller's
+/// thread. The limit the request path is measured against (`loadgen --sqlite-alone`).
 pub struct WriterAlone {
     conn: Connection,
+    answering: Option<Answering>,
     checkpointer: Option<Checkpointer>,
+}
+
+/// The claims of one committed batch, answered once durable.
+pub struct PendingClaims(Vec<tokio::sync::oneshot::Receiver<Result<ClaimOutcome, StorageError>>>);
+
+impl PendingClaims {
+    /// Blocks until every claim of the batch is answered.
+    pub fn wait(self) -> Result<Vec<ClaimOutcome>, StorageError> {
+        self.0
+            .into_iter()
+            .map(|answer| answer.blocking_recv().map_err(|_| StorageError::Closed)?)
+            .collect()
+    }
 }
 
 impl WriterAlone {
     /// Opens the ledger as the service does (checks, migrations, the writer's settings).
     pub fn open(config: &DatabaseConfig) -> anyhow::Result<WriterAlone> {
-        let conn = open_for_writing(config)?;
+        let (conn, durability) = open_for_writing(config)?;
+        let answering = Answering::start(durability, &tokio_util::sync::CancellationToken::new())?;
         let checkpointer =
             Checkpointer::start(open_connection(&config.path, config, OpenFlags::default())?)?;
         Ok(WriterAlone {
             conn,
+            answering: Some(answering),
             checkpointer: Some(checkpointer),
         })
     }
 
     /// Commits `claims` in one transaction, as the writer thread does with claims that arrived
-    /// together.
-    pub fn claim(&self, claims: Vec<NewClaim>) -> Result<Vec<ClaimOutcome>, StorageError> {
-        writer::commit_claims(&self.conn, claims)
+    /// together; the next batch may be committed before this one is answered.
+    pub fn claim(&self, claims: Vec<NewClaim>) -> PendingClaims {
+        let answering = self.answering.as_ref().expect("only taken on drop");
+        PendingClaims(writer::commit_claims(&self.conn, claims, answering))
     }
 }
 
 impl Drop for WriterAlone {
     fn drop(&mut self) {
+        if let Some(answering) = self.answering.take() {
+            answering.finish();
+        }
         if let Some(checkpointer) = self.checkpointer.take() {
             checkpointer.stop();
         }

@@ -1,8 +1,10 @@
 //! The single writer thread: every change to the ledger, batched into group commits.
 //!
 //! Callers queue closures; the thread takes everything queued (up to `max_batch`), runs it inside
-//! one `BEGIN IMMEDIATE ... COMMIT`, and only then answers each caller. One fsync thus covers a
-//! whole burst of concurrent claims, and no caller hears "ok" before its change is durable.
+//! one `BEGIN IMMEDIATE ... COMMIT`, and answers each caller once that commit is durable: at once
+//! when COMMIT itself synced, or after the WAL syncer's next fsync (wal_sync.rs), while this
+//! thread already commits the next batch. One fsync thus covers a whole burst of concurrent
+//! claims, and no caller hears "ok" before its change is durable.
 //!
 //! The queue is bounded. A claim that finds it full fails at once ([`StorageError::Overloaded`],
 //! so the delivery gets a 503 and Sume retries) instead of waiting behind a stalled disk; the
@@ -18,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::jobs::insert_claim;
 use super::super::{now_ms, ClaimOutcome, NewClaim, StorageError};
+use super::wal_sync::{Completion, SyncWal, WalSyncer};
 use crate::throttle::Throttled;
 
 /// Changes waiting for the writer. Past this, claims are refused at once (see the module doc).
@@ -25,8 +28,6 @@ use crate::throttle::Throttled;
 /// otherwise pile up.
 pub const QUEUE_CAPACITY: usize = 1024;
 
-/// Sends a caller its result once the outcome of the whole transaction is known.
-type Completion = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
 /// Runs one caller's change inside the open transaction (`None` when it could not run: the
 /// transaction did not begin, or SQLite already rolled it back).
 type BatchItem = Box<dyn FnOnce(Option<&Connection>) -> Completion + Send>;
@@ -36,19 +37,31 @@ pub(super) struct Writer {
     stopping: Arc<AtomicBool>,
     /// Whether the last batch that changed anything (or failed) committed.
     last_commit_ok: Arc<AtomicBool>,
-    /// Cancelled when the thread died of a panic: nothing will ever be written again.
+    /// Cancelled when the thread died of a panic or a WAL sync failed: nothing will ever be
+    /// acknowledged again.
     failed: CancellationToken,
+}
+
+/// When a committed batch's callers may be told it is durable.
+pub(super) enum Durability {
+    /// When COMMIT returns: it synced as far as `synchronous` asks.
+    AtCommit,
+    /// After this sync of the WAL, on a thread of its own; the connection does not sync at
+    /// commit (`PRAGMA synchronous = NORMAL`).
+    AfterWalSync(SyncWal),
 }
 
 impl Writer {
     pub(super) fn start(
         conn: Connection,
         max_batch: usize,
+        durability: Durability,
     ) -> anyhow::Result<(Writer, std::thread::JoinHandle<()>)> {
         let (queue, inbox) = mpsc::channel(QUEUE_CAPACITY);
         let stopping = Arc::new(AtomicBool::new(false));
         let last_commit_ok = Arc::new(AtomicBool::new(true));
         let failed = CancellationToken::new();
+        let syncer = Answering::start(durability, &failed)?;
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn({
@@ -59,7 +72,7 @@ impl Writer {
                         stopping: &stopping,
                         last_commit_ok: &last_commit_ok,
                     };
-                    let run = AssertUnwindSafe(|| run(conn, inbox, max_batch, state));
+                    let run = AssertUnwindSafe(|| run(conn, inbox, max_batch, state, syncer));
                     if std::panic::catch_unwind(run).is_err() {
                         tracing::error!("the ledger writer thread panicked; no change can be committed any more");
                         failed.cancel();
@@ -193,21 +206,62 @@ fn claim_item(
     )
 }
 
-/// Commits `claims` as the writer thread would commit them had they arrived together.
+/// Answers committed batches: at once, or through the WAL syncer when there is one.
+pub(super) struct Answering(Option<WalSyncer>);
+
+impl Answering {
+    /// Starts the WAL syncer if `durability` asks for one; its failure cancels `failed`.
+    pub(super) fn start(
+        durability: Durability,
+        failed: &CancellationToken,
+    ) -> std::io::Result<Answering> {
+        Ok(Answering(match durability {
+            Durability::AtCommit => None,
+            Durability::AfterWalSync(sync) => Some(WalSyncer::start(sync, failed.clone())?),
+        }))
+    }
+
+    fn answer(&self, batch: Settled) {
+        match (&self.0, batch.outcome) {
+            (Some(syncer), Ok(())) => syncer.answer_when_durable(batch.completions),
+            // A failed batch left nothing to make durable.
+            (_, outcome) => {
+                for complete in batch.completions {
+                    complete(outcome.clone());
+                }
+            }
+        }
+    }
+
+    /// Blocks until every committed batch is answered.
+    fn wait_until_synced(&self) {
+        if let Some(syncer) = &self.0 {
+            syncer.wait_until_synced();
+        }
+    }
+
+    /// Answers everything committed so far.
+    pub(super) fn finish(self) {
+        if let Some(syncer) = self.0 {
+            syncer.finish();
+        }
+    }
+}
+
+/// The callers of `claims`, committed as the writer thread would commit them had they arrived
+/// together, waiting for their answers.
 pub(super) fn commit_claims(
     conn: &Connection,
     claims: Vec<NewClaim>,
-) -> Result<Vec<ClaimOutcome>, StorageError> {
+    answering: &Answering,
+) -> Vec<oneshot::Receiver<Result<ClaimOutcome, StorageError>>> {
     let (items, answers): (Vec<_>, Vec<_>) = claims.into_iter().map(claim_item).unzip();
-    commit_batch(
+    answering.answer(commit_batch(
         conn,
         items.into_iter(),
         &mut Throttled::new("claims failed"),
-    );
+    ));
     answers
-        .into_iter()
-        .map(|mut answer| answer.try_recv().map_err(|_| StorageError::Closed)?)
-        .collect()
 }
 
 /// What the writer thread shares with the [`Writer`] handle.
@@ -217,18 +271,32 @@ struct Shared<'a> {
     last_commit_ok: &'a AtomicBool,
 }
 
-fn run(conn: Connection, mut inbox: mpsc::Receiver<BatchItem>, max_batch: usize, shared: Shared) {
+fn run(
+    conn: Connection,
+    mut inbox: mpsc::Receiver<BatchItem>,
+    max_batch: usize,
+    shared: Shared,
+    answering: Answering,
+) {
     let mut batch = Vec::with_capacity(max_batch);
     let mut failures = Throttled::new("ledger transaction failed");
     let mut commit = |batch: &mut Vec<BatchItem>| {
         let changes_before = conn.total_changes();
-        let committed = commit_batch(&conn, batch.drain(..), &mut failures);
+        let settled = commit_batch(&conn, batch.drain(..), &mut failures);
+        let committed = settled.outcome.is_ok();
         // A batch that changed nothing (the watchdog's probe) says nothing about the disk.
         if !committed || conn.total_changes() != changes_before {
             shared.last_commit_ok.store(committed, Ordering::Relaxed);
         }
+        answering.answer(settled);
     };
+    let mut last_batch = 0;
     while !shared.stopping.load(Ordering::SeqCst) {
+        // Committing while the last batch's sync runs overlaps the two, but each commit has a
+        // cost of its own: only worth it when more is queued than the last batch had.
+        if inbox.len() < last_batch {
+            answering.wait_until_synced();
+        }
         let Some(item) = inbox.blocking_recv() else {
             break;
         };
@@ -239,6 +307,7 @@ fn run(conn: Connection, mut inbox: mpsc::Receiver<BatchItem>, max_batch: usize,
                 Err(_) => break,
             }
         }
+        last_batch = batch.len();
         commit(&mut batch);
     }
     // Stopping: everything queued before the stop still gets its answer.
@@ -252,15 +321,22 @@ fn run(conn: Connection, mut inbox: mpsc::Receiver<BatchItem>, max_batch: usize,
     if !batch.is_empty() {
         commit(&mut batch);
     }
+    answering.finish();
     tracing::debug!("ledger writer stopped");
 }
 
-/// Runs and commits one batch, then answers its callers; `true` if it committed.
+/// A batch that committed or failed, with its callers still to be answered.
+struct Settled {
+    completions: Vec<Completion>,
+    outcome: Result<(), StorageError>,
+}
+
+/// Runs and commits one batch.
 fn commit_batch(
     conn: &Connection,
     batch: impl ExactSizeIterator<Item = BatchItem>,
     failures: &mut Throttled,
-) -> bool {
+) -> Settled {
     let size = batch.len();
     let begin = conn
         .prepare_cached("BEGIN IMMEDIATE")
@@ -303,9 +379,173 @@ fn commit_batch(
         Ok(()) => failures.recovered(),
     }
     crate::metrics::METRICS.record_commit(size, committed.is_ok());
-    let ok = committed.is_ok();
-    for complete in completions {
-        complete(committed.clone());
+    Settled {
+        completions,
+        outcome: committed,
     }
-    ok
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc as std_mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::DatabaseConfig;
+    use crate::job_id::JobId;
+    use crate::ledger::Source;
+
+    /// A WAL sync that waits for the test: each sync says it began, then waits for a release.
+    fn held_sync() -> (SyncWal, std_mpsc::Receiver<()>, std_mpsc::Sender<()>) {
+        let (began, syncing) = std_mpsc::channel();
+        let (release, released) = std_mpsc::channel::<()>();
+        let sync: SyncWal = Box::new(move || {
+            began.send(()).unwrap();
+            released.recv().unwrap();
+            Ok(())
+        });
+        (sync, syncing, release)
+    }
+
+    fn ledger(dir: &tempfile::TempDir) -> (Connection, Connection) {
+        let config = DatabaseConfig {
+            path: dir.path().join("ledger.sqlite3"),
+            ..DatabaseConfig::default()
+        };
+        let (conn, _) = super::super::open_for_writing(&config).unwrap();
+        (conn, Connection::open(&config.path).unwrap())
+    }
+
+    fn claim(job_id: &str) -> NewClaim {
+        NewClaim {
+            job_id: JobId::parse(job_id).unwrap(),
+            event_type: None,
+            body: "{}".into(),
+            source: Source::Webhook,
+        }
+    }
+
+    fn stored(reader: &Connection, job_id: &str) -> bool {
+        reader
+            .query_row(
+                "SELECT count(*) FROM jobs WHERE job_id = ?1",
+                [job_id],
+                |row| row.get::<_, i64>(0),
+            )
+            .unwrap()
+            == 1
+    }
+
+    /// A writer thread whose WAL syncs wait for the test.
+    struct HeldWriter {
+        writer: Arc<Writer>,
+        thread: std::thread::JoinHandle<()>,
+        syncing: std_mpsc::Receiver<()>,
+        release: std_mpsc::Sender<()>,
+        reader: Connection,
+        _dir: tempfile::TempDir,
+    }
+
+    impl HeldWriter {
+        fn start() -> HeldWriter {
+            let dir = tempfile::tempdir().unwrap();
+            let (conn, reader) = ledger(&dir);
+            let (sync, syncing, release) = held_sync();
+            let (writer, thread) = Writer::start(conn, 64, Durability::AfterWalSync(sync)).unwrap();
+            HeldWriter {
+                writer: Arc::new(writer),
+                thread,
+                syncing,
+                release,
+                reader,
+                _dir: dir,
+            }
+        }
+
+        fn claim(
+            &self,
+            job_id: &'static str,
+        ) -> tokio::task::JoinHandle<Result<ClaimOutcome, StorageError>> {
+            let writer = self.writer.clone();
+            tokio::spawn(async move { writer.try_claim(claim(job_id)).await })
+        }
+
+        fn wait_for_a_sync_to_begin(&self) {
+            tokio::task::block_in_place(|| self.syncing.recv().unwrap());
+        }
+
+        fn stored(&self, job_id: &str) -> bool {
+            stored(&self.reader, job_id)
+        }
+
+        fn stop(self) {
+            self.writer.stop();
+            drop(self.release);
+            self.thread.join().unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_is_answered_after_the_wal_sync_not_at_commit() {
+        let held = HeldWriter::start();
+        let answer = held.claim("job-a");
+        held.wait_for_a_sync_to_begin();
+        assert!(held.stored("job-a"), "committed before its sync");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!answer.is_finished(), "answered before the WAL was synced");
+
+        held.release.send(()).unwrap();
+        assert_eq!(answer.await.unwrap().unwrap(), ClaimOutcome::Claimed);
+        held.stop();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_writer_waits_for_the_sync_when_less_than_a_batch_is_queued() {
+        let held = HeldWriter::start();
+        let first = held.claim("job-a");
+        held.wait_for_a_sync_to_begin();
+        let second = held.claim("job-b");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !held.stored("job-b"),
+            "one claim queued behind a batch of one: its commit waits for the running sync"
+        );
+
+        held.release.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        held.wait_for_a_sync_to_begin();
+        assert!(held.stored("job-b"));
+        held.release.send(()).unwrap();
+        second.await.unwrap().unwrap();
+        held.stop();
+    }
+
+    #[test]
+    fn the_next_batch_commits_while_the_last_one_is_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let (conn, reader) = ledger(&dir);
+        let (sync, syncing, release) = held_sync();
+        let answering =
+            Answering::start(Durability::AfterWalSync(sync), &CancellationToken::new()).unwrap();
+        let first = commit_claims(&conn, vec![claim("job-a")], &answering);
+        syncing.recv().unwrap();
+        let second = commit_claims(&conn, vec![claim("job-b"), claim("job-a")], &answering);
+        assert!(stored(&reader, "job-b"), "committed during the first sync");
+
+        release.send(()).unwrap();
+        syncing.recv().unwrap();
+        release.send(()).unwrap();
+        answering.finish();
+        let outcomes = |answers: Vec<oneshot::Receiver<Result<ClaimOutcome, StorageError>>>| {
+            answers
+                .into_iter()
+                .map(|mut answer| answer.try_recv().unwrap().unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(outcomes(first), [ClaimOutcome::Claimed]);
+        assert_eq!(
+            outcomes(second),
+            [ClaimOutcome::Claimed, ClaimOutcome::Duplicate]
+        );
+    }
 }

@@ -1,0 +1,228 @@
+//! The WAL syncer: makes the writer's committed batches durable off the writer thread.
+//!
+//! With `synchronous = "full"` the writer's connection runs SQLite's NORMAL mode (COMMIT writes
+//! the WAL frames but does not fsync them) and hands each committed batch's answers here. This
+//! thread fdatasyncs the WAL file and only then answers every batch that committed before the
+//! sync began. Meanwhile the writer commits the next batch instead of waiting for the disk, and
+//! one fsync covers every batch that committed while the previous one ran.
+//!
+//! Why that is as durable as FULL's fsync inside COMMIT: in WAL mode a commit only appends
+//! frames, and the frames of a committed transaction are never overwritten until a checkpoint
+//! has copied them into the database file and synced it (SQLite does that in NORMAL mode too).
+//! So once the WAL file is synced, every transaction committed before is on disk. Readers may
+//! see a committed row a moment before it is synced (a power loss would take it back then); no
+//! caller is told "ok" about it before.
+//!
+//! A failed fsync is final: Linux may drop the pages it could not write and report success on
+//! the next fsync, so nothing committed since can be trusted. Every waiting and later answer is
+//! an error, and the ledger reports itself failed so that the service exits and is restarted;
+//! SQLite's recovery then reads what really is on disk.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+
+use tokio_util::sync::CancellationToken;
+
+use super::super::StorageError;
+
+/// Answers one caller with the outcome of its transaction.
+pub(super) type Completion = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
+
+/// Makes everything written to the WAL so far durable.
+pub(super) type SyncWal = Box<dyn FnMut() -> std::io::Result<()> + Send>;
+
+pub(super) struct WalSyncer {
+    batches: mpsc::Sender<Vec<Completion>>,
+    /// Batches handed over and not answered yet.
+    unsynced: Arc<(Mutex<usize>, Condvar)>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl WalSyncer {
+    /// Starts the thread; a failed sync cancels `failed`.
+    pub(super) fn start(mut sync: SyncWal, failed: CancellationToken) -> std::io::Result<Self> {
+        let (batches, committed) = mpsc::channel::<Vec<Completion>>();
+        let unsynced = Arc::new((Mutex::new(0), Condvar::new()));
+        let thread = std::thread::Builder::new()
+            .name("ledger-wal-sync".into())
+            .spawn({
+                let unsynced = unsynced.clone();
+                move || {
+                let mut sync_error: Option<String> = None;
+                while let Ok(mut waiting) = committed.recv() {
+                    // Everything committed by now is covered by the one sync below.
+                    let mut batches = 1;
+                    for more in committed.try_iter() {
+                        waiting.extend(more);
+                        batches += 1;
+                    }
+                    if sync_error.is_none() {
+                        if let Err(error) = sync() {
+                            tracing::error!(
+                                %error,
+                                "fsync of the ledger's WAL failed: no commit can be acknowledged \
+                                 any more; stopping so that the ledger is recovered from the disk"
+                            );
+                            sync_error = Some(format!("fsync of the WAL failed: {error}"));
+                            failed.cancel();
+                        }
+                    }
+                    let outcome = match &sync_error {
+                        None => Ok(()),
+                        Some(error) => Err(StorageError::Sqlite(error.clone())),
+                    };
+                    for answer in waiting {
+                        answer(outcome.clone());
+                    }
+                    let (count, synced) = &*unsynced;
+                    *count.lock().expect("not poisoned") -= batches;
+                    synced.notify_all();
+                }
+            }})?;
+        Ok(WalSyncer {
+            batches,
+            unsynced,
+            thread,
+        })
+    }
+
+    /// Answers a committed batch's callers after the next sync.
+    pub(super) fn answer_when_durable(&self, completions: Vec<Completion>) {
+        *self.unsynced.0.lock().expect("not poisoned") += 1;
+        if let Err(mpsc::SendError(completions)) = self.batches.send(completions) {
+            // Only if the thread is gone (it never exits on its own): durability unknown.
+            for answer in completions {
+                answer(Err(StorageError::Closed));
+            }
+        }
+    }
+
+    /// Blocks until every batch handed over so far is answered.
+    pub(super) fn wait_until_synced(&self) {
+        let (count, synced) = &*self.unsynced;
+        let count = count.lock().expect("not poisoned");
+        drop(
+            synced
+                .wait_while(count, |count| *count > 0)
+                .expect("not poisoned"),
+        );
+    }
+
+    /// Syncs and answers everything handed over so far, then ends the thread.
+    pub(super) fn finish(self) {
+        drop(self.batches);
+        let _ = self.thread.join();
+    }
+}
+
+/// fdatasync of the ledger's WAL file, which the writer's connection keeps open (and SQLite
+/// therefore never deletes) for as long as the writer runs. fsync acts on the file, not the
+/// descriptor, so a descriptor of our own flushes what SQLite's wrote. SQLite itself still
+/// syncs the WAL header (and, for a new file, its directory) whenever it starts the WAL over.
+pub(super) fn sync_wal_file(database: &Path) -> std::io::Result<SyncWal> {
+    let mut path = database.as_os_str().to_owned();
+    path.push("-wal");
+    let wal = File::open(&path)?;
+    Ok(Box::new(move || wal.sync_data()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::*;
+
+    type Answers = Arc<Mutex<Vec<Result<(), StorageError>>>>;
+
+    fn recording(answers: &Answers) -> Completion {
+        let answers = answers.clone();
+        Box::new(move |outcome| answers.lock().unwrap().push(outcome))
+    }
+
+    #[test]
+    fn a_batch_is_answered_only_after_a_sync_that_began_after_its_commit() {
+        let (release, released) = mpsc::channel::<()>();
+        let (entered, syncing) = mpsc::channel::<()>();
+        let sync: SyncWal = Box::new(move || {
+            entered.send(()).unwrap();
+            released.recv().unwrap();
+            Ok(())
+        });
+        let failed = CancellationToken::new();
+        let syncer = WalSyncer::start(sync, failed.clone()).unwrap();
+        let answers: Answers = Arc::default();
+
+        syncer.answer_when_durable(vec![recording(&answers)]);
+        syncing.recv().unwrap();
+        // Committed while the first sync runs: that sync may not have seen its frames.
+        syncer.answer_when_durable(vec![recording(&answers), recording(&answers)]);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            answers.lock().unwrap().is_empty(),
+            "answered before the sync ended"
+        );
+
+        release.send(()).unwrap();
+        syncing.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            answers.lock().unwrap().len(),
+            1,
+            "the second batch waits for a second sync"
+        );
+
+        release.send(()).unwrap();
+        syncer.finish();
+        let answers = answers.lock().unwrap();
+        assert_eq!(answers.len(), 3);
+        assert!(answers.iter().all(Result::is_ok));
+        assert!(!failed.is_cancelled());
+    }
+
+    #[test]
+    fn after_a_failed_sync_nothing_is_acknowledged_and_the_ledger_fails() {
+        let syncs = Arc::new(Mutex::new(0));
+        let sync: SyncWal = Box::new({
+            let syncs = syncs.clone();
+            move || {
+                *syncs.lock().unwrap() += 1;
+                Err(std::io::Error::other("EIO"))
+            }
+        });
+        let failed = CancellationToken::new();
+        let syncer = WalSyncer::start(sync, failed.clone()).unwrap();
+        let answers: Answers = Arc::default();
+        syncer.answer_when_durable(vec![recording(&answers)]);
+        // The next sync could "succeed" over pages the kernel dropped: it must not be trusted.
+        std::thread::sleep(Duration::from_millis(50));
+        syncer.answer_when_durable(vec![recording(&answers)]);
+        syncer.finish();
+
+        assert!(failed.is_cancelled());
+        assert_eq!(*syncs.lock().unwrap(), 1, "no sync after the failed one");
+        let answers = answers.lock().unwrap();
+        assert_eq!(answers.len(), 2);
+        for answer in answers.iter() {
+            let error = answer.as_ref().unwrap_err().to_string();
+            assert!(error.contains("fsync of the WAL failed: EIO"), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_wal_file_of_a_ledger_is_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("ledger.sqlite3");
+        let conn = rusqlite::Connection::open(&database).unwrap();
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x)")
+            .unwrap();
+        let mut sync = sync_wal_file(&database).unwrap();
+        sync().unwrap();
+        sync().unwrap();
+        let missing = sync_wal_file(&dir.path().join("none.sqlite3"))
+            .err()
+            .unwrap();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+    }
+}
