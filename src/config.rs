@@ -175,7 +175,8 @@ impl fmt::Debug for Secret {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Synchronous {
-    /// fsync the WAL on every commit: an acknowledged claim survives power loss.
+    /// An acknowledged claim survives power loss: it is answered only after an fsync of the WAL
+    /// that began after its commit.
     Full,
     /// fsync only at checkpoints: survives a process crash, may lose the last commits on power loss.
     Normal,

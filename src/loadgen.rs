@@ -56,8 +56,9 @@ pub struct LoadgenArgs {
     #[arg(long)]
     pub healthz: bool,
     /// No receiver, no HTTP: claim straight into the config's ledger through the writer's own
-    /// commit, --connections claims per transaction (as many as that many connections have in
-    /// flight). The durable limit the full path is measured against; the service must be stopped.
+    /// commit, --connections claims per transaction, back to back (each batch commits while the
+    /// previous one's WAL sync runs, as the writer does while claims keep coming). The durable
+    /// limit the full path is measured against; the service must be stopped.
     #[arg(long, conflicts_with_all = ["healthz", "rate", "postgres_alone"])]
     pub sqlite_alone: bool,
     /// No receiver, no HTTP: --connections tasks claim through the PostgreSQL ledger's own

@@ -3,8 +3,8 @@
 //! With `synchronous = "full"` the writer's connection runs SQLite's NORMAL mode (COMMIT writes
 //! the WAL frames but does not fsync them) and hands each committed batch's answers here. This
 //! thread fdatasyncs the WAL file and only then answers every batch that committed before the
-//! sync began. Meanwhile the writer commits the next batch instead of waiting for the disk, and
-//! one fsync covers every batch that committed while the previous one ran.
+//! sync began. Meanwhile the writer may commit the next batch instead of waiting for the disk
+//! (writer.rs decides when that pays), and one fsync covers every batch committed meanwhile.
 //!
 //! Why that is as durable as FULL's fsync inside COMMIT: in WAL mode a commit only appends
 //! frames, and the frames of a committed transaction are never overwritten until a checkpoint
@@ -20,7 +20,9 @@
 
 use std::fs::File;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -34,62 +36,40 @@ pub(super) type SyncWal = Box<dyn FnMut() -> std::io::Result<()> + Send>;
 
 pub(super) struct WalSyncer {
     batches: mpsc::Sender<Vec<Completion>>,
-    /// Batches handed over and not answered yet.
-    unsynced: Arc<(Mutex<usize>, Condvar)>,
+    progress: Arc<Progress>,
     thread: std::thread::JoinHandle<()>,
+}
+
+/// What the writer sees of the syncer's work.
+#[derive(Default)]
+struct Progress {
+    /// Batches handed over and not answered yet.
+    unsynced: Mutex<usize>,
+    synced: Condvar,
+    last_sync_micros: AtomicU64,
 }
 
 impl WalSyncer {
     /// Starts the thread; a failed sync cancels `failed`.
-    pub(super) fn start(mut sync: SyncWal, failed: CancellationToken) -> std::io::Result<Self> {
-        let (batches, committed) = mpsc::channel::<Vec<Completion>>();
-        let unsynced = Arc::new((Mutex::new(0), Condvar::new()));
+    pub(super) fn start(sync: SyncWal, failed: CancellationToken) -> std::io::Result<Self> {
+        let (batches, committed) = mpsc::channel();
+        let progress = Arc::new(Progress::default());
         let thread = std::thread::Builder::new()
             .name("ledger-wal-sync".into())
             .spawn({
-                let unsynced = unsynced.clone();
-                move || {
-                let mut sync_error: Option<String> = None;
-                while let Ok(mut waiting) = committed.recv() {
-                    // Everything committed by now is covered by the one sync below.
-                    let mut batches = 1;
-                    for more in committed.try_iter() {
-                        waiting.extend(more);
-                        batches += 1;
-                    }
-                    if sync_error.is_none() {
-                        if let Err(error) = sync() {
-                            tracing::error!(
-                                %error,
-                                "fsync of the ledger's WAL failed: no commit can be acknowledged \
-                                 any more; stopping so that the ledger is recovered from the disk"
-                            );
-                            sync_error = Some(format!("fsync of the WAL failed: {error}"));
-                            failed.cancel();
-                        }
-                    }
-                    let outcome = match &sync_error {
-                        None => Ok(()),
-                        Some(error) => Err(StorageError::Sqlite(error.clone())),
-                    };
-                    for answer in waiting {
-                        answer(outcome.clone());
-                    }
-                    let (count, synced) = &*unsynced;
-                    *count.lock().expect("not poisoned") -= batches;
-                    synced.notify_all();
-                }
-            }})?;
+                let progress = progress.clone();
+                move || run(committed, sync, failed, &progress)
+            })?;
         Ok(WalSyncer {
             batches,
-            unsynced,
+            progress,
             thread,
         })
     }
 
     /// Answers a committed batch's callers after the next sync.
     pub(super) fn answer_when_durable(&self, completions: Vec<Completion>) {
-        *self.unsynced.0.lock().expect("not poisoned") += 1;
+        *self.progress.unsynced.lock().expect("not poisoned") += 1;
         if let Err(mpsc::SendError(completions)) = self.batches.send(completions) {
             // Only if the thread is gone (it never exits on its own): durability unknown.
             for answer in completions {
@@ -100,19 +80,64 @@ impl WalSyncer {
 
     /// Blocks until every batch handed over so far is answered.
     pub(super) fn wait_until_synced(&self) {
-        let (count, synced) = &*self.unsynced;
-        let count = count.lock().expect("not poisoned");
+        let unsynced = self.progress.unsynced.lock().expect("not poisoned");
         drop(
-            synced
-                .wait_while(count, |count| *count > 0)
+            self.progress
+                .synced
+                .wait_while(unsynced, |count| *count > 0)
                 .expect("not poisoned"),
         );
+    }
+
+    /// How long the last sync took.
+    pub(super) fn last_sync(&self) -> Duration {
+        Duration::from_micros(self.progress.last_sync_micros.load(Ordering::Relaxed))
     }
 
     /// Syncs and answers everything handed over so far, then ends the thread.
     pub(super) fn finish(self) {
         drop(self.batches);
         let _ = self.thread.join();
+    }
+}
+
+fn run(
+    committed: mpsc::Receiver<Vec<Completion>>,
+    mut sync: SyncWal,
+    failed: CancellationToken,
+    progress: &Progress,
+) {
+    let mut sync_error: Option<String> = None;
+    while let Ok(mut waiting) = committed.recv() {
+        // Everything committed by now is covered by the one sync below.
+        let mut batches = 1;
+        for more in committed.try_iter() {
+            waiting.extend(more);
+            batches += 1;
+        }
+        if sync_error.is_none() {
+            let started = Instant::now();
+            if let Err(error) = sync() {
+                tracing::error!(
+                    %error,
+                    "fsync of the ledger's WAL failed: no commit can be acknowledged any more; \
+                     stopping so that the ledger is recovered from the disk"
+                );
+                sync_error = Some(format!("fsync of the WAL failed: {error}"));
+                failed.cancel();
+            }
+            let took = started.elapsed().as_micros().try_into().unwrap_or(u64::MAX);
+            progress.last_sync_micros.store(took, Ordering::Relaxed);
+        }
+        let outcome = match &sync_error {
+            None => Ok(()),
+            Some(error) => Err(StorageError::Sqlite(error.clone())),
+        };
+        for answer in waiting {
+            answer(outcome.clone());
+        }
+        *progress.unsynced.lock().expect("not poisoned") -= batches;
+        progress.synced.notify_all();
     }
 }
 

@@ -3,7 +3,7 @@
 //! Callers queue closures; the thread takes everything queued (up to `max_batch`), runs it inside
 //! one `BEGIN IMMEDIATE ... COMMIT`, and answers each caller once that commit is durable: at once
 //! when COMMIT itself synced, or after the WAL syncer's next fsync (wal_sync.rs), while this
-//! thread already commits the next batch. One fsync thus covers a whole burst of concurrent
+//! thread may already commit the next batch. One fsync thus covers a whole burst of concurrent
 //! claims, and no caller hears "ok" before its change is durable.
 //!
 //! The queue is bounded. A claim that finds it full fails at once ([`StorageError::Overloaded`],
@@ -13,6 +13,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
@@ -233,10 +234,19 @@ impl Answering {
         }
     }
 
-    /// Blocks until every committed batch is answered.
-    fn wait_until_synced(&self) {
+    /// Blocks until every committed batch is answered, unless overlapping the next commit with
+    /// the running sync is worth its cost (a commit of its own, so smaller batches): when more
+    /// is queued than the last batch had, or when syncs take longer than commits.
+    fn wait_for_sync_unless_overlap_pays(
+        &self,
+        queued: usize,
+        last_batch: usize,
+        last_commit: Duration,
+    ) {
         if let Some(syncer) = &self.0 {
-            syncer.wait_until_synced();
+            if queued < last_batch && syncer.last_sync() <= last_commit {
+                syncer.wait_until_synced();
+            }
         }
     }
 
@@ -280,9 +290,13 @@ fn run(
 ) {
     let mut batch = Vec::with_capacity(max_batch);
     let mut failures = Throttled::new("ledger transaction failed");
+    // How long the last commit took (set by `commit`, read before the next one).
+    let last_commit = std::cell::Cell::new(Duration::ZERO);
     let mut commit = |batch: &mut Vec<BatchItem>| {
         let changes_before = conn.total_changes();
+        let started = Instant::now();
         let settled = commit_batch(&conn, batch.drain(..), &mut failures);
+        last_commit.set(started.elapsed());
         let committed = settled.outcome.is_ok();
         // A batch that changed nothing (the watchdog's probe) says nothing about the disk.
         if !committed || conn.total_changes() != changes_before {
@@ -292,11 +306,7 @@ fn run(
     };
     let mut last_batch = 0;
     while !shared.stopping.load(Ordering::SeqCst) {
-        // Committing while the last batch's sync runs overlaps the two, but each commit has a
-        // cost of its own: only worth it when more is queued than the last batch had.
-        if inbox.len() < last_batch {
-            answering.wait_until_synced();
-        }
+        answering.wait_for_sync_unless_overlap_pays(inbox.len(), last_batch, last_commit.get());
         let Some(item) = inbox.blocking_recv() else {
             break;
         };
@@ -517,6 +527,34 @@ mod tests {
         assert!(held.stored("job-b"));
         held.release.send(()).unwrap();
         second.await.unwrap().unwrap();
+        held.stop();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_writer_commits_during_a_sync_when_syncs_take_longer_than_commits() {
+        let held = HeldWriter::start();
+        let first = held.claim("job-a");
+        held.wait_for_a_sync_to_begin();
+        // A slow disk: this sync takes far longer than a commit of one claim.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.release.send(()).unwrap();
+        first.await.unwrap().unwrap();
+
+        let second = held.claim("job-b");
+        held.wait_for_a_sync_to_begin();
+        let third = held.claim("job-c");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            held.stored("job-c"),
+            "with syncs slower than commits, the next commit does not wait for the running sync"
+        );
+        assert!(!third.is_finished(), "answered before its own sync");
+
+        held.release.send(()).unwrap();
+        second.await.unwrap().unwrap();
+        held.wait_for_a_sync_to_begin();
+        held.release.send(()).unwrap();
+        assert_eq!(third.await.unwrap().unwrap(), ClaimOutcome::Claimed);
         held.stop();
     }
 
