@@ -224,7 +224,7 @@ for r in rows:
     rss = "-" if r["rss_kib"] is None else f"{r['rss_kib']/1024:.1f}"
     print(f"{r['name']:<26}{r['connections']:>5}{p['per_second']:>10.0f}{p['p50_ms']:>9.2f}{p['p90_ms']:>9.2f}"
           f"{p['p99_ms']:>9.2f}{p['max_ms']:>9.2f}{rss:>9}  {statuses}")
-print("(sqlite-alone rows: claims/s, and each claim's latency is its batch's commit time)")
+print("(sqlite-alone rows: claims/s; a claim's latency runs from its batch's start until the loop sees its answer, after committing the next batch)")
 print(f"\n{'work case':<26}{'handler concurrency':>20}{'jobs':>9}{'jobs/s':>9}{'RSS MiB':>9}")
 for r in work.values():
     print(f"{r['name']:<26}{r['concurrency']:>20}{r['jobs']:>9}{r['jobs_per_second']:>9.0f}{r['rss_kib']/1024:>9.1f}")

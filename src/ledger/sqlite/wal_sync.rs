@@ -35,18 +35,37 @@ pub(super) type Completion = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
 pub(super) type SyncWal = Box<dyn FnMut() -> std::io::Result<()> + Send>;
 
 pub(super) struct WalSyncer {
-    batches: mpsc::Sender<Vec<Completion>>,
+    batches: mpsc::Sender<Committed>,
     progress: Arc<Progress>,
     thread: std::thread::JoinHandle<()>,
 }
 
+/// A committed batch's callers, and whether the batch wrote anything.
+type Committed = (Vec<Completion>, bool);
+
 /// What the writer sees of the syncer's work.
 #[derive(Default)]
 struct Progress {
-    /// Batches handed over and not answered yet.
-    unsynced: Mutex<usize>,
+    state: Mutex<SyncState>,
     synced: Condvar,
     last_sync_micros: AtomicU64,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// Batches handed over and not answered yet.
+    unsynced: usize,
+    /// Set by the first failed sync, for good.
+    error: Option<String>,
+}
+
+impl SyncState {
+    fn outcome(&self) -> Result<(), StorageError> {
+        match &self.error {
+            None => Ok(()),
+            Some(error) => Err(StorageError::Sqlite(error.clone())),
+        }
+    }
 }
 
 impl WalSyncer {
@@ -67,10 +86,22 @@ impl WalSyncer {
         })
     }
 
-    /// Answers a committed batch's callers after the next sync.
-    pub(super) fn answer_when_durable(&self, completions: Vec<Completion>) {
-        *self.progress.unsynced.lock().expect("not poisoned") += 1;
-        if let Err(mpsc::SendError(completions)) = self.batches.send(completions) {
+    /// Answers a committed batch's callers once everything committed up to it is synced: after
+    /// the next sync, or at once if it wrote nothing (only duplicates, say) and no earlier
+    /// batch waits for its sync.
+    pub(super) fn answer_when_durable(&self, completions: Vec<Completion>, wrote: bool) {
+        let mut state = self.progress.state.lock().expect("not poisoned");
+        if !wrote && state.unsynced == 0 {
+            let outcome = state.outcome();
+            drop(state);
+            for answer in completions {
+                answer(outcome.clone());
+            }
+            return;
+        }
+        state.unsynced += 1;
+        drop(state);
+        if let Err(mpsc::SendError((completions, _))) = self.batches.send((completions, wrote)) {
             // Only if the thread is gone (it never exits on its own): durability unknown.
             for answer in completions {
                 answer(Err(StorageError::Closed));
@@ -80,11 +111,11 @@ impl WalSyncer {
 
     /// Blocks until every batch handed over so far is answered.
     pub(super) fn wait_until_synced(&self) {
-        let unsynced = self.progress.unsynced.lock().expect("not poisoned");
+        let state = self.progress.state.lock().expect("not poisoned");
         drop(
             self.progress
                 .synced
-                .wait_while(unsynced, |count| *count > 0)
+                .wait_while(state, |state| state.unsynced > 0)
                 .expect("not poisoned"),
         );
     }
@@ -102,41 +133,42 @@ impl WalSyncer {
 }
 
 fn run(
-    committed: mpsc::Receiver<Vec<Completion>>,
+    committed: mpsc::Receiver<Committed>,
     mut sync: SyncWal,
     failed: CancellationToken,
     progress: &Progress,
 ) {
-    let mut sync_error: Option<String> = None;
-    while let Ok(mut waiting) = committed.recv() {
+    while let Ok((mut waiting, mut wrote)) = committed.recv() {
         // Everything committed by now is covered by the one sync below.
         let mut batches = 1;
-        for more in committed.try_iter() {
+        for (more, more_wrote) in committed.try_iter() {
             waiting.extend(more);
+            wrote |= more_wrote;
             batches += 1;
         }
-        if sync_error.is_none() {
+        let healthy = progress.state.lock().expect("not poisoned").error.is_none();
+        // Batches that wrote nothing only wait for the syncs of earlier ones, which are done.
+        if healthy && wrote {
             let started = Instant::now();
-            if let Err(error) = sync() {
+            let synced = sync();
+            let took = started.elapsed().as_micros().try_into().unwrap_or(u64::MAX);
+            progress.last_sync_micros.store(took, Ordering::Relaxed);
+            if let Err(error) = synced {
                 tracing::error!(
                     %error,
                     "fsync of the ledger's WAL failed: no commit can be acknowledged any more; \
                      stopping so that the ledger is recovered from the disk"
                 );
-                sync_error = Some(format!("fsync of the WAL failed: {error}"));
+                progress.state.lock().expect("not poisoned").error =
+                    Some(format!("fsync of the WAL failed: {error}"));
                 failed.cancel();
             }
-            let took = started.elapsed().as_micros().try_into().unwrap_or(u64::MAX);
-            progress.last_sync_micros.store(took, Ordering::Relaxed);
         }
-        let outcome = match &sync_error {
-            None => Ok(()),
-            Some(error) => Err(StorageError::Sqlite(error.clone())),
-        };
+        let outcome = progress.state.lock().expect("not poisoned").outcome();
         for answer in waiting {
             answer(outcome.clone());
         }
-        *progress.unsynced.lock().expect("not poisoned") -= batches;
+        progress.state.lock().expect("not poisoned").unsynced -= batches;
         progress.synced.notify_all();
     }
 }
@@ -179,10 +211,10 @@ mod tests {
         let syncer = WalSyncer::start(sync, failed.clone()).unwrap();
         let answers: Answers = Arc::default();
 
-        syncer.answer_when_durable(vec![recording(&answers)]);
+        syncer.answer_when_durable(vec![recording(&answers)], true);
         syncing.recv().unwrap();
         // Committed while the first sync runs: that sync may not have seen its frames.
-        syncer.answer_when_durable(vec![recording(&answers), recording(&answers)]);
+        syncer.answer_when_durable(vec![recording(&answers), recording(&answers)], true);
         std::thread::sleep(Duration::from_millis(50));
         assert!(
             answers.lock().unwrap().is_empty(),
@@ -207,6 +239,45 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_that_wrote_nothing_waits_only_for_earlier_syncs() {
+        let (release, released) = mpsc::channel::<()>();
+        let (entered, syncing) = mpsc::channel::<()>();
+        let sync: SyncWal = Box::new(move || {
+            entered.send(()).unwrap();
+            released.recv().unwrap();
+            Ok(())
+        });
+        let syncer = WalSyncer::start(sync, CancellationToken::new()).unwrap();
+        let (wrote, duplicates): (Answers, Answers) = Default::default();
+
+        syncer.answer_when_durable(vec![recording(&wrote)], true);
+        syncing.recv().unwrap();
+        // A duplicate of a row whose batch is still being synced: not durable yet either.
+        syncer.answer_when_durable(vec![recording(&duplicates)], false);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            duplicates.lock().unwrap().is_empty(),
+            "answered before the row it found was synced"
+        );
+
+        release.send(()).unwrap();
+        syncer.wait_until_synced();
+        assert_eq!(wrote.lock().unwrap().len(), 1);
+        assert_eq!(duplicates.lock().unwrap().len(), 1);
+        assert!(
+            syncing.try_recv().is_err(),
+            "nothing new to sync for a batch that wrote nothing"
+        );
+
+        // Nothing waits for a sync: answered at once, without one.
+        syncer.answer_when_durable(vec![recording(&duplicates)], false);
+        assert_eq!(duplicates.lock().unwrap().len(), 2);
+        syncer.finish();
+        assert!(syncing.try_recv().is_err());
+        assert!(duplicates.lock().unwrap().iter().all(Result::is_ok));
+    }
+
+    #[test]
     fn after_a_failed_sync_nothing_is_acknowledged_and_the_ledger_fails() {
         let syncs = Arc::new(Mutex::new(0));
         let sync: SyncWal = Box::new({
@@ -219,10 +290,10 @@ mod tests {
         let failed = CancellationToken::new();
         let syncer = WalSyncer::start(sync, failed.clone()).unwrap();
         let answers: Answers = Arc::default();
-        syncer.answer_when_durable(vec![recording(&answers)]);
+        syncer.answer_when_durable(vec![recording(&answers)], true);
         // The next sync could "succeed" over pages the kernel dropped: it must not be trusted.
         std::thread::sleep(Duration::from_millis(50));
-        syncer.answer_when_durable(vec![recording(&answers)]);
+        syncer.answer_when_durable(vec![recording(&answers)], true);
         syncer.finish();
 
         assert!(failed.is_cancelled());

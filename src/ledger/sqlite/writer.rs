@@ -224,7 +224,7 @@ impl Answering {
 
     fn answer(&self, batch: Settled) {
         match (&self.0, batch.outcome) {
-            (Some(syncer), Ok(())) => syncer.answer_when_durable(batch.completions),
+            (Some(syncer), Ok(())) => syncer.answer_when_durable(batch.completions, batch.wrote),
             // A failed batch left nothing to make durable.
             (_, outcome) => {
                 for complete in batch.completions {
@@ -293,13 +293,12 @@ fn run(
     // How long the last commit took (set by `commit`, read before the next one).
     let last_commit = std::cell::Cell::new(Duration::ZERO);
     let mut commit = |batch: &mut Vec<BatchItem>| {
-        let changes_before = conn.total_changes();
         let started = Instant::now();
         let settled = commit_batch(&conn, batch.drain(..), &mut failures);
         last_commit.set(started.elapsed());
         let committed = settled.outcome.is_ok();
         // A batch that changed nothing (the watchdog's probe) says nothing about the disk.
-        if !committed || conn.total_changes() != changes_before {
+        if !committed || settled.wrote {
             shared.last_commit_ok.store(committed, Ordering::Relaxed);
         }
         answering.answer(settled);
@@ -339,6 +338,8 @@ fn run(
 struct Settled {
     completions: Vec<Completion>,
     outcome: Result<(), StorageError>,
+    /// Whether it changed any row.
+    wrote: bool,
 }
 
 /// Runs and commits one batch.
@@ -348,6 +349,7 @@ fn commit_batch(
     failures: &mut Throttled,
 ) -> Settled {
     let size = batch.len();
+    let changes_before = conn.total_changes();
     let begin = conn
         .prepare_cached("BEGIN IMMEDIATE")
         .and_then(|mut s| s.execute([]));
@@ -392,6 +394,7 @@ fn commit_batch(
     Settled {
         completions,
         outcome: committed,
+        wrote: conn.total_changes() != changes_before,
     }
 }
 
