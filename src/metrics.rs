@@ -84,6 +84,7 @@ pub struct Metrics {
     deliveries: Family<Labels, Counter>,
     commits: Family<Labels, Counter>,
     batch_size: Histogram,
+    wal_sync: Histogram,
     claim_commit: Histogram,
     writer_queue_depth: Gauge,
     attempts: Family<Labels, Counter>,
@@ -120,6 +121,7 @@ impl Metrics {
             deliveries: Family::default(),
             commits: Family::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            wal_sync: Histogram::new(exponential_buckets(0.0001, 2.0, 14)),
             claim_commit: seconds(),
             writer_queue_depth: Gauge::default(),
             attempts: Family::default(),
@@ -160,6 +162,12 @@ impl Metrics {
             "sume_ledger_batch_size",
             "Changes per group-commit transaction.",
             m.batch_size.clone(),
+        );
+        registry.register_with_unit(
+            "sume_ledger_wal_sync",
+            "How long each fsync of the SQLite ledger's WAL took (synchronous = full).",
+            Unit::Seconds,
+            m.wal_sync.clone(),
         );
         registry.register_with_unit(
             "sume_claim_commit",
@@ -318,6 +326,10 @@ impl Metrics {
         let result = if committed { "committed" } else { "failed" };
         self.commits.get_or_create(&[("result", result)]).inc();
         self.batch_size.observe(batch_size as f64);
+    }
+
+    pub fn record_wal_sync(&self, seconds: f64) {
+        self.wal_sync.observe(seconds);
     }
 
     pub fn record_claim_commit(&self, seconds: f64) {

@@ -100,6 +100,13 @@ async fn metrics_count_exactly_what_happened() {
     ] {
         assert_eq!(sample(&text, series), Some(expected), "{series}\n{text}");
     }
+    // Every acknowledged change went through the WAL syncer; a sync may cover several commits.
+    let syncs = sample(&text, "sume_ledger_wal_sync_seconds_count").unwrap();
+    let commits = sample(&text, r#"sume_ledger_commits_total{result="committed"}"#).unwrap();
+    assert!(
+        syncs >= 1.0 && syncs <= commits,
+        "{syncs} syncs, {commits} commits"
+    );
     assert!(sample(&text, r#"sume_ledger_file_bytes{file="db"}"#).unwrap() > 0.0);
     assert!(sample(&text, "process_resident_memory_bytes").unwrap() > 1e6);
     assert!(sample(&text, "process_open_fds").unwrap() > 3.0);

@@ -151,8 +151,10 @@ fn run(
         if healthy && wrote {
             let started = Instant::now();
             let synced = sync();
-            let took = started.elapsed().as_micros().try_into().unwrap_or(u64::MAX);
-            progress.last_sync_micros.store(took, Ordering::Relaxed);
+            let took = started.elapsed();
+            crate::metrics::METRICS.record_wal_sync(took.as_secs_f64());
+            let micros = took.as_micros().try_into().unwrap_or(u64::MAX);
+            progress.last_sync_micros.store(micros, Ordering::Relaxed);
             if let Err(error) = synced {
                 tracing::error!(
                     %error,
