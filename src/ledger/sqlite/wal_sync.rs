@@ -186,6 +186,19 @@ pub(super) fn sync_wal_file(database: &Path) -> std::io::Result<SyncWal> {
     Ok(Box::new(move || wal.sync_data()))
 }
 
+/// For tests: a WAL sync that says when it begins (`syncing`), then waits for a `release`.
+#[cfg(test)]
+pub(super) fn held_sync() -> (SyncWal, mpsc::Receiver<()>, mpsc::Sender<()>) {
+    let (began, syncing) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    let sync: SyncWal = Box::new(move || {
+        began.send(()).unwrap();
+        released.recv().unwrap();
+        Ok(())
+    });
+    (sync, syncing, release)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -202,13 +215,7 @@ mod tests {
 
     #[test]
     fn a_batch_is_answered_only_after_a_sync_that_began_after_its_commit() {
-        let (release, released) = mpsc::channel::<()>();
-        let (entered, syncing) = mpsc::channel::<()>();
-        let sync: SyncWal = Box::new(move || {
-            entered.send(()).unwrap();
-            released.recv().unwrap();
-            Ok(())
-        });
+        let (sync, syncing, release) = held_sync();
         let failed = CancellationToken::new();
         let syncer = WalSyncer::start(sync, failed.clone()).unwrap();
         let answers: Answers = Arc::default();
@@ -242,13 +249,7 @@ mod tests {
 
     #[test]
     fn a_batch_that_wrote_nothing_waits_only_for_earlier_syncs() {
-        let (release, released) = mpsc::channel::<()>();
-        let (entered, syncing) = mpsc::channel::<()>();
-        let sync: SyncWal = Box::new(move || {
-            entered.send(()).unwrap();
-            released.recv().unwrap();
-            Ok(())
-        });
+        let (sync, syncing, release) = held_sync();
         let syncer = WalSyncer::start(sync, CancellationToken::new()).unwrap();
         let (wrote, duplicates): (Answers, Answers) = Default::default();
 

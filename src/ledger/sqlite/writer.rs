@@ -403,22 +403,11 @@ mod tests {
     use std::sync::mpsc as std_mpsc;
     use std::time::Duration;
 
+    use super::super::wal_sync::held_sync;
     use super::*;
     use crate::config::DatabaseConfig;
     use crate::job_id::JobId;
     use crate::ledger::Source;
-
-    /// A WAL sync that waits for the test: each sync says it began, then waits for a release.
-    fn held_sync() -> (SyncWal, std_mpsc::Receiver<()>, std_mpsc::Sender<()>) {
-        let (began, syncing) = std_mpsc::channel();
-        let (release, released) = std_mpsc::channel::<()>();
-        let sync: SyncWal = Box::new(move || {
-            began.send(()).unwrap();
-            released.recv().unwrap();
-            Ok(())
-        });
-        (sync, syncing, release)
-    }
 
     fn ledger(dir: &tempfile::TempDir) -> (Connection, Connection) {
         let config = DatabaseConfig {
