@@ -102,7 +102,9 @@ impl WalSyncer {
         state.unsynced += 1;
         drop(state);
         if let Err(mpsc::SendError((completions, _))) = self.batches.send((completions, wrote)) {
-            // Only if the thread is gone (it never exits on its own): durability unknown.
+            // Only if the thread is gone (it never exits on its own): durability unknown, and
+            // nobody will count this batch as answered.
+            self.progress.state.lock().expect("not poisoned").unsynced -= 1;
             for answer in completions {
                 answer(Err(StorageError::Closed));
             }
