@@ -171,7 +171,7 @@ impl Metrics {
         );
         registry.register_with_unit(
             "sume_claim_commit",
-            "Time from a delivery's claim being queued to its commit (or failure).",
+            "Time from a delivery's claim being queued to its answer: committed and on disk, or failed.",
             Unit::Seconds,
             m.claim_commit.clone(),
         );
