@@ -16,7 +16,22 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port=$((20000 + RANDOM % 20000))
+# A port and the next one (for a second receiver) that nothing holds, below the kernel's
+# ephemeral range (32768 and up), where an outgoing connection may hold any port: a random pick
+# there once collided with one.
+port=$(python3 -c '
+import random, socket
+for _ in range(1000):
+    port = random.randrange(20000, 32000)
+    try:
+        for p in (port, port + 1):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    print(port)
+    break
+')
 
 # write_config DIR EXTRA_TOML: a receiver on $port with its ledger in DIR; EXTRA_TOML goes in
 # [database] (more sections may follow it).
