@@ -378,7 +378,7 @@ fn open_for_writing(config: &DatabaseConfig) -> anyhow::Result<(Connection, Dura
     let durability = match config.synchronous {
         Synchronous::Normal => Durability::AtCommit,
         // The same fsync of the WAL as FULL's inside COMMIT, on the WAL syncer's thread, so that
-        // the writer commits the next batch meanwhile (wal_sync.rs says why that is as safe).
+        // the writer may commit the next batch meanwhile (wal_sync.rs says why that is as safe).
         Synchronous::Full => {
             conn.execute_batch("PRAGMA synchronous = NORMAL")?;
             let sync = wal_sync::sync_wal_file(&config.path).with_context(|| {
