@@ -178,7 +178,7 @@ pub async fn run_on(
     };
     notify::stopping();
     if writer_failed {
-        tracing::error!("stopping: the ledger writer failed, so no delivery can be claimed");
+        tracing::error!("stopping: the ledger failed, so no delivery can be claimed");
     } else {
         tracing::info!("shutting down: no new deliveries; finishing in-flight work");
     }
@@ -187,6 +187,14 @@ pub async fn run_on(
     while tasks.join_next().await.is_some() {}
     ledger.close().await;
     if writer_failed {
+        let storage_lost = ledger.sqlite().and_then(|ledger| ledger.failure_cause())
+            == Some(ledger::sqlite::FailureCause::StorageLost);
+        if storage_lost {
+            return Err(ledger::StorageLost {
+                location: ledger.location(),
+            }
+            .into());
+        }
         anyhow::bail!("the ledger writer thread failed (see the log above); exiting so the service is restarted");
     }
     tracing::info!("stopped");

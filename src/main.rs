@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Parser;
 use sume_receiver::cli::{self, Cli, Command};
 use sume_receiver::config::Config;
+use sume_receiver::ledger::{StorageLost, STORAGE_LOST_EXIT_STATUS};
 use sume_receiver::logging;
 
 fn main() -> ExitCode {
@@ -14,7 +15,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
-            ExitCode::FAILURE
+            if error.downcast_ref::<StorageLost>().is_some() {
+                ExitCode::from(STORAGE_LOST_EXIT_STATUS)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

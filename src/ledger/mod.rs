@@ -47,6 +47,24 @@ pub enum StorageError {
     Overloaded,
 }
 
+/// The ledger stopped because the disk failed a write, a sync or a checkpoint. Linux may have
+/// dropped the pages it could not write while it still serves them from its cache, so a process
+/// started again in this boot could read, and answer "duplicate" for, jobs the disk does not
+/// hold. The service exits with [`STORAGE_LOST_EXIT_STATUS`], which the unit never restarts.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the disk failed under the ledger {location}: reboot before starting the service again (a \
+     start in this boot would trust the page cache), check the disk (dmesg, smartctl), and \
+     restore the ledger from a backup if the start's check finds it damaged"
+)]
+pub struct StorageLost {
+    pub location: String,
+}
+
+/// The exit status after [`StorageLost`] (EX_IOERR); the unit lists it in
+/// `RestartPreventExitStatus=`.
+pub const STORAGE_LOST_EXIT_STATUS: u8 = 74;
+
 /// Milliseconds since the Unix epoch: the unit of every time column.
 pub fn now_ms() -> i64 {
     let since_epoch = SystemTime::now()

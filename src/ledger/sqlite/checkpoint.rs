@@ -5,12 +5,16 @@
 //! concurrently (a PASSIVE checkpoint never blocks the writer); the writer keeps a rarely reached
 //! automatic checkpoint, which then finds almost nothing left to copy and lets the next commit
 //! rewind the WAL to its start, so the file stays bounded under any load.
+//!
+//! An I/O error while checkpointing is final, like a failed WAL sync (failure.rs says why): a
+//! later WAL restart could overwrite frames whose pages never reached the database file.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use rusqlite::Connection;
 
+use super::failure::{self, Cause, Failure};
 use crate::throttle::Throttled;
 
 /// How often committed frames are copied back: cheap when idle, frequent enough to keep up.
@@ -22,7 +26,7 @@ pub(super) struct Checkpointer {
 }
 
 impl Checkpointer {
-    pub(super) fn start(conn: Connection) -> std::io::Result<Checkpointer> {
+    pub(super) fn start(conn: Connection, failure: Arc<Failure>) -> std::io::Result<Checkpointer> {
         let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("ledger-checkpoint".into())
@@ -32,6 +36,10 @@ impl Checkpointer {
                 while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(INTERVAL) {
                     match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
                         Ok(()) => failures.recovered(),
+                        Err(error) if failure::is_storage_lost(&error) => {
+                            failure.fail(Cause::StorageLost, format!("checkpoint failed: {error}"));
+                            break;
+                        }
                         Err(error) => failures.warn(&error.to_string()),
                     }
                 }
@@ -42,5 +50,22 @@ impl Checkpointer {
     pub(super) fn stop(self) {
         let _ = self.stop.send(());
         let _ = self.thread.join();
+    }
+}
+
+/// The writer's own checkpoint, run after a commit once the WAL holds `pages` (what SQLite's
+/// `wal_autocheckpoint` does, but with its I/O errors reaching the COMMIT instead of being
+/// dropped by SQLite's default WAL hook). A busy checkpoint (this thread's own is running) is
+/// left to the next commit.
+pub(super) fn checkpoint_after_commit(
+    wal: &rusqlite::hooks::Wal,
+    pages: i32,
+) -> rusqlite::Result<()> {
+    if pages < super::WRITER_AUTOCHECKPOINT_PAGES as i32 {
+        return Ok(());
+    }
+    match wal.checkpoint() {
+        Err(error) if failure::is_storage_lost(&error) => Err(error),
+        _ => Ok(()),
     }
 }

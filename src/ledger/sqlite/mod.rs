@@ -1,11 +1,12 @@
 //! The SQLite ledger: opening with pragmas, schema migrations, the writer thread and the reader pool.
 
 mod checkpoint;
+mod failure;
 mod wal_sync;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -21,6 +22,9 @@ use crate::job_id::JobId;
 use crate::metrics::Snapshot;
 
 use checkpoint::Checkpointer;
+pub use failure::Cause as FailureCause;
+use failure::Failure;
+use wal_sync::WalFile;
 pub use writer::QUEUE_CAPACITY as WRITER_QUEUE_CAPACITY;
 use writer::{Answering, Durability, Writer};
 
@@ -82,9 +86,12 @@ impl SqliteLedger {
                     .with_init(move |conn| apply_pragmas(conn, &settings)),
             )
             .context("cannot open the reader pool")?;
-        let checkpointer =
-            Checkpointer::start(open_connection(&config.path, config, OpenFlags::default())?)?;
-        let (writer, thread) = Writer::start(conn, config.max_batch, durability)?;
+        let failure = Arc::new(Failure::default());
+        let checkpointer = Checkpointer::start(
+            open_connection(&config.path, config, OpenFlags::default())?,
+            failure.clone(),
+        )?;
+        let (writer, thread) = Writer::start(conn, config.max_batch, durability, failure)?;
         Ok(SqliteLedger {
             writer,
             readers,
@@ -189,8 +196,8 @@ impl SqliteLedger {
     /// Whether a delivery sent now would be claimed: the writer is alive, its last commit
     /// went through, and its queue has room. The reason when not.
     pub fn readiness(&self) -> Result<(), &'static str> {
-        if self.writer.failed().is_cancelled() {
-            return Err("the ledger writer has stopped");
+        if self.writer.failure().is_failed() {
+            return Err("the ledger failed (see the log): it acknowledges nothing any more");
         }
         if !self.writer.last_commit_ok() {
             return Err("the last ledger commit failed");
@@ -201,10 +208,15 @@ impl SqliteLedger {
         Ok(())
     }
 
-    /// Resolves if the writer thread dies of a panic: from then on nothing can be committed,
-    /// and the service must exit so that systemd restarts it.
+    /// Resolves if the ledger fails (a thread panicked, or the disk failed): from then on
+    /// nothing is acknowledged, and the service must exit.
     pub async fn writer_failed(&self) {
-        self.writer.failed().cancelled().await
+        self.writer.failure().failed().await
+    }
+
+    /// Why the ledger failed, once it has.
+    pub fn failure_cause(&self) -> Option<FailureCause> {
+        self.writer.failure().cause()
     }
 
     /// Stops the writer thread after it has committed everything queued before this call.
@@ -372,22 +384,24 @@ fn open_for_writing(config: &DatabaseConfig) -> anyhow::Result<(Connection, Dura
         .with_context(|| format!("cannot configure database {}", config.path.display()))?;
     migrate(&mut conn, &config.path, version)?;
     conn.execute_batch(&format!(
-        "PRAGMA wal_autocheckpoint = {WRITER_AUTOCHECKPOINT_PAGES};
-         PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES};"
+        "PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES};"
     ))?;
+    conn.wal_hook(Some(checkpoint::checkpoint_after_commit));
+    let wal = WalFile::open(&conn)
+        .with_context(|| format!("cannot open the WAL of {}", config.path.display()))?;
+    wal.sync_inherited().with_context(|| {
+        format!(
+            "cannot make what the ledger {} holds durable (fsync)",
+            config.path.display()
+        )
+    })?;
     let durability = match config.synchronous {
         Synchronous::Normal => Durability::AtCommit,
         // The same fsync of the WAL as FULL's inside COMMIT, on the WAL syncer's thread, so that
         // the writer may commit the next batch meanwhile (wal_sync.rs says why that is as safe).
         Synchronous::Full => {
             conn.execute_batch("PRAGMA synchronous = NORMAL")?;
-            let sync = wal_sync::sync_wal_file(&config.path).with_context(|| {
-                format!(
-                    "cannot open the WAL of {} to sync it",
-                    config.path.display()
-                )
-            })?;
-            Durability::AfterWalSync(sync)
+            Durability::AfterWalSync(wal.into_sync())
         }
     };
     Ok((conn, durability))
@@ -419,9 +433,12 @@ impl WriterAlone {
     /// Opens the ledger as the service does (checks, migrations, the writer's settings).
     pub fn open(config: &DatabaseConfig) -> anyhow::Result<WriterAlone> {
         let (conn, durability) = open_for_writing(config)?;
-        let answering = Answering::start(durability, &tokio_util::sync::CancellationToken::new())?;
-        let checkpointer =
-            Checkpointer::start(open_connection(&config.path, config, OpenFlags::default())?)?;
+        let failure = Arc::new(Failure::default());
+        let answering = Answering::start(durability, failure.clone())?;
+        let checkpointer = Checkpointer::start(
+            open_connection(&config.path, config, OpenFlags::default())?,
+            failure,
+        )?;
         Ok(WriterAlone {
             conn,
             answering: Some(answering),

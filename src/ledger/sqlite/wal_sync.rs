@@ -11,22 +11,26 @@
 //! has copied them into the database file and synced it (SQLite does that in NORMAL mode too).
 //! So once the WAL file is synced, every transaction committed before is on disk. Readers may
 //! see a committed row a moment before it is synced (a power loss would take it back then); no
-//! caller is told "ok" about it before.
+//! caller is told "ok" about it before. A restarted process sees such rows too, through the page
+//! cache: [`WalFile::sync_inherited`] makes them durable before the ledger answers anything.
 //!
 //! A failed fsync is final: Linux may drop the pages it could not write and report success on
 //! the next fsync, so nothing committed since can be trusted. Every waiting and later answer is
-//! an error, and the ledger reports itself failed so that the service exits and is restarted;
-//! SQLite's recovery then reads what really is on disk.
+//! an error, and the ledger reports itself failed so that the service exits (failure.rs says
+//! why it must not simply be restarted).
 
 use std::fs::File;
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
+use rusqlite::Connection;
 
 use super::super::StorageError;
+use super::failure::{Cause, Failure};
 
 /// Answers one caller with the outcome of its transaction.
 pub(super) type Completion = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
@@ -44,40 +48,46 @@ pub(super) struct WalSyncer {
 type Committed = (Vec<Completion>, bool);
 
 /// What the writer sees of the syncer's work.
-#[derive(Default)]
 struct Progress {
-    state: Mutex<SyncState>,
+    /// Batches handed over and not answered yet.
+    unsynced: Mutex<usize>,
     synced: Condvar,
     last_sync_micros: AtomicU64,
+    failure: Arc<Failure>,
 }
 
-#[derive(Default)]
-struct SyncState {
-    /// Batches handed over and not answered yet.
-    unsynced: usize,
-    /// Set by the first failed sync, for good.
-    error: Option<String>,
-}
-
-impl SyncState {
-    fn outcome(&self) -> Result<(), StorageError> {
-        match &self.error {
-            None => Ok(()),
-            Some(error) => Err(StorageError::Sqlite(error.clone())),
-        }
+impl Progress {
+    /// The count stays right even if a thread panicked while holding it.
+    fn unsynced(&self) -> MutexGuard<'_, usize> {
+        self.unsynced.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl WalSyncer {
-    /// Starts the thread; a failed sync cancels `failed`.
-    pub(super) fn start(sync: SyncWal, failed: CancellationToken) -> std::io::Result<Self> {
+    /// Starts the thread; a failed sync (or a panic in it) fails `failure`.
+    pub(super) fn start(sync: SyncWal, failure: Arc<Failure>) -> std::io::Result<Self> {
         let (batches, committed) = mpsc::channel();
-        let progress = Arc::new(Progress::default());
+        let progress = Arc::new(Progress {
+            unsynced: Mutex::new(0),
+            synced: Condvar::new(),
+            last_sync_micros: AtomicU64::new(0),
+            failure,
+        });
         let thread = std::thread::Builder::new()
             .name("ledger-wal-sync".into())
             .spawn({
                 let progress = progress.clone();
-                move || run(committed, sync, failed, &progress)
+                move || {
+                    let run = AssertUnwindSafe(|| run(committed, sync, &progress));
+                    if std::panic::catch_unwind(run).is_err() {
+                        progress
+                            .failure
+                            .fail(Cause::Panicked, "the WAL sync thread panicked".into());
+                        // The batches it held were dropped, and so answered as failed.
+                        *progress.unsynced() = 0;
+                        progress.synced.notify_all();
+                    }
+                }
             })?;
         Ok(WalSyncer {
             batches,
@@ -90,21 +100,21 @@ impl WalSyncer {
     /// the next sync, or at once if it wrote nothing (only duplicates, say) and no earlier
     /// batch waits for its sync.
     pub(super) fn answer_when_durable(&self, completions: Vec<Completion>, wrote: bool) {
-        let mut state = self.progress.state.lock().expect("not poisoned");
-        if !wrote && state.unsynced == 0 {
-            let outcome = state.outcome();
-            drop(state);
+        let mut unsynced = self.progress.unsynced();
+        if !wrote && *unsynced == 0 {
+            drop(unsynced);
+            let outcome = self.progress.failure.check();
             for answer in completions {
                 answer(outcome.clone());
             }
             return;
         }
-        state.unsynced += 1;
-        drop(state);
+        *unsynced += 1;
+        drop(unsynced);
         if let Err(mpsc::SendError((completions, _))) = self.batches.send((completions, wrote)) {
             // Only if the thread is gone (it never exits on its own): durability unknown, and
             // nobody will count this batch as answered.
-            self.progress.state.lock().expect("not poisoned").unsynced -= 1;
+            *self.progress.unsynced() -= 1;
             for answer in completions {
                 answer(Err(StorageError::Closed));
             }
@@ -113,12 +123,12 @@ impl WalSyncer {
 
     /// Blocks until every batch handed over so far is answered.
     pub(super) fn wait_until_synced(&self) {
-        let state = self.progress.state.lock().expect("not poisoned");
+        let unsynced = self.progress.unsynced();
         drop(
             self.progress
                 .synced
-                .wait_while(state, |state| state.unsynced > 0)
-                .expect("not poisoned"),
+                .wait_while(unsynced, |unsynced| *unsynced > 0)
+                .unwrap_or_else(PoisonError::into_inner),
         );
     }
 
@@ -134,12 +144,7 @@ impl WalSyncer {
     }
 }
 
-fn run(
-    committed: mpsc::Receiver<Committed>,
-    mut sync: SyncWal,
-    failed: CancellationToken,
-    progress: &Progress,
-) {
+fn run(committed: mpsc::Receiver<Committed>, mut sync: SyncWal, progress: &Progress) {
     while let Ok((mut waiting, mut wrote)) = committed.recv() {
         // Everything committed by now is covered by the one sync below.
         let mut batches = 1;
@@ -148,44 +153,132 @@ fn run(
             wrote |= more_wrote;
             batches += 1;
         }
-        let healthy = progress.state.lock().expect("not poisoned").error.is_none();
         // Batches that wrote nothing only wait for the syncs of earlier ones, which are done.
-        if healthy && wrote {
+        // After a failure no sync is trusted (nor needed: nothing is acknowledged).
+        if wrote && !progress.failure.is_failed() {
             let started = Instant::now();
-            let synced = sync();
+            let synced = std::panic::catch_unwind(AssertUnwindSafe(&mut sync));
             let took = started.elapsed();
             crate::metrics::METRICS.record_wal_sync(took.as_secs_f64());
             let micros = took.as_micros().try_into().unwrap_or(u64::MAX);
             progress.last_sync_micros.store(micros, Ordering::Relaxed);
-            if let Err(error) = synced {
-                tracing::error!(
-                    %error,
-                    "fsync of the ledger's WAL failed: no commit can be acknowledged any more; \
-                     stopping so that the ledger is recovered from the disk"
-                );
-                progress.state.lock().expect("not poisoned").error =
-                    Some(format!("fsync of the WAL failed: {error}"));
-                failed.cancel();
+            match synced {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => progress.failure.fail(
+                    Cause::StorageLost,
+                    format!("fsync of the WAL failed: {error}"),
+                ),
+                Err(_) => progress
+                    .failure
+                    .fail(Cause::Panicked, "the WAL sync panicked".into()),
             }
         }
-        let outcome = progress.state.lock().expect("not poisoned").outcome();
+        let outcome = progress.failure.check();
         for answer in waiting {
             answer(outcome.clone());
         }
-        progress.state.lock().expect("not poisoned").unsynced -= batches;
+        *progress.unsynced() -= batches;
         progress.synced.notify_all();
     }
 }
 
-/// fdatasync of the ledger's WAL file, which the writer's connection keeps open (and SQLite
-/// therefore never deletes) for as long as the writer runs. fsync acts on the file, not the
-/// descriptor, so a descriptor of our own flushes what SQLite's wrote. SQLite itself still
-/// syncs the WAL header (and, for a new file, its directory) whenever it starts the WAL over.
-pub(super) fn sync_wal_file(database: &Path) -> std::io::Result<SyncWal> {
-    let mut path = database.as_os_str().to_owned();
-    path.push("-wal");
-    let wal = File::open(&path)?;
-    Ok(Box::new(move || wal.sync_data()))
+/// The WAL file SQLite has open for the ledger, and a descriptor of our own on it. fsync acts
+/// on the file, not the descriptor, so ours flushes what SQLite's wrote. The writer's
+/// connection keeps the file open (and SQLite therefore never deletes it) for as long as the
+/// writer runs; SQLite itself still syncs the WAL header (and, for a new file, its directory)
+/// whenever it starts the WAL over.
+pub(super) struct WalFile {
+    /// The database's real path (links resolved), as SQLite names it.
+    database: PathBuf,
+    /// SQLite's name for the WAL: `database` + `-wal`.
+    path: PathBuf,
+    file: File,
+    identity: (u64, u64),
+}
+
+impl WalFile {
+    /// Opens the WAL of `conn`'s database (creating it, as any read in WAL mode does, if the
+    /// ledger has none yet: a restored backup, say), and checks that it is the very file SQLite
+    /// has open.
+    pub(super) fn open(conn: &Connection) -> std::io::Result<WalFile> {
+        conn.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(()))
+            .map_err(std::io::Error::other)?;
+        let database = conn
+            .path()
+            .filter(|path| !path.is_empty())
+            .ok_or_else(|| std::io::Error::other("the ledger has no file name"))?;
+        let path = PathBuf::from(format!("{database}-wal"));
+        let file = File::open(&path)?;
+        let meta = file.metadata()?;
+        let identity = (meta.dev(), meta.ino());
+        if !open_elsewhere_in_this_process(&file, identity)? {
+            return Err(std::io::Error::other(format!(
+                "{} is not the WAL file SQLite has open",
+                path.display()
+            )));
+        }
+        Ok(WalFile {
+            database: PathBuf::from(database),
+            path,
+            file,
+            identity,
+        })
+    }
+
+    /// Makes durable what an earlier process left: committed frames it may not have synced
+    /// before it died (this process reads them from the page cache all the same, and would
+    /// answer "duplicate" for them), and the database file and directory a checkpoint or a
+    /// new file changed.
+    pub(super) fn sync_inherited(&self) -> std::io::Result<()> {
+        self.sync()?;
+        File::open(&self.database)?.sync_all()?;
+        if let Some(dir) = self.database.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// fdatasync, refused when the file was deleted or replaced under the running service:
+    /// syncing a file SQLite no longer writes would acknowledge what no disk holds.
+    fn sync(&self) -> std::io::Result<()> {
+        if self.file.metadata()?.nlink() == 0 {
+            return Err(std::io::Error::other(format!(
+                "{} was deleted while the service ran",
+                self.path.display()
+            )));
+        }
+        let now = std::fs::metadata(&self.path).map(|meta| (meta.dev(), meta.ino()));
+        if now.ok() != Some(self.identity) {
+            return Err(std::io::Error::other(format!(
+                "{} was replaced while the service ran",
+                self.path.display()
+            )));
+        }
+        self.file.sync_data()
+    }
+
+    pub(super) fn into_sync(self) -> SyncWal {
+        Box::new(move || self.sync())
+    }
+}
+
+/// Whether another descriptor of this process (SQLite's) has the file `ours` has open.
+fn open_elsewhere_in_this_process(ours: &File, identity: (u64, u64)) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let ours = ours.as_raw_fd().to_string();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        let entry = entry?;
+        if entry.file_name() == ours.as_str() {
+            continue;
+        }
+        // A descriptor closed since the listing has no metadata any more: not SQLite's WAL.
+        if let Ok(meta) = std::fs::metadata(entry.path()) {
+            if (meta.dev(), meta.ino()) == identity {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// For tests: a WAL sync that says when it begins (`syncing`), then waits for a `release`.
@@ -218,8 +311,8 @@ mod tests {
     #[test]
     fn a_batch_is_answered_only_after_a_sync_that_began_after_its_commit() {
         let (sync, syncing, release) = held_sync();
-        let failed = CancellationToken::new();
-        let syncer = WalSyncer::start(sync, failed.clone()).unwrap();
+        let failure = Arc::new(Failure::default());
+        let syncer = WalSyncer::start(sync, failure.clone()).unwrap();
         let answers: Answers = Arc::default();
 
         syncer.answer_when_durable(vec![recording(&answers)], true);
@@ -246,13 +339,13 @@ mod tests {
         let answers = answers.lock().unwrap();
         assert_eq!(answers.len(), 3);
         assert!(answers.iter().all(Result::is_ok));
-        assert!(!failed.is_cancelled());
+        assert!(!failure.is_failed());
     }
 
     #[test]
     fn a_batch_that_wrote_nothing_waits_only_for_earlier_syncs() {
         let (sync, syncing, release) = held_sync();
-        let syncer = WalSyncer::start(sync, CancellationToken::new()).unwrap();
+        let syncer = WalSyncer::start(sync, Arc::default()).unwrap();
         let (wrote, duplicates): (Answers, Answers) = Default::default();
 
         syncer.answer_when_durable(vec![recording(&wrote)], true);
@@ -292,8 +385,8 @@ mod tests {
                 Err(std::io::Error::other("EIO"))
             }
         });
-        let failed = CancellationToken::new();
-        let syncer = WalSyncer::start(sync, failed.clone()).unwrap();
+        let failure = Arc::new(Failure::default());
+        let syncer = WalSyncer::start(sync, failure.clone()).unwrap();
         let answers: Answers = Arc::default();
         syncer.answer_when_durable(vec![recording(&answers)], true);
         // The next sync could "succeed" over pages the kernel dropped: it must not be trusted.
@@ -301,7 +394,7 @@ mod tests {
         syncer.answer_when_durable(vec![recording(&answers)], true);
         syncer.finish();
 
-        assert!(failed.is_cancelled());
+        assert_eq!(failure.cause(), Some(Cause::StorageLost));
         assert_eq!(*syncs.lock().unwrap(), 1, "no sync after the failed one");
         let answers = answers.lock().unwrap();
         assert_eq!(answers.len(), 2);
@@ -311,19 +404,107 @@ mod tests {
         }
     }
 
+    /// Regression: a panic in the sync left the writer waiting for it forever.
+    #[test]
+    fn a_panic_in_the_sync_fails_the_ledger_and_answers_everyone() {
+        let sync: SyncWal = Box::new(|| panic!("a bug in the sync"));
+        let failure = Arc::new(Failure::default());
+        let syncer = WalSyncer::start(sync, failure.clone()).unwrap();
+        let answers: Answers = Arc::default();
+        syncer.answer_when_durable(vec![recording(&answers)], true);
+        syncer.wait_until_synced();
+        syncer.answer_when_durable(vec![recording(&answers)], true);
+        syncer.wait_until_synced();
+        syncer.finish();
+
+        assert_eq!(failure.cause(), Some(Cause::Panicked));
+        let answers = answers.lock().unwrap();
+        assert_eq!(answers.len(), 2, "every caller is answered");
+        assert!(answers.iter().all(Result::is_err), "{answers:?}");
+    }
+
+    fn wal_ledger(database: &std::path::Path) -> Connection {
+        let conn = Connection::open(database).unwrap();
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x)")
+            .unwrap();
+        conn
+    }
+
     #[test]
     fn the_wal_file_of_a_ledger_is_synced() {
         let dir = tempfile::tempdir().unwrap();
+        let conn = wal_ledger(&dir.path().join("ledger.sqlite3"));
+        let wal = WalFile::open(&conn).unwrap();
+        wal.sync_inherited().unwrap();
+        let mut sync = wal.into_sync();
+        sync().unwrap();
+        sync().unwrap();
+    }
+
+    /// Regression: the WAL of a ledger reached through a symlink was looked for beside the link
+    /// (refusing to start, or syncing a stray file SQLite never writes), and a restored backup,
+    /// which has no WAL yet, could not be served on its first start.
+    #[test]
+    fn the_wal_is_the_one_sqlite_writes_through_a_link_and_for_a_restored_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        drop(wal_ledger(&real.join("ledger.sqlite3")));
+        let link = dir.path().join("ledger.sqlite3");
+        std::os::unix::fs::symlink(real.join("ledger.sqlite3"), &link).unwrap();
+        // A stray file where the link's name would put a WAL.
+        std::fs::write(dir.path().join("ledger.sqlite3-wal"), "").unwrap();
+        let conn = Connection::open(&link).unwrap();
+        let wal = WalFile::open(&conn).unwrap();
+        assert_eq!(wal.path, real.join("ledger.sqlite3-wal"));
+        wal.sync_inherited().unwrap();
+
+        let restored = dir.path().join("restored.sqlite3");
+        conn.execute("VACUUM INTO ?1", [restored.to_str().unwrap()])
+            .unwrap();
+        let conn = Connection::open(&restored).unwrap();
+        conn.execute_batch("PRAGMA journal_mode = WAL").unwrap();
+        let wal = WalFile::open(&conn).unwrap();
+        assert!(wal.path.exists());
+        wal.sync_inherited().unwrap();
+    }
+
+    #[test]
+    fn a_wal_deleted_or_replaced_under_the_service_is_never_synced_as_fine() {
+        let dir = tempfile::tempdir().unwrap();
         let database = dir.path().join("ledger.sqlite3");
-        let conn = rusqlite::Connection::open(&database).unwrap();
-        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x)")
-            .unwrap();
-        let mut sync = sync_wal_file(&database).unwrap();
+        let conn = wal_ledger(&database);
+        let wal_path = dir.path().join("ledger.sqlite3-wal");
+
+        let mut sync = WalFile::open(&conn).unwrap().into_sync();
+        std::fs::rename(&wal_path, dir.path().join("elsewhere")).unwrap();
+        std::fs::write(&wal_path, "").unwrap();
+        let error = sync().unwrap_err().to_string();
+        assert!(error.contains("was replaced"), "{error}");
+
+        std::fs::remove_file(&wal_path).unwrap();
+        std::fs::rename(dir.path().join("elsewhere"), &wal_path).unwrap();
+        let mut sync = WalFile::open(&conn).unwrap().into_sync();
         sync().unwrap();
-        sync().unwrap();
-        let missing = sync_wal_file(&dir.path().join("none.sqlite3"))
-            .err()
-            .unwrap();
-        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+        std::fs::remove_file(&wal_path).unwrap();
+        let error = sync().unwrap_err().to_string();
+        assert!(error.contains("was deleted"), "{error}");
+    }
+
+    #[test]
+    fn a_file_sqlite_does_not_have_open_is_not_taken_for_its_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("ledger.sqlite3");
+        drop(wal_ledger(&database));
+        // A plain connection in rollback mode: SQLite opens no WAL, but a file of that name is
+        // there.
+        let conn = Connection::open(&database).unwrap();
+        conn.execute_batch("PRAGMA journal_mode = DELETE").unwrap();
+        std::fs::write(dir.path().join("ledger.sqlite3-wal"), "").unwrap();
+        let error = WalFile::open(&conn).err().unwrap().to_string();
+        assert!(
+            error.contains("not the WAL file SQLite has open"),
+            "{error}"
+        );
     }
 }

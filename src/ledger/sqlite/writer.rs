@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
 
 use super::super::jobs::insert_claim;
 use super::super::{now_ms, ClaimOutcome, NewClaim, StorageError};
+use super::failure::{self, Cause, Failure};
 use super::wal_sync::{Completion, SyncWal, WalSyncer};
 use crate::throttle::Throttled;
 
@@ -38,9 +38,9 @@ pub(super) struct Writer {
     stopping: Arc<AtomicBool>,
     /// Whether the last batch that changed anything (or failed) committed.
     last_commit_ok: Arc<AtomicBool>,
-    /// Cancelled when the thread died of a panic or a WAL sync failed: nothing will ever be
+    /// Set when the thread died of a panic or the disk failed: nothing will ever be
     /// acknowledged again.
-    failed: CancellationToken,
+    failure: Arc<Failure>,
 }
 
 /// When a committed batch's callers may be told it is durable.
@@ -57,17 +57,17 @@ impl Writer {
         conn: Connection,
         max_batch: usize,
         durability: Durability,
+        failure: Arc<Failure>,
     ) -> anyhow::Result<(Writer, std::thread::JoinHandle<()>)> {
         let (queue, inbox) = mpsc::channel(QUEUE_CAPACITY);
         let stopping = Arc::new(AtomicBool::new(false));
         let last_commit_ok = Arc::new(AtomicBool::new(true));
-        let failed = CancellationToken::new();
-        let syncer = Answering::start(durability, &failed)?;
+        let syncer = Answering::start(durability, failure.clone())?;
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn({
-                let (stopping, last_commit_ok, failed) =
-                    (stopping.clone(), last_commit_ok.clone(), failed.clone());
+                let (stopping, last_commit_ok, failure) =
+                    (stopping.clone(), last_commit_ok.clone(), failure.clone());
                 move || {
                     let state = Shared {
                         stopping: &stopping,
@@ -75,8 +75,7 @@ impl Writer {
                     };
                     let run = AssertUnwindSafe(|| run(conn, inbox, max_batch, state, syncer));
                     if std::panic::catch_unwind(run).is_err() {
-                        tracing::error!("the ledger writer thread panicked; no change can be committed any more");
-                        failed.cancel();
+                        failure.fail(Cause::Panicked, "the ledger writer thread panicked".into());
                     }
                 }
             })?;
@@ -85,7 +84,7 @@ impl Writer {
                 queue,
                 stopping,
                 last_commit_ok,
-                failed,
+                failure,
             },
             thread,
         ))
@@ -120,8 +119,8 @@ impl Writer {
         QUEUE_CAPACITY - self.queue.capacity()
     }
 
-    pub(super) fn failed(&self) -> &CancellationToken {
-        &self.failed
+    pub(super) fn failure(&self) -> &Failure {
+        &self.failure
     }
 
     pub(super) fn last_commit_ok(&self) -> bool {
@@ -207,23 +206,28 @@ fn claim_item(
     )
 }
 
-/// Answers committed batches: at once, or through the WAL syncer when there is one.
-pub(super) struct Answering(Option<WalSyncer>);
+/// Answers committed batches: at once, or through the WAL syncer when there is one; never
+/// "ok" once the ledger failed.
+pub(super) struct Answering {
+    syncer: Option<WalSyncer>,
+    failure: Arc<Failure>,
+}
 
 impl Answering {
-    /// Starts the WAL syncer if `durability` asks for one; its failure cancels `failed`.
+    /// Starts the WAL syncer if `durability` asks for one; a failed sync fails `failure`.
     pub(super) fn start(
         durability: Durability,
-        failed: &CancellationToken,
+        failure: Arc<Failure>,
     ) -> std::io::Result<Answering> {
-        Ok(Answering(match durability {
+        let syncer = match durability {
             Durability::AtCommit => None,
-            Durability::AfterWalSync(sync) => Some(WalSyncer::start(sync, failed.clone())?),
-        }))
+            Durability::AfterWalSync(sync) => Some(WalSyncer::start(sync, failure.clone())?),
+        };
+        Ok(Answering { syncer, failure })
     }
 
     fn answer(&self, batch: Settled) {
-        match (&self.0, batch.outcome) {
+        match (&self.syncer, batch.outcome.and(self.failure.check())) {
             (Some(syncer), Ok(())) => syncer.answer_when_durable(batch.completions, batch.wrote),
             // A failed batch left nothing to make durable.
             (_, outcome) => {
@@ -243,7 +247,7 @@ impl Answering {
         last_batch: usize,
         last_commit: Duration,
     ) {
-        if let Some(syncer) = &self.0 {
+        if let Some(syncer) = &self.syncer {
             if queued < last_batch && syncer.last_sync() <= last_commit {
                 syncer.wait_until_synced();
             }
@@ -252,7 +256,7 @@ impl Answering {
 
     /// Answers everything committed so far.
     pub(super) fn finish(self) {
-        if let Some(syncer) = self.0 {
+        if let Some(syncer) = self.syncer {
             syncer.finish();
         }
     }
@@ -270,6 +274,7 @@ pub(super) fn commit_claims(
         conn,
         items.into_iter(),
         &mut Throttled::new("claims failed"),
+        &answering.failure,
     ));
     answers
 }
@@ -294,7 +299,7 @@ fn run(
     let last_commit = std::cell::Cell::new(Duration::ZERO);
     let mut commit = |batch: &mut Vec<BatchItem>| {
         let started = Instant::now();
-        let settled = commit_batch(&conn, batch.drain(..), &mut failures);
+        let settled = commit_batch(&conn, batch.drain(..), &mut failures, &answering.failure);
         last_commit.set(started.elapsed());
         let committed = settled.outcome.is_ok();
         // A batch that changed nothing (the watchdog's probe) says nothing about the disk.
@@ -342,11 +347,13 @@ struct Settled {
     wrote: bool,
 }
 
-/// Runs and commits one batch.
+/// Runs and commits one batch. A COMMIT that fails with an I/O error (writing the WAL, or the
+/// checkpoint the WAL hook runs after it) fails the ledger: see failure.rs.
 fn commit_batch(
     conn: &Connection,
     batch: impl ExactSizeIterator<Item = BatchItem>,
     failures: &mut Throttled,
+    failure: &Failure,
 ) -> Settled {
     let size = batch.len();
     let changes_before = conn.total_changes();
@@ -371,13 +378,17 @@ fn commit_batch(
             } else {
                 let committed = conn
                     .prepare_cached("COMMIT")
-                    .and_then(|mut s| s.execute([]))
-                    .map(drop)
-                    .map_err(StorageError::from);
-                if committed.is_err() {
-                    let _ = conn.execute_batch("ROLLBACK");
+                    .and_then(|mut s| s.execute([]));
+                match committed {
+                    Ok(_) => Ok(()),
+                    Err(error) => {
+                        if failure::is_storage_lost(&error) {
+                            failure.fail(Cause::StorageLost, format!("commit failed: {error}"));
+                        }
+                        let _ = conn.execute_batch("ROLLBACK");
+                        Err(error.into())
+                    }
                 }
-                committed
             };
             (completions, committed)
         }
@@ -453,7 +464,8 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let (conn, reader) = ledger(&dir);
             let (sync, syncing, release) = held_sync();
-            let (writer, thread) = Writer::start(conn, 64, Durability::AfterWalSync(sync)).unwrap();
+            let (writer, thread) =
+                Writer::start(conn, 64, Durability::AfterWalSync(sync), Arc::default()).unwrap();
             HeldWriter {
                 writer: Arc::new(writer),
                 thread,
@@ -555,8 +567,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (conn, reader) = ledger(&dir);
         let (sync, syncing, release) = held_sync();
-        let answering =
-            Answering::start(Durability::AfterWalSync(sync), &CancellationToken::new()).unwrap();
+        let answering = Answering::start(Durability::AfterWalSync(sync), Arc::default()).unwrap();
         let first = commit_claims(&conn, vec![claim("job-a")], &answering);
         syncing.recv().unwrap();
         let second = commit_claims(&conn, vec![claim("job-b"), claim("job-a")], &answering);
