@@ -988,3 +988,34 @@ async fn cli_lists_shows_and_retries_jobs() {
     service.stop_cleanly().await;
 }
 }
+
+/// Regression: following the README's restore steps, the first `serve` refused the restored
+/// file ("cannot open the WAL ... No such file or directory"): a backup has no WAL yet.
+#[tokio::test]
+async fn the_service_serves_a_restored_backup_on_its_first_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), port, "", "");
+    let service = Service::start(&config, port).await;
+    assert_eq!(deliver_once(port, SECRET, "before-backup").await, 200);
+    let backup = dir.path().join("backup.sqlite3");
+    let made = cli(&config, &["backup", backup.to_str().unwrap()]);
+    assert!(made.status.success(), "{made:?}");
+    assert_eq!(deliver_once(port, SECRET, "after-backup").await, 200);
+    service.stop_cleanly().await;
+
+    // The README's steps: the ledger aside, its WAL and shared memory gone, the copy in place.
+    let ledger = dir.path().join("ledger.sqlite3");
+    std::fs::rename(&ledger, dir.path().join("ledger.sqlite3.broken")).unwrap();
+    for leftover in ["ledger.sqlite3-wal", "ledger.sqlite3-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(leftover));
+    }
+    std::fs::copy(&backup, &ledger).unwrap();
+    let service = Service::start(&config, port).await;
+    assert_eq!(deliver_once(port, SECRET, "before-backup").await, 200);
+    let rows = job_rows(dir.path());
+    assert!(rows.contains_key("before-backup"), "{rows:?}");
+    assert!(!rows.contains_key("after-backup"), "not in the backup");
+    assert_eq!(deliver_once(port, SECRET, "after-restore").await, 200);
+    service.stop_cleanly().await;
+}
