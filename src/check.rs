@@ -53,6 +53,20 @@ pub fn check(config: &Config) -> Findings {
     findings
 }
 
+impl Findings {
+    /// The errors as one, in the words `check-config` prints them: what `serve` refuses.
+    pub fn refuse_errors(&self) -> anyhow::Result<()> {
+        if self.errors.is_empty() {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "the configuration has {} error(s): {}",
+            self.errors.len(),
+            self.errors.join("; ")
+        )
+    }
+}
+
 /// A credential file this user cannot read is a warning, not an error: it may be readable by the
 /// service's user only, or be a systemd credential that exists only while the unit runs.
 /// Anything else wrong with it is an error.

@@ -142,12 +142,9 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
             for error in &findings.errors {
                 println!("error: {error}");
             }
-            if !findings.errors.is_empty() {
-                bail!(
-                    "the configuration has {} error(s); `serve` would refuse it",
-                    findings.errors.len()
-                );
-            }
+            findings
+                .refuse_errors()
+                .context("`serve` would refuse it")?;
             println!(
                 "configuration is valid ({} warning(s))",
                 findings.warnings.len()

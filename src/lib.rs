@@ -62,6 +62,9 @@ pub async fn run(
     } else {
         Some(InstanceLock::acquire(&config.database.path)?)
     };
+    // What check-config (the unit's ExecStartPre) refuses, serve refuses too: a handler that
+    // cannot run would acknowledge every delivery and then let it go dead.
+    check::check(&config).refuse_errors()?;
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }

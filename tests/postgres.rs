@@ -114,7 +114,10 @@ async fn a_postgres_outage_under_load_is_503_then_recovers_without_a_restart() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_postgres_restart_under_load_is_503_then_recovers_without_a_restart() {
     let Ok(command) = std::env::var(RESTART_VARIABLE) else {
-        eprintln!("SKIPPED a_postgres_restart_under_load: set {RESTART_VARIABLE} to a command that restarts the test server");
+        skip(
+            "a_postgres_restart_under_load",
+            &format!("set {RESTART_VARIABLE} to a command that restarts the test server"),
+        );
         return;
     };
     Backend::Postgres
@@ -413,7 +416,10 @@ async fn the_database_url_may_come_from_a_file() {
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_is_used_and_verified_when_the_url_requires_it() {
     let Ok(ca) = std::env::var("SUME_TEST_POSTGRES_CA") else {
-        eprintln!("SKIPPED tls_is_used_and_verified_when_the_url_requires_it: set SUME_TEST_POSTGRES_CA to the CA of the test server's certificate for localhost");
+        skip(
+            "tls_is_used_and_verified_when_the_url_requires_it",
+            "set SUME_TEST_POSTGRES_CA to the CA of the test server's certificate for localhost",
+        );
         return;
     };
     Backend::Postgres

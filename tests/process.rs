@@ -1019,3 +1019,29 @@ async fn the_service_serves_a_restored_backup_on_its_first_start() {
     assert_eq!(deliver_once(port, SECRET, "after-restore").await, 200);
     service.stop_cleanly().await;
 }
+
+/// Regression: `serve` started with a handler that cannot run, acknowledged every delivery and
+/// let it go dead; check-config already refused that config.
+#[tokio::test]
+async fn serve_refuses_a_handler_that_cannot_run_as_check_config_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(
+        dir.path(),
+        port,
+        "",
+        "[handler]\ncommand = [\"/nonexistent/handler\"]\n",
+    );
+    let checked = cli(&config, &["check-config"]);
+    assert!(!checked.status.success());
+    let served = cli(&config, &["serve"]);
+    assert!(!served.status.success());
+    let stderr = String::from_utf8_lossy(&served.stderr);
+    let reason = "handler.command: \"/nonexistent/handler\" is not an executable file";
+    assert!(stderr.contains(reason), "{stderr}");
+    assert!(String::from_utf8_lossy(&checked.stdout).contains(reason));
+    assert!(
+        !dir.path().join("ledger.sqlite3").exists(),
+        "refused before opening the ledger"
+    );
+}
