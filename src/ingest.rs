@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{Config, Secret};
+use crate::event_type::EventType;
 use crate::job_id::JobId;
 use crate::ledger::{ClaimOutcome, Ledger, NewClaim, Source, StorageError};
 use crate::metrics::{DeliveryOutcome, METRICS};
@@ -383,7 +384,9 @@ pub fn parse_claim(body: Vec<u8>) -> Result<NewClaim, IngestError> {
     let event_type = ["type", "event"]
         .iter()
         .find_map(|key| object.get(*key).and_then(Value::as_str))
-        .map(str::to_owned);
+        .map(EventType::parse)
+        .transpose()
+        .map_err(|error| bad(error.to_string()))?;
     Ok(NewClaim {
         job_id,
         event_type,
@@ -426,10 +429,21 @@ mod tests {
     fn reads_job_id_and_event_type() {
         let claim = parse(r#"{"job_id":"j1","type":"job.completed","x":[1]}"#).unwrap();
         assert_eq!(claim.job_id.as_str(), "j1");
-        assert_eq!(claim.event_type.as_deref(), Some("job.completed"));
+        let event_type = |claim: &NewClaim| claim.event_type.as_ref().map(|t| t.to_string());
+        assert_eq!(event_type(&claim).as_deref(), Some("job.completed"));
         let claim = parse(r#"{"job_id":"j1","event":"job.failed"}"#).unwrap();
-        assert_eq!(claim.event_type.as_deref(), Some("job.failed"));
+        assert_eq!(event_type(&claim).as_deref(), Some("job.failed"));
         assert_eq!(parse(r#"{"job_id":"j1"}"#).unwrap().event_type, None);
+    }
+
+    /// Regression: a `type` holding `\u0000` failed every claim batch it was in on PostgreSQL.
+    #[test]
+    fn an_event_type_with_a_control_character_is_refused_with_the_reason() {
+        let error = parse(r#"{"job_id":"j1","type":"job\u0000completed"}"#).unwrap_err();
+        assert!(
+            error.to_string().contains("control character (U+0000)"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod admin;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod event_type;
 pub mod handler;
 pub mod http_client;
 pub mod ingest;

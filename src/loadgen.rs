@@ -19,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 
 use crate::config::{Config, Secret};
+use crate::event_type::EventType;
 use crate::ingest::{SIGNATURE_HEADER, TIMESTAMP_HEADER};
 use crate::job_id::JobId;
 use crate::ledger::{ClaimOutcome, NewClaim, PendingClaims, Source};
@@ -365,7 +366,7 @@ impl Run {
     fn claim(&self, index: usize) -> NewClaim {
         NewClaim {
             job_id: JobId::parse(&self.job_id(index)).expect("generated ids are valid"),
-            event_type: Some("job.completed".into()),
+            event_type: Some(EventType::parse("job.completed").expect("a valid type")),
             body: self.body(index),
             source: Source::Webhook,
         }

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Secret, SumeApiConfig};
+use crate::event_type::EventType;
 use crate::http_client::{self, Answer, HttpClient};
 use crate::job_id::JobId;
 use crate::ledger::{
@@ -192,10 +193,15 @@ impl Reconciler {
         if !self.terminal.contains(&job_status) {
             return Ok(again(Some(job_status), None));
         }
+        let event_type = event_type.unwrap_or_else(|| format!("job.{job_status}"));
+        let event_type = match EventType::parse(&event_type) {
+            Ok(event_type) => event_type,
+            Err(error) => return Ok(again(Some(job_status), Some(error.to_string()))),
+        };
         let body = String::from_utf8_lossy(&answer.body).into_owned();
         let claim = NewClaim {
             job_id: job_id.clone(),
-            event_type: Some(event_type.unwrap_or_else(|| format!("job.{job_status}"))),
+            event_type: Some(event_type),
             body,
             source: Source::Poll,
         };

@@ -10,6 +10,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::Serialize;
 
 use super::StorageError;
+use crate::event_type::EventType;
 use crate::job_id::JobId;
 use crate::metrics::{AttemptResult, METRICS};
 
@@ -179,7 +180,7 @@ impl Source {
 #[derive(Debug, Clone)]
 pub struct NewClaim {
     pub job_id: JobId,
-    pub event_type: Option<String>,
+    pub event_type: Option<EventType>,
     pub body: String,
     pub source: Source,
 }
@@ -206,7 +207,7 @@ pub fn insert_claim(
         .execute(params![
             claim.job_id,
             claim.source.as_str(),
-            claim.event_type,
+            claim.event_type.as_ref().map(EventType::as_str),
             claim.body,
             now
         ])?;

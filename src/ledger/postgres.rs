@@ -17,7 +17,9 @@
 //! - Migrations run in one transaction under an advisory lock; a schema newer than this binary
 //!   knows is refused.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,7 +28,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_postgres::config::SslMode;
-use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::error::{DbError, Severity, SqlState};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -38,6 +41,7 @@ use super::{
     Source, State, StorageError, WRITER_QUEUE_CAPACITY,
 };
 use crate::config::{DatabaseConfig, PostgresUrl};
+use crate::event_type::EventType;
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
 use crate::throttle::Throttled;
@@ -149,9 +153,14 @@ impl PostgresLedger {
         let location = url.location();
         let tls = Tls::new(url, config.ca_file.as_deref())?;
         let mut client = connect_at_start(&tls, &pg_config, &location).await?;
-        check_durability(&client, &location).await?;
+        let synchronous_commit = check_durability(&client, &location).await?;
         migrate(&mut client, &location).await?;
         drop(client);
+        // Checked once, held on every connection: a later `ALTER ROLE ... SET
+        // synchronous_commit = off` cannot reach a connection the pool opens afterwards.
+        let mut pg_config = pg_config;
+        let options = pg_config.get_options().unwrap_or_default();
+        pg_config.options(format!("{options} -c synchronous_commit={synchronous_commit}").trim());
 
         let pool = Pool::builder(tls.manager(&pg_config))
             .max_size(POOL_SIZE)
@@ -572,7 +581,10 @@ const START_ATTEMPT_SQL: &str = "UPDATE jobs SET state = 'running', attempts = a
     RETURNING attempts, event_type, source, body";
 /// One batch of claims: inserted in job_id order (no deadlock between concurrent batches),
 /// returning those that were new; each new row notifies the channel (PostgreSQL sends one
-/// notification per transaction, at commit).
+/// notification per transaction, at commit). A batch that inserts nothing (duplicates only)
+/// still writes a WAL record, so that its commit too waits for the synchronous standby: the
+/// rows it found may be committed locally by a claim whose wait was cancelled or terminated,
+/// and not be on the standby yet. That batch returns one NULL row.
 const INSERT_CLAIMS_SQL: &str = "WITH inserted AS (
         INSERT INTO jobs (job_id, state, source, event_type, body, received_at,
                           next_attempt_at, updated_at)
@@ -582,7 +594,10 @@ const INSERT_CLAIMS_SQL: &str = "WITH inserted AS (
         ORDER BY job_id
         ON CONFLICT (job_id) DO NOTHING
         RETURNING job_id)
-    SELECT job_id FROM inserted, LATERAL (SELECT pg_notify('sume_jobs', '')) AS woken";
+    SELECT job_id FROM inserted, LATERAL (SELECT pg_notify('sume_jobs', '')) AS woken
+    UNION ALL
+    SELECT NULL FROM (SELECT pg_logical_emit_message(true, 'sume-receiver', '')) AS waited
+    WHERE NOT EXISTS (SELECT 1 FROM inserted)";
 const PURGE_BODIES_SQL: &str = "UPDATE jobs SET body = NULL WHERE job_id IN (
         SELECT job_id FROM jobs
         WHERE state IN ('done', 'dead') AND body IS NOT NULL AND finished_at < $1
@@ -676,15 +691,33 @@ fn not_there_yet(error: &tokio_postgres::Error) -> bool {
     false
 }
 
-/// Refuses a server that acknowledges commits before they are durable: a claim answered 2xx
-/// must survive a crash of PostgreSQL.
-async fn check_durability(client: &tokio_postgres::Client, location: &str) -> anyhow::Result<()> {
-    let row = client
-        .query_one("SHOW synchronous_commit", &[])
-        .await
-        .map_err(|error| anyhow::anyhow!(error_text(&error)))?;
-    let setting: String = row.get(0);
-    if setting == "off" {
+/// Refuses a server that could lose a claim it reported committed (`fsync = off`, or
+/// `synchronous_commit = off` for our role), warns on `full_page_writes = off` (a torn page
+/// after a power loss can damage the table). Returns the `synchronous_commit` in force, which
+/// every connection then holds.
+async fn check_durability(
+    client: &tokio_postgres::Client,
+    location: &str,
+) -> anyhow::Result<String> {
+    let setting = |name: &'static str| async move {
+        let row = client
+            .query_one(&format!("SHOW {name}"), &[])
+            .await
+            .map_err(|error| anyhow::anyhow!(error_text(&error)))?;
+        anyhow::Ok(row.get::<_, String>(0))
+    };
+    if setting("fsync").await? == "off" {
+        bail!(
+            "PostgreSQL at {location} runs with fsync = off: it reports commits that a power \
+             loss or an OS crash can take back, so a claim answered 2xx could be lost. \
+             sume-receiver refuses it: set fsync = on in postgresql.conf and reload"
+        );
+    }
+    if setting("full_page_writes").await? == "off" {
+        tracing::warn!(ledger = %location, "PostgreSQL runs with full_page_writes = off: unless the file system never tears a page (ZFS), a power loss can damage the jobs table");
+    }
+    let synchronous_commit = setting("synchronous_commit").await?;
+    if synchronous_commit == "off" {
         bail!(
             "PostgreSQL at {location} has synchronous_commit = off: a claim could be answered \
              2xx and then lost in a crash. sume-receiver requires on, local, remote_write or \
@@ -693,7 +726,7 @@ async fn check_durability(client: &tokio_postgres::Client, location: &str) -> an
              ALTER ROLE ... SET synchronous_commit = on"
         );
     }
-    Ok(())
+    Ok(synchronous_commit)
 }
 
 /// Applies the missing migrations in one transaction, under the advisory lock that makes
@@ -739,14 +772,17 @@ async fn migrate(client: &mut tokio_postgres::Client, location: &str) -> anyhow:
             })?;
         tracing::info!(version = index + 1, "applied schema migration");
     }
-    let latest = MIGRATIONS.len() as i32;
-    tx.execute(
-        "INSERT INTO sume_schema (version) VALUES ($1)
-         ON CONFLICT (single) DO UPDATE SET version = excluded.version",
-        &[&latest],
-    )
-    .await
-    .map_err(postgres)?;
+    // A start that finds the schema current writes nothing (its commit waits for no standby).
+    if version < MIGRATIONS.len() {
+        let latest = MIGRATIONS.len() as i32;
+        tx.execute(
+            "INSERT INTO sume_schema (version) VALUES ($1)
+             ON CONFLICT (single) DO UPDATE SET version = excluded.version",
+            &[&latest],
+        )
+        .await
+        .map_err(postgres)?;
+    }
     tx.commit().await.map_err(postgres)?;
     Ok(())
 }
@@ -826,7 +862,24 @@ async fn commit_batch(
     let mut ordered: Vec<&NewClaim> = batch.iter().map(|(claim, _)| claim).collect();
     ordered.sort_by(|a, b| a.job_id.as_str().cmp(b.job_id.as_str()));
     ordered.dedup_by(|a, b| a.job_id == b.job_id);
-    let result = insert_claims(pool, &ordered).await;
+    let mut result = insert_claims(pool, &ordered).await;
+    // Claims PostgreSQL refused alone, with why.
+    let mut refused = std::collections::HashMap::new();
+    if let (Err(ClaimsError::RowRefused(_)), true) = (&result, ordered.len() > 1) {
+        // One row PostgreSQL would not take fails the statement: the others are claimed one
+        // by one, so that only the bad one is refused.
+        let mut claimed = std::collections::HashSet::new();
+        for claim in &ordered {
+            match insert_claims(pool, std::slice::from_ref(claim)).await {
+                Ok(new) => claimed.extend(new),
+                Err(error) => {
+                    refused.insert(claim.job_id.as_str().to_owned(), error.into_storage());
+                }
+            }
+        }
+        result = Ok(claimed);
+    }
+    let result = result.map_err(ClaimsError::into_storage);
     match &result {
         Ok(_) => {
             last_commit_ok.store(true, Ordering::Relaxed);
@@ -852,28 +905,69 @@ async fn commit_batch(
         }
     };
     for (claim, reply) in batch {
-        let outcome = if claimed.remove(claim.job_id.as_str()) {
-            ClaimOutcome::Claimed
+        let outcome = if let Some(error) = refused.get(claim.job_id.as_str()) {
+            Err(error.clone())
+        } else if claimed.remove(claim.job_id.as_str()) {
+            Ok(ClaimOutcome::Claimed)
         } else {
-            ClaimOutcome::Duplicate
+            Ok(ClaimOutcome::Duplicate)
         };
-        let _ = reply.send(Ok(outcome));
+        let _ = reply.send(outcome);
     }
 }
 
-/// Inserts the claims in one statement; returns the job_ids that were new.
+/// Why a batch of claims was not taken.
+enum ClaimsError {
+    /// PostgreSQL refused a value of some row (a data exception or a constraint): the statement
+    /// failed whole, and the rows may be tried alone.
+    RowRefused(StorageError),
+    Other(StorageError),
+}
+
+impl ClaimsError {
+    fn into_storage(self) -> StorageError {
+        match self {
+            ClaimsError::RowRefused(error) | ClaimsError::Other(error) => error,
+        }
+    }
+}
+
+impl From<StorageError> for ClaimsError {
+    fn from(error: StorageError) -> Self {
+        ClaimsError::Other(error)
+    }
+}
+
+fn claims_error(error: tokio_postgres::Error) -> ClaimsError {
+    let class = error.code().map(|code| &code.code()[..2]);
+    let refused = matches!(class, Some("22" | "23"));
+    let error = statement_error(error);
+    if refused {
+        ClaimsError::RowRefused(error)
+    } else {
+        ClaimsError::Other(error)
+    }
+}
+
+/// Inserts the claims in one statement; returns the job_ids that were new. A wait for the
+/// synchronous standby cancelled meanwhile (see [`CANCELLED_STANDBY_WAITS`]) makes the outcome
+/// unknown, although PostgreSQL reported success.
 async fn insert_claims(
     pool: &Pool,
     claims: &[&NewClaim],
-) -> Result<std::collections::HashSet<String>, StorageError> {
+) -> Result<std::collections::HashSet<String>, ClaimsError> {
     let client = pool.get().await.map_err(pool_error)?;
     let statement = client
         .prepare_cached(INSERT_CLAIMS_SQL)
         .await
         .map_err(statement_error)?;
+    let cancelled_waits = CANCELLED_STANDBY_WAITS.load(Ordering::SeqCst);
     let job_ids: Vec<&str> = claims.iter().map(|c| c.job_id.as_str()).collect();
     let sources: Vec<&str> = claims.iter().map(|c| c.source.as_str()).collect();
-    let event_types: Vec<Option<&str>> = claims.iter().map(|c| c.event_type.as_deref()).collect();
+    let event_types: Vec<Option<&str>> = claims
+        .iter()
+        .map(|c| c.event_type.as_ref().map(EventType::as_str))
+        .collect();
     let bodies: Vec<&str> = claims.iter().map(|c| c.body.as_str()).collect();
     let rows = client
         .query(
@@ -881,8 +975,80 @@ async fn insert_claims(
             &[&job_ids, &sources, &event_types, &bodies, &super::now_ms()],
         )
         .await
-        .map_err(statement_error)?;
-    Ok(rows.iter().map(|row| row.get(0)).collect())
+        .map_err(claims_error)?;
+    if CANCELLED_STANDBY_WAITS.load(Ordering::SeqCst) != cancelled_waits {
+        return Err(StorageError::OutcomeUnknown(
+            "PostgreSQL cancelled the wait for the synchronous standby: committed locally, \
+             perhaps not replicated"
+                .into(),
+        )
+        .into());
+    }
+    Ok(rows.iter().filter_map(|row| row.get(0)).collect())
+}
+
+/// Waits for the synchronous standby that PostgreSQL cancelled (`pg_cancel_backend`, a "kill
+/// long queries" script) on any pooled connection. PostgreSQL then reports the commit as done,
+/// saying only in a WARNING that the standby may not have it; the notice reaches the
+/// connection's task before the statement's answer reaches the caller. Counted across the
+/// pool: another connection's cancel during a claim costs that claim a needless 503 (Sume
+/// retries), never a false 200.
+static CANCELLED_STANDBY_WAITS: AtomicU64 = AtomicU64::new(0);
+
+/// The cancel's WARNING has no SQLSTATE of its own (01000) and a translated text, so every
+/// warning counts; the termination's carries ADMIN_SHUTDOWN. A claim raises no other warning.
+fn note_notice(notice: &DbError) {
+    let warning = notice.parsed_severity() == Some(Severity::Warning)
+        || notice.code().code().starts_with("01");
+    if warning || notice.code() == &SqlState::ADMIN_SHUTDOWN {
+        CANCELLED_STANDBY_WAITS.fetch_add(1, Ordering::SeqCst);
+        tracing::warn!(notice = %notice, "PostgreSQL warned during a statement (a cancelled wait for the synchronous standby?): claims committed meanwhile are answered 503");
+    }
+}
+
+/// How the pool connects: as deadpool does, but the connection's task reads its notices.
+struct WatchingConnect<T> {
+    tls: T,
+}
+
+impl<T> deadpool_postgres::Connect for WatchingConnect<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Sync + Send + 'static,
+    T::Stream: Sync + Send,
+    T::TlsConnect: Sync + Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    fn connect(
+        &self,
+        pg_config: &tokio_postgres::Config,
+    ) -> Pin<
+        Box<
+            dyn Future<
+                    Output = Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+                > + Send
+                + '_,
+        >,
+    > {
+        let (tls, pg_config) = (self.tls.clone(), pg_config.clone());
+        Box::pin(async move {
+            let (client, mut connection) = pg_config.connect(tls).await?;
+            let task = tokio::spawn(async move {
+                while let Some(message) =
+                    std::future::poll_fn(|cx| connection.poll_message(cx)).await
+                {
+                    match message {
+                        Ok(AsyncMessage::Notice(notice)) => note_notice(&notice),
+                        Ok(_) => {}
+                        Err(error) => {
+                            tracing::debug!(%error, "PostgreSQL connection ended");
+                            break;
+                        }
+                    }
+                }
+            });
+            Ok((client, task))
+        })
+    }
 }
 
 /// Listens for claims of every receiver on a connection of its own; wakes the worker for each
@@ -1028,10 +1194,16 @@ impl Tls {
             recycling_method: RecyclingMethod::Fast,
         };
         match self {
-            Tls::Off => Manager::from_config(config.clone(), NoTls, recycling()),
-            Tls::Verified(connector) => {
-                Manager::from_config(config.clone(), connector.clone(), recycling())
+            Tls::Off => {
+                Manager::from_connect(config.clone(), WatchingConnect { tls: NoTls }, recycling())
             }
+            Tls::Verified(connector) => Manager::from_connect(
+                config.clone(),
+                WatchingConnect {
+                    tls: connector.clone(),
+                },
+                recycling(),
+            ),
         }
     }
 }

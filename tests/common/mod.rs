@@ -143,7 +143,7 @@ pub fn new_postgres_database() -> String {
 }
 
 /// The URL form of a parsed config (host, port, user, password, database).
-fn postgres_url(config: &postgres::Config) -> String {
+pub fn postgres_url(config: &postgres::Config) -> String {
     let host = match config.get_hosts().first() {
         Some(postgres::config::Host::Tcp(host)) => host.clone(),
         _ => "localhost".to_owned(),
