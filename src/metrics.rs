@@ -99,6 +99,7 @@ pub struct Metrics {
     polls: Family<Labels, Counter>,
     recovered: Counter,
     given_up: Counter,
+    connections_shed: Counter,
     expected: Family<Labels, Gauge>,
     bodies_purged: Counter,
     jobs_forgotten: Counter,
@@ -137,6 +138,7 @@ impl Metrics {
             polls: Family::default(),
             recovered: Counter::default(),
             given_up: Counter::default(),
+            connections_shed: Counter::default(),
             expected: Family::default(),
             bodies_purged: Counter::default(),
             jobs_forgotten: Counter::default(),
@@ -228,6 +230,11 @@ impl Metrics {
             "sume_reconcile_recovered",
             "Jobs claimed by polling: their webhook never arrived.",
             m.recovered.clone(),
+        );
+        registry.register(
+            "sume_connections_shed",
+            "Connections closed at the connection limit while they waited for a request head, to let a new one in.",
+            m.connections_shed.clone(),
         );
         registry.register(
             "sume_reconcile_given_up",
@@ -385,6 +392,10 @@ impl Metrics {
 
     pub fn record_given_up(&self) {
         self.given_up.inc();
+    }
+
+    pub fn record_connection_shed(&self) {
+        self.connections_shed.inc();
     }
 
     /// The Prometheus text exposition, with the scrape-time values of `snapshot`.

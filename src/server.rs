@@ -1,8 +1,10 @@
 //! The HTTP server: accept loop, hardened hyper settings, routing, graceful shutdown.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -109,6 +111,81 @@ async fn metrics(ledger: &Ledger) -> Response<Full<Bytes>> {
     }
 }
 
+/// The open connections, and since when each has waited for a request head (not inside a
+/// request): at the connection limit, the one that has waited longest makes room. A stranger
+/// can hold every slot with heads sent a byte at a time, each until `header_read_timeout`;
+/// shedding them lets a real sender in at once. A connection whose request is being answered
+/// is never shed.
+struct Idle {
+    epoch: Instant,
+    connections: Mutex<(u64, HashMap<u64, Arc<Waiting>>)>,
+}
+
+struct Waiting {
+    epoch: Instant,
+    /// Microseconds since `epoch` when the connection began to wait; 0 inside a request.
+    since: AtomicU64,
+    shed: CancellationToken,
+}
+
+impl Waiting {
+    fn in_request(&self) {
+        self.since.store(0, Ordering::Relaxed);
+    }
+
+    fn between_requests(&self) {
+        let micros = self.epoch.elapsed().as_micros().max(1);
+        self.since
+            .store(micros.try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+}
+
+impl Idle {
+    fn new() -> Idle {
+        Idle {
+            epoch: Instant::now(),
+            connections: Mutex::default(),
+        }
+    }
+
+    fn register(&self) -> (u64, Arc<Waiting>) {
+        let waiting = Arc::new(Waiting {
+            epoch: self.epoch,
+            since: AtomicU64::new(0),
+            shed: CancellationToken::new(),
+        });
+        waiting.between_requests();
+        let mut connections = self.connections.lock().expect("not poisoned");
+        let (last_id, open) = &mut *connections;
+        *last_id += 1;
+        open.insert(*last_id, waiting.clone());
+        (*last_id, waiting)
+    }
+
+    fn unregister(&self, id: u64) {
+        self.connections.lock().expect("not poisoned").1.remove(&id);
+    }
+
+    /// Closes the connection that has waited longest for a request head; whether there was one.
+    fn shed_longest_waiting(&self) -> bool {
+        let connections = self.connections.lock().expect("not poisoned");
+        let longest = connections
+            .1
+            .values()
+            .filter(|waiting| !waiting.shed.is_cancelled())
+            .filter_map(|waiting| {
+                let since = waiting.since.load(Ordering::Relaxed);
+                (since != 0).then_some((since, waiting))
+            })
+            .min_by_key(|(since, _)| *since);
+        let Some((_, waiting)) = longest else {
+            return false;
+        };
+        waiting.shed.cancel();
+        true
+    }
+}
+
 pub fn error_response(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
     json_response(status, &serde_json::json!({ "error": message }))
 }
@@ -128,15 +205,14 @@ pub async fn serve<R: Router>(
         .max_buf_size(config.max_header_bytes)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
-    // One permit per open connection: at the limit we stop accepting, and new connections wait
+    // One permit per open connection. At the limit, a new connection takes the place of the
+    // one that has waited longest for a request head (a slow or idle client; see `Idle`);
+    // with every connection inside a request, it waits for one to end, and further ones wait
     // in the kernel's backlog (or are refused when it is full) instead of becoming tasks.
     let connections = Arc::new(Semaphore::new(config.max_connections));
+    let idle = Arc::new(Idle::new());
     let mut accept_failures = Throttled::new("accept failed; backing off");
     loop {
-        let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => permit.expect("never closed"),
-            () = shutdown.cancelled() => break,
-        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
@@ -150,17 +226,45 @@ pub async fn serve<R: Router>(
             () = shutdown.cancelled() => break,
         };
         accept_failures.recovered();
+        let permit = match connections.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                if idle.shed_longest_waiting() {
+                    METRICS.record_connection_shed();
+                }
+                tokio::select! {
+                    permit = connections.clone().acquire_owned() => permit.expect("never closed"),
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        };
         let _ = stream.set_nodelay(true);
+        let (id, waiting) = idle.register();
         let app = app.clone();
-        let service = service_fn(move |request| {
-            let app = app.clone();
-            async move { Ok::<_, Infallible>(app.route(request).await) }
+        let service = service_fn({
+            let waiting = waiting.clone();
+            move |request| {
+                let (app, waiting) = (app.clone(), waiting.clone());
+                async move {
+                    waiting.in_request();
+                    let response = app.route(request).await;
+                    waiting.between_requests();
+                    Ok::<_, Infallible>(response)
+                }
+            }
         });
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let idle = idle.clone();
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "connection ended with an error");
+            tokio::select! {
+                ended = connection => {
+                    if let Err(error) = ended {
+                        tracing::debug!(%error, "connection ended with an error");
+                    }
+                }
+                () = waiting.shed.cancelled() => {}
             }
+            idle.unregister(id);
             drop(permit);
         });
     }

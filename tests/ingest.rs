@@ -189,38 +189,74 @@ async fn healthz_once(addr: std::net::SocketAddr) -> String {
     answer
 }
 
-/// Regression: nothing capped connections, so each one became a task and a descriptor.
+/// Regression: nothing capped connections, so each one became a task and a descriptor. The
+/// cap holds for connections inside a request: those are never shed, a new one waits.
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_past_max_connections_wait_until_one_closes() {
-    let dir = tempfile::tempdir().unwrap();
-    let text = config_text(
-        dir.path(),
-        "[server]\nmax_connections = 3\nheader_read_timeout = \"20s\"\n",
-    );
-    let config = sume_receiver::config::Config::parse(&text, dir.path()).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(sume_receiver::run(config, listener, std::future::pending()));
-    // (Not the test client: its pool would keep a connection open.)
-    assert!(healthz_once(addr).await.starts_with("HTTP/1.1 200"));
-    tokio::time::sleep(Duration::from_millis(100)).await;
-
-    let mut idle = Vec::new();
+    let server = TestServer::start(
+        "[server]\nmax_connections = 3\nheader_read_timeout = \"20s\"\nbody_read_timeout = \"20s\"\n",
+    )
+    .await;
+    let mut busy = Vec::new();
     for _ in 0..3 {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        stream.write_all(b"GET ").await.unwrap();
-        idle.push(stream);
+        busy.push(stalled_body(&server, 1000).await);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut fourth = tokio::spawn(healthz_once(addr));
+    let mut fourth = tokio::spawn(healthz_once(server.addr));
     let early = tokio::time::timeout(Duration::from_millis(700), &mut fourth).await;
     assert!(early.is_err(), "a fourth connection was served");
-    drop(idle.pop());
+    drop(busy.pop());
     let answer = tokio::time::timeout(Duration::from_secs(5), fourth)
         .await
         .expect("served once a connection closed")
         .unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// Regression: slow heads held every slot until header_read_timeout (1,100 against 1,024
+/// slots: a signed sender waited p50 1.0 s, p99 2.9 s). At the limit, the connection that has
+/// waited longest for its head now makes room, and a sender gets in at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn at_the_connection_limit_slow_heads_make_room_for_a_sender() {
+    let server =
+        TestServer::start("[server]\nmax_connections = 8\nheader_read_timeout = \"60s\"\n").await;
+    let mut slow = Vec::new();
+    for _ in 0..40 {
+        let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        stream
+            .write_all(b"POST /sume/webhook HTTP/1.1\r\nhost: x\r\nx-slow: a")
+            .await
+            .unwrap();
+        slow.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..5 {
+        // Well before the 60 s the slow heads could otherwise hold their slots.
+        let delivered = tokio::time::timeout(
+            Duration::from_secs(10),
+            server.deliver(&job_body(&format!("job-{i}"))),
+        )
+        .await
+        .expect("a sender waited behind slow heads");
+        assert_eq!(delivered.status, 200);
+    }
+    // The oldest slow heads were closed; the newest still wait for theirs.
+    let mut closed = 0;
+    for stream in &mut slow {
+        let mut byte = [0u8; 1];
+        if let Ok(Ok(0)) =
+            tokio::time::timeout(Duration::from_millis(20), stream.read(&mut byte)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 32, "only {closed} of 40 slow heads were shed");
+    let metrics = server
+        .request(Method::GET, "/metrics", &[], "")
+        .await
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics.body);
+    assert!(metrics.contains("sume_connections_shed_total"), "{metrics}");
 }
 
 /// The soft limit on open files is raised to the hard one at start (systemd gives soft 1024).
