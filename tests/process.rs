@@ -4,6 +4,7 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -1044,4 +1045,45 @@ async fn serve_refuses_a_handler_that_cannot_run_as_check_config_does() {
         !dir.path().join("ledger.sqlite3").exists(),
         "refused before opening the ledger"
     );
+}
+
+/// Regression: syncing the database file at start through a descriptor of our own, then
+/// closing it, dropped SQLite's POSIX locks on the file; the next process to read the live
+/// ledger and close it (`sqlite3`, a monitoring script) took itself for the last connection,
+/// checkpointed and deleted the WAL under the service, which then stopped (its WAL gone).
+#[tokio::test]
+async fn another_process_reading_the_live_ledger_leaves_its_wal_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), port, "", "");
+    let service = Service::start(&config, port).await;
+    let ledger = dir.path().join("ledger.sqlite3");
+    for round in 0..3 {
+        assert_eq!(
+            deliver_once(port, SECRET, &format!("job-{round}")).await,
+            200
+        );
+        let read = Command::new("python3")
+            .args([
+                "-c",
+                "import sqlite3, sys\n\
+                 db = sqlite3.connect(sys.argv[1])\n\
+                 print(db.execute('SELECT count(*) FROM jobs').fetchone()[0])\n\
+                 db.close()\n",
+            ])
+            .arg(&ledger)
+            .output()
+            .unwrap();
+        assert!(read.status.success(), "{read:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&read.stdout).trim(),
+            (round + 1).to_string()
+        );
+        assert!(
+            dir.path().join("ledger.sqlite3-wal").exists(),
+            "the reader deleted the live WAL"
+        );
+    }
+    assert_eq!(deliver_once(port, SECRET, "after-the-readers").await, 200);
+    service.stop_cleanly().await;
 }

@@ -20,6 +20,7 @@
 //! why it must not simply be restarted).
 
 use std::fs::File;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
@@ -211,7 +212,7 @@ impl WalFile {
         let file = File::open(&path)?;
         let meta = file.metadata()?;
         let identity = (meta.dev(), meta.ino());
-        if !open_elsewhere_in_this_process(&file, identity)? {
+        if sqlite_descriptor(identity, file.as_raw_fd())?.is_none() {
             return Err(std::io::Error::other(format!(
                 "{} is not the WAL file SQLite has open",
                 path.display()
@@ -229,9 +230,26 @@ impl WalFile {
     /// before it died (this process reads them from the page cache all the same, and would
     /// answer "duplicate" for them), and the database file and directory a checkpoint or a
     /// new file changed.
+    ///
+    /// The database file is synced through SQLite's own descriptor: closing a descriptor of
+    /// our own on it would drop every POSIX lock this process holds on the file, SQLite's
+    /// among them, and the next other process to close the ledger (a `sqlite3` shell) would
+    /// take itself for the last connection, checkpoint and delete the live WAL.
     pub(super) fn sync_inherited(&self) -> std::io::Result<()> {
         self.sync()?;
-        File::open(&self.database)?.sync_all()?;
+        let meta = std::fs::metadata(&self.database)?;
+        let descriptor = sqlite_descriptor((meta.dev(), meta.ino()), -1)?.ok_or_else(|| {
+            std::io::Error::other(format!(
+                "{} is not the database file SQLite has open",
+                self.database.display()
+            ))
+        })?;
+        // SAFETY: fsync on a descriptor SQLite keeps open for as long as its connection, which
+        // outlives this call; nothing is read, written or closed.
+        if unsafe { libc::fsync(descriptor) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // A directory holds no POSIX locks of SQLite's: a descriptor of our own is fine.
         if let Some(dir) = self.database.parent() {
             File::open(dir)?.sync_all()?;
         }
@@ -262,23 +280,29 @@ impl WalFile {
     }
 }
 
-/// Whether another descriptor of this process (SQLite's) has the file `ours` has open.
-fn open_elsewhere_in_this_process(ours: &File, identity: (u64, u64)) -> std::io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    let ours = ours.as_raw_fd().to_string();
+/// A descriptor of this process, other than `except`, open on the file `identity` (device,
+/// inode): SQLite's.
+fn sqlite_descriptor(identity: (u64, u64), except: RawFd) -> std::io::Result<Option<RawFd>> {
     for entry in std::fs::read_dir("/proc/self/fd")? {
         let entry = entry?;
-        if entry.file_name() == ours.as_str() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<RawFd>().ok())
+        else {
+            continue;
+        };
+        if fd == except {
             continue;
         }
-        // A descriptor closed since the listing has no metadata any more: not SQLite's WAL.
+        // A descriptor closed since the listing has no metadata any more: not SQLite's.
         if let Ok(meta) = std::fs::metadata(entry.path()) {
             if (meta.dev(), meta.ino()) == identity {
-                return Ok(true);
+                return Ok(Some(fd));
             }
         }
     }
-    Ok(false)
+    Ok(None)
 }
 
 /// For tests: a WAL sync that says when it begins (`syncing`), then waits for a `release`.
