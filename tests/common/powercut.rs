@@ -98,8 +98,10 @@ impl PowerModel {
                 changed += 1;
             }
         }
-        std::fs::remove_dir_all(&self.state).unwrap();
-        std::fs::create_dir_all(&self.state).unwrap();
+        // Emptied, not made again: the directory keeps its owner (a server run as another user).
+        for record in std::fs::read_dir(&self.state).unwrap() {
+            std::fs::remove_file(record.unwrap().path()).unwrap();
+        }
         changed
     }
 }

@@ -121,6 +121,22 @@ static void copy_range(int from, int to, off_t off, off_t len) {
     }
 }
 
+/* A descriptor to read `fd`'s file through: `fd` itself, unless it was opened write-only. The
+ * extra descriptor is closed after, which drops the process's POSIX locks on the file; only a
+ * write-only file needs it (PostgreSQL's copies; SQLite opens its files read-write). */
+static int readable(int fd) {
+    if ((fcntl(fd, F_GETFL) & O_ACCMODE) != O_WRONLY) return fd;
+    char link[64];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    int r = real_open(link, O_RDONLY | O_CLOEXEC);
+    if (r < 0) die("open for reading");
+    return r;
+}
+
+static void done_reading(int fd, int r) {
+    if (r != fd) real_close(r);
+}
+
 static int dirty_log(int fd) {
     struct tracked *t = &fds[fd];
     if (t->pid != getpid()) {
@@ -156,7 +172,9 @@ static void track(int fd) {
     state_file(durable, t->key, "durable");
     int copy = real_open(durable, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (copy >= 0) {
-        copy_range(fd, copy, 0, st.st_size);
+        int r = readable(fd);
+        copy_range(r, copy, 0, st.st_size);
+        done_reading(fd, r);
         real_close(copy);
     } else if (errno != EEXIST) {
         die("create of a durable copy");
@@ -229,10 +247,12 @@ static int make_durable(int fd) {
     struct stat st;
     if (fstat(fd, &st) != 0) die("fstat at sync");
     int64_t range[2];
+    int r = readable(fd);
     while (read(ranges, range, sizeof range) == (ssize_t)sizeof range) {
         off_t len = range[1] < 0 ? st.st_size - range[0] : range[1];
-        if (len > 0) copy_range(fd, copy, range[0], len);
+        if (len > 0) copy_range(r, copy, range[0], len);
     }
+    done_reading(fd, r);
     if (real_ftruncate(copy, st.st_size) != 0) die("ftruncate of the durable copy");
     if (real_ftruncate(ranges, 0) != 0) die("ftruncate of a dirty log");
     real_close(copy);
