@@ -114,8 +114,9 @@ async fn metrics(ledger: &Ledger) -> Response<Full<Bytes>> {
 /// The open connections, and since when each has waited for a request head (not inside a
 /// request): at the connection limit, the one that has waited longest makes room. A stranger
 /// can hold every slot with heads sent a byte at a time, each until `header_read_timeout`;
-/// shedding them lets a real sender in at once. A connection whose request is being answered
-/// is never shed.
+/// shedding them lets a real sender in at once. A connection inside a request is not shed; one
+/// whose head completes in the very instant it is picked may be, and its client sees a reset,
+/// never a 2xx (Sume retries).
 struct Idle {
     epoch: Instant,
     connections: Mutex<(u64, HashMap<u64, Arc<Waiting>>)>,
