@@ -14,7 +14,8 @@
  * their own descriptors of it (flock belongs to the open file description).
  *
  * Not modelled: directory entries (creating, renaming and unlinking files are durable at once),
- * writes through mmap (SQLite maps only its -shm file, which it rebuilds), sync(2)/syncfs(2).
+ * writes through mmap (SQLite maps only its -shm file, which it rebuilds), sync(2)/syncfs(2),
+ * sync_file_range(2) (PostgreSQL's writeback hint: it promises nothing).
  *
  * Knobs: $POWERCUT_SYNC_DELAY_US makes each sync take that long (a real disk's latency, which
  * widens the windows a loss needs); while $POWERCUT_STATE/fail-sync exists, a sync of a tracked
@@ -25,6 +26,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -47,6 +49,7 @@ struct tracked {
 };
 
 static struct tracked fds[MAX_FDS];
+static int highest_fd = -1; /* no entry above it was ever tracked */
 static char root[PATH_MAX];
 static size_t root_len;
 static char state[PATH_MAX];
@@ -76,8 +79,19 @@ static void die(const char *what) {
     abort();
 }
 
+/* A fork inherits its parent's descriptors of the dirty logs; the child opens its own when it
+ * writes, so the inherited ones are closed at once (a server that forks a process per
+ * connection, as PostgreSQL does, ran out of descriptors). */
+static void forked_child(void) {
+    for (int fd = 0; fd <= highest_fd; fd++) {
+        if (fds[fd].pid != 0) real_close(fds[fd].dirty);
+        fds[fd].pid = 0;
+    }
+}
+
 __attribute__((constructor)) static void init(void) {
     if (enabled != -1) return;
+    pthread_atfork(NULL, NULL, forked_child);
     real_open = dlsym(RTLD_NEXT, "open");
     real_openat = dlsym(RTLD_NEXT, "openat");
     real_close = dlsym(RTLD_NEXT, "close");
@@ -162,6 +176,7 @@ static void track(int fd) {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return;
     struct tracked *t = &fds[fd];
+    if (fd > highest_fd) highest_fd = fd;
     snprintf(t->key, sizeof t->key, "%llu-%llu", (unsigned long long)st.st_dev,
              (unsigned long long)st.st_ino);
     strcpy(t->path, path);
