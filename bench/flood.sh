@@ -13,10 +13,12 @@
 #   Reported: peak RSS, RSS 10 s after the flood, the flood's answers, that every 200 has its
 #   row, and the normal sender's answers and p99.
 #
-# Knobs (environment): FLOOD (2000), SLOW (1000), BODY_BYTES (1048576), BIN.
+# Knobs (environment): FLOOD (2000), SLOW (1000), BODY_BYTES (1048576), BIN, CASES (all three:
+# "forged signed slowloris").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLOOD=${FLOOD:-2000}; SLOW=${SLOW:-1000}; BODY_BYTES=${BODY_BYTES:-1048576}
+CASES=${CASES:-forged signed slowloris}
 source bench/lib.sh
 ulimit -n "$(ulimit -Hn)"   # the clients' side: thousands of sockets
 
@@ -73,7 +75,7 @@ PY
 
 slowloris_case() {
   local dir="$work/slowloris"; mkdir -p "$dir"
-  write_config "$dir" ""
+  SERVER_KEYS="expose_metrics = true" write_config "$dir" ""
   # systemd's soft limit for a service (1024); its hard limit is 524288, this shell's may be lower.
   prlimit --nofile=1024:"$(ulimit -Hn)" "$BIN" serve --config "$dir/config.toml" 2>>"$dir/receiver.log" &
   receiver_pid=$!
@@ -83,13 +85,20 @@ slowloris_case() {
   local slow_pid=$!
   sleep 5
   normal_sender "$dir" 15 > "$dir/normal.json"
+  local fds; fds=$(find "/proc/$receiver_pid/fd" -mindepth 1 | wc -l)
   wait "$slow_pid"
   local peak; peak=$(peak_kib); local idle; idle=$(rss_kib)
+  local shed; shed=$(metric sume_connections_shed_total)
   stop_receiver >/dev/null
-  summary slowloris "$peak" "$idle" "$(cat "$dir/slow.json")" "$(cat "$dir/normal.json")" "-"
+  summary slowloris "$peak" "$idle" "$(cat "$dir/slow.json")" "$(cat "$dir/normal.json")" \
+    "$fds descriptors at the end of the normal sender's run; $shed connections shed"
 }
 
 echo "flood benchmark: $FLOOD x $BODY_BYTES-byte POSTs, $SLOW slow connections ($BIN)" >&2
-flood_case forged
-flood_case signed
-slowloris_case
+for case in $CASES; do
+  case $case in
+    forged|signed) flood_case "$case" ;;
+    slowloris) slowloris_case ;;
+    *) echo "unknown case $case (forged, signed, slowloris)" >&2; exit 2 ;;
+  esac
+done

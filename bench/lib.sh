@@ -34,11 +34,12 @@ for _ in range(1000):
 ')
 
 # write_config DIR EXTRA_TOML: a receiver on $port with its ledger in DIR; EXTRA_TOML goes in
-# [database] (more sections may follow it).
+# [database] (more sections may follow it), $SERVER_KEYS in [server].
 write_config() {
   cat > "$1/config.toml" <<TOML
 [server]
 listen = "127.0.0.1:$port"
+${SERVER_KEYS:-}
 
 [signature]
 secrets = ["whsec_benchmark"]
@@ -84,3 +85,8 @@ stop_receiver() {
 
 # Milliseconds since the epoch, in SQL that Debian's sqlite3 3.40 understands.
 NOW_MS_SQL="CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+
+# metric NAME: its value on the running receiver (the config must expose /metrics).
+metric() {
+  curl -s "http://127.0.0.1:$port/metrics" | awk -v name="$1" '$1 == name { print $2 }'
+}

@@ -25,8 +25,11 @@ use crate::ledger::Ledger;
 use crate::metrics::METRICS;
 use crate::throttle::Throttled;
 
-/// The pause after a failed accept (no file descriptors left, typically).
+/// The pause after a failed accept that nothing could make room for.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// The pause after shedding a connection to free its descriptor: long enough for its task to
+/// run and close it.
+const SHED_PAUSE: Duration = Duration::from_millis(1);
 
 /// Paths the server answers itself; the webhook path may not take one of them.
 pub const RESERVED_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics"];
@@ -187,6 +190,10 @@ impl Idle {
     }
 }
 
+fn is_out_of_descriptors(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
 pub fn error_response(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
     json_response(status, &serde_json::json!({ "error": message }))
 }
@@ -218,9 +225,16 @@ pub async fn serve<R: Router>(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
                 Err(error) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
                     accept_failures.warn(&error.to_string());
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    // Out of file descriptors (a hard limit below max_connections): the
+                    // connection that has waited longest for a head makes room, as at the
+                    // connection limit. Anything else: back off instead of spinning.
+                    if is_out_of_descriptors(&error) && idle.shed_longest_waiting() {
+                        METRICS.record_connection_shed();
+                        tokio::time::sleep(SHED_PAUSE).await;
+                    } else {
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
                     continue;
                 }
             },

@@ -1087,3 +1087,54 @@ async fn another_process_reading_the_live_ledger_leaves_its_wal_alone() {
     assert_eq!(deliver_once(port, SECRET, "after-the-readers").await, 200);
     service.stop_cleanly().await;
 }
+
+/// Regression: with its descriptors used up by slow heads (a hard open-files limit below
+/// `max_connections`), the accept loop only backed off, and no sender got in until a head
+/// timed out. Now the connection that has waited longest for its head makes room, as at the
+/// connection limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn out_of_descriptors_slow_heads_make_room_for_a_sender() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), port, "header_read_timeout = \"60s\"", "");
+    let service = Service::start(&config, port).await;
+    let limit = libc::rlimit {
+        rlim_cur: 64,
+        rlim_max: 64,
+    };
+    // SAFETY: prlimit reads the struct we pass and writes nothing (the old limit is not asked).
+    let set = unsafe {
+        libc::prlimit(
+            service.child.id() as i32,
+            libc::RLIMIT_NOFILE,
+            &limit,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(set, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let mut slow = Vec::new();
+    for _ in 0..100 {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        stream
+            .write_all(b"POST /sume/webhook HTTP/1.1\r\nhost: x\r\nx-slow: a")
+            .await
+            .unwrap();
+        slow.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = sume_receiver::http_client::new_client();
+    for i in 0..5 {
+        let request = signed_delivery(port, SECRET, &job_body(&format!("job-{i}")));
+        // Well before the 60 s the slow heads could otherwise hold the descriptors.
+        let answer =
+            sume_receiver::http_client::send(&client, request, Duration::from_secs(10), 4096)
+                .await
+                .expect("a sender waited behind slow heads");
+        assert_eq!(answer.status, 200);
+    }
+    drop(slow);
+    service.stop_cleanly().await;
+}
