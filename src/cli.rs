@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::{self, Config};
 use crate::job_id::JobId;
-use crate::ledger::{self, JobDetail, JobSummary, State};
+use crate::ledger::{self, JobDetail, JobSummary, Ledger, State};
 use crate::vacuum::Vacuum;
 
 /// `--version`: the crate version and the git commit it was built from.
@@ -153,13 +153,13 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
         }
         Command::Jobs(jobs) => execute_jobs(jobs, config),
         Command::Vacuum => {
-            // Refuses a missing or unmigrated ledger before opening it as the service does.
-            ledger::Inspector::open(&config.database)?;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             let report = runtime.block_on(async {
-                let ledger = ledger::Ledger::open(&config.database).await?;
+                // Refuses a missing or unmigrated ledger before opening it as the service does.
+                Ledger::open_existing(&config.database).await?.close().await;
+                let ledger = Ledger::open(&config.database).await?;
                 // Ctrl-C stops it between batches, like a shutdown of the service.
                 let interrupted = tokio_util::sync::CancellationToken::new();
                 let on_ctrl_c = interrupted.clone();
@@ -214,12 +214,28 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
 }
 
 fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
-    // Opened per command: `redeliver` talks to Sume and needs no ledger.
-    let open = || ledger::Inspector::open(&config.database);
+    // `redeliver` talks to Sume and needs no ledger.
+    if let JobsCommand::Redeliver { job_id } = &command {
+        return redeliver(job_id, config);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let ledger = Ledger::open_existing(&config.database).await?;
+        let done = inspect(command, config, &ledger).await;
+        ledger.close().await;
+        done
+    })
+}
+
+/// Runs a `jobs` command on the command line's ledger.
+async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyhow::Result<()> {
     match command {
         JobsCommand::List { state, limit, json } => {
-            let jobs = open()?
+            let jobs = ledger
                 .list_jobs(state, limit)
+                .await
                 .context("cannot list jobs")?;
             if json {
                 let jobs: Vec<serde_json::Value> =
@@ -230,8 +246,9 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             }
         }
         JobsCommand::Show { job_id, json } => {
-            let job = open()?
+            let job = ledger
                 .show_job(job_id.as_str())
+                .await
                 .context("cannot read the job")?
                 .with_context(|| format!("no job {job_id:?} in the ledger"))?;
             if json {
@@ -241,7 +258,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             }
         }
         JobsCommand::Retry { job_id } => {
-            open()?.retry_job(job_id.as_str(), ledger::now_ms())?;
+            ledger.retry_job(job_id.as_str(), ledger::now_ms()).await?;
             if config.database.uses_postgres() {
                 println!("job {job_id} is queued to run again: the receivers were notified, and one picks it up as soon as a worker slot is free");
             } else if crate::service_running(&config.database.path) {
@@ -253,7 +270,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
         }
         JobsCommand::Stats { json } => {
             let now = ledger::now_ms();
-            let stats = open()?.job_stats(now).context("cannot count jobs")?;
+            let stats = ledger.job_stats(now).await.context("cannot count jobs")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&readable_json(&stats)?)?);
             } else {
@@ -264,7 +281,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             let reconcile_after = config.reconcile_after();
             let now = ledger::now_ms();
             let first_poll = now + ledger::duration_ms(reconcile_after);
-            let registered = open()?.expect_job(&job_id, now, first_poll)?;
+            let registered = ledger.expect_job(&job_id, now, first_poll).await?;
             let when = humantime::format_duration(reconcile_after);
             match (registered, config.sume_api.is_some()) {
                 (false, _) => println!("job {job_id} was already expected"),
@@ -273,7 +290,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
             }
         }
         JobsCommand::Expected { limit, json } => {
-            let rows = open()?.list_expectations(limit)?;
+            let rows = ledger.list_expectations(limit).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
@@ -303,7 +320,7 @@ fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
                 print!("{}", table(&header, &cells, "(no expected jobs)"));
             }
         }
-        JobsCommand::Redeliver { job_id } => redeliver(&job_id, config)?,
+        JobsCommand::Redeliver { .. } => unreachable!("answered without a ledger above"),
     }
     Ok(())
 }

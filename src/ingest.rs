@@ -331,7 +331,8 @@ impl Ingest {
 
         let claim = parse_claim(body)?;
         let job_id = claim.job_id.clone();
-        let outcome = tokio::time::timeout(self.claim_timeout, self.ledger.claim(claim))
+        let claimed = METRICS.time_claim(self.ledger.claim(claim));
+        let outcome = tokio::time::timeout(self.claim_timeout, claimed)
             .await
             .map_err(|_| IngestError::ClaimTimeout(self.claim_timeout))??;
         if outcome == ClaimOutcome::Claimed {

@@ -178,7 +178,7 @@ pub async fn run_on(
     notify::ready();
     let writer_failed = tokio::select! {
         () = shutdown => false,
-        () = ledger.writer_failed() => true,
+        () = ledger.failed() => true,
     };
     notify::stopping();
     if writer_failed {
@@ -191,9 +191,7 @@ pub async fn run_on(
     while tasks.join_next().await.is_some() {}
     ledger.close().await;
     if writer_failed {
-        let storage_lost = ledger.sqlite().and_then(|ledger| ledger.failure_cause())
-            == Some(ledger::sqlite::FailureCause::StorageLost);
-        if storage_lost {
+        if ledger.is_storage_lost() {
             return Err(ledger::StorageLost {
                 location: ledger.location(),
             }

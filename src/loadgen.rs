@@ -226,7 +226,7 @@ pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
     } else {
         // Off the runtime: a PostgreSQL ledger is read through a blocking client of its own.
         let run = run.clone();
-        tokio::task::spawn_blocking(move || check_ledger(&run)).await??
+        check_ledger(&run).await?
     };
     Ok(Report {
         tag: run.tag.clone(),
@@ -459,11 +459,11 @@ impl Run {
 }
 
 /// The ledger must hold exactly the acknowledged job_ids of this run's tag: none lost, none extra.
-fn check_ledger(run: &Run) -> anyhow::Result<String> {
-    let stored: HashSet<String> = crate::ledger::Inspector::open(&run.config.database)?
-        .job_ids_like(&format!("%-{}", run.tag))?
-        .into_iter()
-        .collect();
+async fn check_ledger(run: &Run) -> anyhow::Result<String> {
+    let ledger = crate::ledger::Ledger::open_existing(&run.config.database).await?;
+    let stored = ledger.job_ids_like(&format!("%-{}", run.tag)).await;
+    ledger.close().await;
+    let stored: HashSet<String> = stored?.into_iter().collect();
     let acknowledged = run.acknowledged.lock().expect("not poisoned");
     let mut expected: HashSet<String> = acknowledged.iter().map(|&i| run.job_id(i)).collect();
     expected.extend((0..run.args.existing).map(|i| run.job_id(i)));

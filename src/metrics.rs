@@ -75,8 +75,10 @@ pub struct Snapshot {
     /// Expected jobs by state (`waiting`, `arrived`, `recovered`, `given_up`).
     pub expected: Vec<(&'static str, u64)>,
     pub ledger_bytes: u64,
-    pub wal_bytes: u64,
-    pub writer_queue_depth: u64,
+    /// `None` where there is no WAL file (PostgreSQL).
+    pub wal_bytes: Option<u64>,
+    /// Claims waiting for their commit (on SQLite, with every other change: one writer queue).
+    pub claim_queue_depth: u64,
 }
 
 pub struct Metrics {
@@ -339,8 +341,12 @@ impl Metrics {
         self.wal_sync.observe(seconds);
     }
 
-    pub fn record_claim_commit(&self, seconds: f64) {
-        self.claim_commit.observe(seconds);
+    /// Awaits a claim, recording how long it waited for its answer (`sume_claim_commit`).
+    pub async fn time_claim<T>(&self, claim: impl std::future::Future<Output = T>) -> T {
+        let queued = std::time::Instant::now();
+        let outcome = claim.await;
+        self.claim_commit.observe(queued.elapsed().as_secs_f64());
+        outcome
     }
 
     pub fn record_attempt_end(&self, result: AttemptResult, seconds: Option<f64>) {
@@ -420,11 +426,13 @@ impl Metrics {
         self.ledger_files
             .get_or_create(&[("file", "db")])
             .set(gauge(snapshot.ledger_bytes));
-        self.ledger_files
-            .get_or_create(&[("file", "wal")])
-            .set(gauge(snapshot.wal_bytes));
+        if let Some(wal_bytes) = snapshot.wal_bytes {
+            self.ledger_files
+                .get_or_create(&[("file", "wal")])
+                .set(gauge(wal_bytes));
+        }
         self.writer_queue_depth
-            .set(gauge(snapshot.writer_queue_depth));
+            .set(gauge(snapshot.claim_queue_depth));
         let process = ProcessStats::read();
         self.process_memory.set(gauge(process.resident_bytes));
         self.process_fds.set(gauge(process.open_fds));

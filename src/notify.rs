@@ -63,6 +63,6 @@ fn status_line(ledger: &Ledger) -> String {
     format!(
         "serving: {claimed} claimed, {duplicates} duplicates, {refused} refused since start; \
          writer queue {}",
-        ledger.writer_queue_depth()
+        ledger.claim_queue_depth()
     )
 }

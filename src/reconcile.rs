@@ -205,7 +205,7 @@ impl Reconciler {
             body,
             source: Source::Poll,
         };
-        Ok(match self.ledger.claim(claim).await? {
+        Ok(match METRICS.time_claim(self.ledger.claim(claim)).await? {
             ClaimOutcome::Claimed => {
                 tracing::info!(job_id = %job_id, status = ?job_status, "job recovered by polling: its webhook never arrived");
                 METRICS.record_recovered();

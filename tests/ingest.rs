@@ -302,7 +302,7 @@ async fn a_dead_ledger_writer_stops_the_service_with_an_error() {
     let injected = ledger
         .sqlite()
         .unwrap()
-        .write(|_| -> rusqlite::Result<()> { panic!("injected fault") })
+        .write_for_test(|_| -> rusqlite::Result<()> { panic!("injected fault") })
         .await;
     assert!(injected.is_err());
     let stopped = tokio::time::timeout(Duration::from_secs(10), service)

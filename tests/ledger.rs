@@ -34,7 +34,9 @@ async fn claim_many(
             ledger
                 .sqlite()
                 .unwrap()
-                .write(move |conn| ledger::insert_claim(conn, &claim, ledger::now_ms()))
+                .write_for_test(move |conn| {
+                    ledger::sqlite::insert_claim(conn, &claim, ledger::now_ms())
+                })
                 .await
                 .unwrap()
         });
@@ -76,7 +78,7 @@ async fn a_batch_with_a_failing_item_commits_the_others() {
     let bad = ledger
         .sqlite()
         .unwrap()
-        .write(|conn| conn.execute("INSERT INTO jobs (job_id) VALUES ('no-state')", []));
+        .write_for_test(|conn| conn.execute("INSERT INTO jobs (job_id) VALUES ('no-state')", []));
     let good = ledger.claim(claim("fine".into()));
     let (bad, good) = tokio::join!(bad, good);
     assert!(
@@ -117,7 +119,7 @@ async fn claims_past_a_full_writer_queue_are_refused_at_once() {
     let ledger = Ledger::open(&config.database).await.unwrap();
     let lock = hold_write_lock(&config.database.path);
     let mut claims = tokio::task::JoinSet::new();
-    for i in 0..ledger::WRITER_QUEUE_CAPACITY + 50 {
+    for i in 0..ledger::sqlite::QUEUE_CAPACITY + 50 {
         let ledger = ledger.clone();
         claims.spawn(async move {
             let started = std::time::Instant::now();
@@ -138,7 +140,7 @@ async fn claims_past_a_full_writer_queue_are_refused_at_once() {
         refused += 1;
     }
     assert!(refused >= 48, "only {refused} claims were refused at once");
-    assert!(ledger.writer_queue_depth() > ledger::WRITER_QUEUE_CAPACITY - 8);
+    assert!(ledger.claim_queue_depth() > ledger::sqlite::QUEUE_CAPACITY - 8);
     drop(lock);
     let committed = claims.join_all().await;
     assert!(committed
@@ -157,14 +159,14 @@ async fn nothing_of_a_batch_commits_after_sqlite_rolled_it_back() {
     let pages: i64 = ledger
         .sqlite()
         .unwrap()
-        .write(|conn| conn.query_row("PRAGMA page_count", [], |row| row.get(0)))
+        .write_for_test(|conn| conn.query_row("PRAGMA page_count", [], |row| row.get(0)))
         .await
         .unwrap();
     // Room for the small claims, not for the big one.
     ledger
         .sqlite()
         .unwrap()
-        .write(move |conn| {
+        .write_for_test(move |conn| {
             conn.query_row(
                 &format!("PRAGMA max_page_count = {}", pages + 8),
                 [],
@@ -179,7 +181,7 @@ async fn nothing_of_a_batch_commits_after_sqlite_rolled_it_back() {
         writer
             .sqlite()
             .unwrap()
-            .write(|_| {
+            .write_for_test(|_| {
                 std::thread::sleep(Duration::from_millis(300));
                 Ok(())
             })
@@ -224,7 +226,7 @@ async fn nothing_of_a_batch_commits_after_sqlite_rolled_it_back() {
 }
 
 /// A panic on the writer thread (an injected fault here) must not leave a service that looks
-/// alive but can never commit: `writer_failed` resolves, and later writes fail at once.
+/// alive but can never commit: `failed` resolves, and later writes fail at once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_writer_panic_is_reported() {
     let dir = tempfile::tempdir().unwrap();
@@ -232,10 +234,10 @@ async fn a_writer_panic_is_reported() {
     let injected = ledger
         .sqlite()
         .unwrap()
-        .write(|_| -> rusqlite::Result<()> { panic!("injected fault") })
+        .write_for_test(|_| -> rusqlite::Result<()> { panic!("injected fault") })
         .await;
     assert_eq!(injected, Err(ledger::StorageError::Closed));
-    tokio::time::timeout(Duration::from_secs(5), ledger.writer_failed())
+    tokio::time::timeout(Duration::from_secs(5), ledger.failed())
         .await
         .expect("writer_failed resolves");
     assert_eq!(
@@ -254,7 +256,7 @@ async fn release_free_pages_gives_back_up_to_the_asked_number_at_once() {
     ledger
         .sqlite()
         .unwrap()
-        .write(|conn| conn.execute("DELETE FROM jobs", []))
+        .write_for_test(|conn| conn.execute("DELETE FROM jobs", []))
         .await
         .unwrap();
     let free = |conn: &rusqlite::Connection| -> i64 {
@@ -284,13 +286,16 @@ async fn background_statements_read_only_their_partial_indexes() {
     Ledger::open(&config.database).await.unwrap().close().await;
     let conn = rusqlite::Connection::open(&config.database.path).unwrap();
     for (sql, index) in [
-        (ledger::DUE_JOBS_SQL, "jobs_due"),
-        (ledger::NEXT_DUE_SQL, "jobs_due"),
-        (ledger::EXPIRED_LEASES_SQL, "jobs_leased"),
-        (ledger::PURGE_BODIES_SQL, "jobs_finished_with_body"),
-        (ledger::DELETE_FINISHED_SQL, "jobs_finished"),
-        (ledger::DUE_EXPECTATIONS_SQL, "expected_jobs_due"),
-        (ledger::DELETE_RESOLVED_SQL, "expected_jobs_resolved"),
+        (ledger::sqlite::DUE_JOBS_SQL, "jobs_due"),
+        (ledger::sqlite::NEXT_DUE_SQL, "jobs_due"),
+        (ledger::sqlite::EXPIRED_LEASES_SQL, "jobs_leased"),
+        (ledger::sqlite::PURGE_BODIES_SQL, "jobs_finished_with_body"),
+        (ledger::sqlite::DELETE_FINISHED_SQL, "jobs_finished"),
+        (ledger::sqlite::DUE_EXPECTATIONS_SQL, "expected_jobs_due"),
+        (
+            ledger::sqlite::DELETE_RESOLVED_SQL,
+            "expected_jobs_resolved",
+        ),
     ] {
         let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
         // raw_query: the plan does not depend on the (unbound, NULL) parameters.
@@ -309,62 +314,4 @@ async fn background_statements_read_only_their_partial_indexes() {
             "{sql}\n=> {plan}"
         );
     }
-}
-
-/// An attempt's end is fenced by its number: an attempt whose lease was taken back and given
-/// to a newer attempt cannot overwrite that attempt's outcome.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_stale_attempt_cannot_record_its_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_config, ledger) = open_ledger(dir.path()).await;
-    ledger.claim(claim("fenced".into())).await.unwrap();
-    let job_id = JobId::parse("fenced").unwrap();
-    let stale = ledger
-        .sqlite()
-        .unwrap()
-        .write(move |conn| ledger::start_attempt(conn, &job_id, 0, i64::MAX))
-        .await
-        .unwrap()
-        .unwrap();
-    // The sweeper takes the lease back and a second attempt starts.
-    ledger
-        .sqlite()
-        .unwrap()
-        .write(|conn| {
-            conn.execute(
-                "UPDATE jobs SET state = 'retrying', next_attempt_at = 0 WHERE job_id = 'fenced'",
-                [],
-            )
-        })
-        .await
-        .unwrap();
-    let job_id = JobId::parse("fenced").unwrap();
-    let current = ledger
-        .sqlite()
-        .unwrap()
-        .write(move |conn| ledger::start_attempt(conn, &job_id, 0, i64::MAX))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!((stale.number, current.number), (1, 2));
-
-    let failed = ledger::AttemptEnd::Failed {
-        error: "stale".into(),
-        retry_at: None,
-    };
-    let ended = ledger
-        .sqlite()
-        .unwrap()
-        .write(move |conn| ledger::finish_attempt(conn, &stale, &failed, 0))
-        .await
-        .unwrap();
-    assert_eq!(ended, None, "the first attempt no longer owns the job");
-    let ended = ledger
-        .sqlite()
-        .unwrap()
-        .write(move |conn| ledger::finish_attempt(conn, &current, &ledger::AttemptEnd::Done, 0))
-        .await
-        .unwrap();
-    assert_eq!(ended, Some(ledger::State::Done));
-    ledger.close().await;
 }

@@ -402,7 +402,7 @@ pub fn ledger_rows(config: &Config, sql: &str, params: &[&str]) -> Vec<Vec<serde
             rows.collect::<Result<_, _>>().unwrap()
         }
         Some(_) => {
-            let sql = sume_receiver::ledger::postgres::pg(sql);
+            let sql = postgres_form(sql);
             with_postgres(&postgres_url_of(config_dir(config)), |client| {
                 let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
                     params.iter().map(|p| p as _).collect();
@@ -434,6 +434,20 @@ pub fn ledger_rows(config: &Config, sql: &str, params: &[&str]) -> Vec<Vec<serde
     }
 }
 
+/// A test's statement, written in SQLite's `?N` form, in PostgreSQL's `$N` form.
+fn postgres_form(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '?' && chars.peek().is_some_and(char::is_ascii_digit) {
+            out.push('$');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// See [`TestServer::execute`].
 pub fn ledger_execute(config: &Config, sql: &str, params: &[&str]) -> u64 {
     match &config.database.url {
@@ -444,7 +458,7 @@ pub fn ledger_execute(config: &Config, sql: &str, params: &[&str]) -> u64 {
                 .unwrap() as u64
         }
         Some(_) => {
-            let sql = sume_receiver::ledger::postgres::pg(sql);
+            let sql = postgres_form(sql);
             with_postgres(&postgres_url_of(config_dir(config)), |client| {
                 let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
                     params.iter().map(|p| p as _).collect();

@@ -1,7 +1,9 @@
 //! The SQLite ledger: opening with pragmas, schema migrations, the writer thread and the reader pool.
 
 mod checkpoint;
+mod expected;
 mod failure;
+mod jobs;
 mod wal_sync;
 mod writer;
 
@@ -13,19 +15,25 @@ use anyhow::{bail, Context};
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
-use super::{
-    expected, jobs, now_ms, Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Leases,
-    NewClaim, PollResult, RetentionStep, State, StorageError,
+use super::model::{
+    Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Expectation, JobDetail, JobStats,
+    JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryError, State,
 };
+use super::{now_ms, Backend, StorageError};
 use crate::config::{CheckAtStart, DatabaseConfig, Synchronous};
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
 
 use checkpoint::Checkpointer;
+pub use expected::{DELETE_RESOLVED_SQL, DUE_EXPECTATIONS_SQL};
 pub use failure::Cause as FailureCause;
 use failure::Failure;
+pub use jobs::{
+    insert_claim, DELETE_FINISHED_SQL, DUE_JOBS_SQL, EXPIRED_LEASES_SQL, NEXT_DUE_SQL,
+    PURGE_BODIES_SQL,
+};
 use wal_sync::WalFile;
-pub use writer::QUEUE_CAPACITY as WRITER_QUEUE_CAPACITY;
+pub use writer::QUEUE_CAPACITY;
 use writer::{Answering, Durability, Writer};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` counts how many have run.
@@ -57,20 +65,35 @@ impl From<rusqlite::Error> for StorageError {
     }
 }
 
+impl From<rusqlite::Error> for RetryError {
+    fn from(error: rusqlite::Error) -> Self {
+        RetryError::Storage(error.into())
+    }
+}
+
 impl From<r2d2::Error> for StorageError {
     fn from(error: r2d2::Error) -> Self {
         StorageError::Sqlite(error.to_string())
     }
 }
 
-/// The open SQLite ledger of a running service: one writer thread for every change, a pool for
-/// reads.
+/// The open SQLite ledger: the service's (one writer thread for every change, a pool for
+/// reads), or the command line's (one connection).
 pub struct SqliteLedger {
-    writer: Writer,
-    readers: r2d2::Pool<SqliteConnectionManager>,
+    connections: Connections,
     path: PathBuf,
-    writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    checkpointer: Mutex<Option<Checkpointer>>,
+}
+
+enum Connections {
+    Service {
+        writer: Writer,
+        readers: r2d2::Pool<SqliteConnectionManager>,
+        writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+        checkpointer: Mutex<Option<Checkpointer>>,
+    },
+    /// The command line's: each change a transaction of its own (a running service's writer
+    /// waits for it, up to `busy_timeout`).
+    Direct(Arc<Mutex<Connection>>),
 }
 
 impl SqliteLedger {
@@ -93,11 +116,21 @@ impl SqliteLedger {
         )?;
         let (writer, thread) = Writer::start(conn, config.max_batch, durability, failure)?;
         Ok(SqliteLedger {
-            writer,
-            readers,
+            connections: Connections::Service {
+                writer,
+                readers,
+                writer_thread: Mutex::new(Some(thread)),
+                checkpointer: Mutex::new(Some(checkpointer)),
+            },
             path: config.path.clone(),
-            writer_thread: Mutex::new(Some(thread)),
-            checkpointer: Mutex::new(Some(checkpointer)),
+        })
+    }
+
+    /// Opens an existing, migrated ledger for the command line (see [`open_existing`]).
+    pub fn open_existing(config: &DatabaseConfig) -> anyhow::Result<SqliteLedger> {
+        Ok(SqliteLedger {
+            connections: Connections::Direct(Arc::new(Mutex::new(open_existing(config)?))),
+            path: config.path.clone(),
         })
     }
 
@@ -105,32 +138,196 @@ impl SqliteLedger {
         &self.path
     }
 
-    /// Runs `op` on the writer thread inside a group-commit transaction; resolves once committed.
-    pub async fn write<T, F>(&self, op: F) -> Result<T, StorageError>
+    /// Runs `op` inside a transaction: the service's on the writer thread (group commit),
+    /// resolved once committed and durable.
+    async fn write<T, F>(&self, op: F) -> Result<T, StorageError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        self.writer.submit(op).await
+        match &self.connections {
+            Connections::Service { writer, .. } => writer.submit(op).await,
+            Connections::Direct(conn) => {
+                let conn = conn.clone();
+                tokio::task::spawn_blocking(move || {
+                    let mut conn = conn.lock().expect("not poisoned");
+                    let transaction =
+                        conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                    let value = op(&transaction)?;
+                    transaction.commit()?;
+                    Ok(value)
+                })
+                .await
+                .map_err(|_| StorageError::Closed)?
+            }
+        }
     }
 
-    /// Runs `op` on a pooled read connection, off the async runtime.
-    pub async fn read<T, F>(&self, op: F) -> Result<T, StorageError>
+    /// Runs `op` on a read connection, off the async runtime.
+    async fn read<T, F>(&self, op: F) -> Result<T, StorageError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        let pool = self.readers.clone();
-        tokio::task::spawn_blocking(move || {
-            let conn = pool.get()?;
-            Ok(op(&conn)?)
+        match &self.connections {
+            Connections::Service { readers, .. } => {
+                let pool = readers.clone();
+                tokio::task::spawn_blocking(move || Ok(op(&*pool.get()?)?))
+                    .await
+                    .map_err(|_| StorageError::Closed)?
+            }
+            Connections::Direct(conn) => {
+                let conn = conn.clone();
+                tokio::task::spawn_blocking(move || Ok(op(&conn.lock().expect("not poisoned"))?))
+                    .await
+                    .map_err(|_| StorageError::Closed)?
+            }
+        }
+    }
+
+    fn writer(&self) -> Option<&Writer> {
+        match &self.connections {
+            Connections::Service { writer, .. } => Some(writer),
+            Connections::Direct(_) => None,
+        }
+    }
+
+    /// Stops the writer thread after it has committed everything queued before this call.
+    pub fn stop(&self) {
+        let Connections::Service {
+            writer,
+            writer_thread,
+            checkpointer,
+            ..
+        } = &self.connections
+        else {
+            return;
+        };
+        writer.stop();
+        if let Some(thread) = writer_thread.lock().expect("not poisoned").take() {
+            let _ = thread.join();
+        }
+        if let Some(checkpointer) = checkpointer.lock().expect("not poisoned").take() {
+            checkpointer.stop();
+        }
+    }
+
+    /// Why the ledger failed, once it has.
+    pub fn failure_cause(&self) -> Option<FailureCause> {
+        self.writer()?.failure().cause()
+    }
+
+    /// Runs any change on the writer, as part of a group commit: for tests of the writer
+    /// itself (a failing statement in a batch, the queue's bound).
+    #[cfg(feature = "testing")]
+    pub async fn write_for_test<T, F>(&self, op: F) -> Result<T, StorageError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        self.write(op).await
+    }
+}
+
+impl Backend for SqliteLedger {
+    /// Refused at once with [`StorageError::Overloaded`] when the writer's queue is full, so
+    /// that the delivery is answered 503 instead of waiting.
+    async fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
+        match self.writer() {
+            Some(writer) => writer.try_claim(claim).await,
+            None => {
+                self.write(move |conn| jobs::insert_claim(conn, &claim, now_ms()))
+                    .await
+            }
+        }
+    }
+
+    async fn start_attempt(
+        &self,
+        job_id: &JobId,
+        now: i64,
+        lease_expires_at: i64,
+    ) -> Result<Option<Attempt>, StorageError> {
+        let job_id = job_id.clone();
+        self.write(move |conn| jobs::start_attempt(conn, &job_id, now, lease_expires_at))
+            .await
+    }
+
+    async fn finish_attempt(
+        &self,
+        attempt: &Attempt,
+        end: &AttemptEnd,
+        now: i64,
+    ) -> Result<Option<State>, StorageError> {
+        let (attempt, end) = (attempt.clone(), end.clone());
+        self.write(move |conn| jobs::finish_attempt(conn, &attempt, &end, now))
+            .await
+    }
+
+    async fn release_attempt(&self, attempt: &Attempt, now: i64) -> Result<bool, StorageError> {
+        let attempt = attempt.clone();
+        self.write(move |conn| jobs::release_attempt(conn, &attempt, now))
+            .await
+    }
+
+    /// No other process can hold a lease on this file: at start, every one is ours.
+    async fn leases_to_take_back(
+        &self,
+        leases: Leases,
+    ) -> Result<Vec<LeasedAttempt>, StorageError> {
+        let cutoff = match leases {
+            Leases::ExpiredBefore(cutoff) => cutoff,
+            Leases::HeldBeforeThisStart => i64::MAX,
+        };
+        self.read(move |conn| jobs::expired_leases(conn, cutoff))
+            .await
+    }
+
+    async fn take_back_lease(
+        &self,
+        lease: &LeasedAttempt,
+        cutoff: i64,
+        now: i64,
+        max_attempts: u32,
+        error: &str,
+    ) -> Result<Option<State>, StorageError> {
+        let (lease, error) = (lease.clone(), error.to_owned());
+        self.write(move |conn| {
+            jobs::take_back_lease(conn, &lease, cutoff, now, max_attempts, &error)
         })
         .await
-        .map_err(|_| StorageError::Closed)?
     }
 
-    /// Returns unused pages to the file system, at most `pages` of them; `true` if some remain.
-    pub async fn release_free_pages(&self, pages: usize) -> Result<bool, StorageError> {
+    async fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError> {
+        self.read(move |conn| jobs::due_jobs(conn, now, limit))
+            .await
+    }
+
+    async fn give_up(&self, job_id: &str, error: &str, now: i64) -> Result<bool, StorageError> {
+        let (job_id, error) = (job_id.to_owned(), error.to_owned());
+        self.write(move |conn| jobs::give_up(conn, &job_id, &error, now))
+            .await
+    }
+
+    async fn retention_step(
+        &self,
+        step: RetentionStep,
+        before: i64,
+        limit: usize,
+    ) -> Result<usize, StorageError> {
+        self.write(move |conn| {
+            let sql = match step {
+                RetentionStep::PurgeBodies => jobs::PURGE_BODIES_SQL,
+                RetentionStep::DeleteFinished => jobs::DELETE_FINISHED_SQL,
+                RetentionStep::DeleteResolvedExpectations => expected::DELETE_RESOLVED_SQL,
+            };
+            conn.prepare_cached(sql)?
+                .execute(rusqlite::params![before, limit as i64])
+        })
+        .await
+    }
+
+    async fn release_free_pages(&self, pages: usize) -> Result<bool, StorageError> {
         self.write(move |conn| {
             // The pragma frees one page per step: it must be stepped to its end (execute_batch
             // would step it once).
@@ -143,15 +340,47 @@ impl SqliteLedger {
         .map(|left| left > 0)
     }
 
-    /// Records a delivery's claim; refused at once with [`StorageError::Overloaded`] when the
-    /// writer's queue is full, so that the delivery is answered 503 instead of waiting.
-    pub(super) async fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
-        self.writer.try_claim(claim).await
+    async fn expect_job(
+        &self,
+        job_id: &JobId,
+        now: i64,
+        first_poll_at: i64,
+    ) -> Result<bool, StorageError> {
+        let job_id = job_id.clone();
+        self.write(move |conn| expected::expect_job(conn, &job_id, now, first_poll_at))
+            .await
     }
 
-    /// What `/metrics` shows of the ledger: unfinished jobs by state (partial indexes only),
-    /// the oldest one's age, expected jobs, file sizes, the writer's queue.
-    pub async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
+    async fn resolve_arrived(&self, now: i64) -> Result<usize, StorageError> {
+        self.write(move |conn| expected::resolve_arrived(conn, now))
+            .await
+    }
+
+    /// One process polls: no lease is needed, `_lease` is for the shared PostgreSQL ledger.
+    async fn due_expectations(
+        &self,
+        now: i64,
+        limit: usize,
+        _lease: Duration,
+    ) -> Result<Vec<DueExpectation>, StorageError> {
+        self.read(move |conn| expected::due_expectations(conn, now, limit))
+            .await
+    }
+
+    async fn record_poll(
+        &self,
+        job_id: &str,
+        result: &PollResult,
+        now: i64,
+    ) -> Result<(), StorageError> {
+        let (job_id, result) = (job_id.to_owned(), result.clone());
+        self.write(move |conn| expected::record_poll(conn, &job_id, &result, now))
+            .await
+    }
+
+    /// Unfinished jobs by state (partial indexes only), the oldest one's age, expected jobs,
+    /// file sizes, the writer's queue.
+    async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
         let (unfinished, oldest, expected) = self
             .read(|conn| {
                 Ok((
@@ -175,193 +404,93 @@ impl SqliteLedger {
                 .map_or(0.0, |at| (now_ms() - at).max(0) as f64 / 1000.0),
             expected,
             ledger_bytes: size(""),
-            wal_bytes: size("-wal"),
-            writer_queue_depth: self.writer.queued() as u64,
+            wal_bytes: Some(size("-wal")),
+            claim_queue_depth: self.claim_queue_depth() as u64,
         })
     }
 
-    pub(super) async fn count_finished(&self) -> Result<(u64, u64), StorageError> {
+    async fn count_finished(&self) -> Result<(u64, u64), StorageError> {
         self.read(jobs::count_finished).await
     }
 
-    pub(super) async fn probe(&self) -> Result<(), StorageError> {
+    async fn probe(&self) -> Result<(), StorageError> {
         self.write(|_| Ok(())).await
     }
 
-    /// Changes waiting for the writer thread.
-    pub fn writer_queue_depth(&self) -> usize {
-        self.writer.queued()
+    /// A thread panicked, or the disk failed: from then on nothing is acknowledged.
+    async fn failed(&self) {
+        match self.writer() {
+            Some(writer) => writer.failure().failed().await,
+            None => std::future::pending().await,
+        }
     }
 
-    /// Whether a delivery sent now would be claimed: the writer is alive, its last commit
-    /// went through, and its queue has room. The reason when not.
-    pub fn readiness(&self) -> Result<(), &'static str> {
-        if self.writer.failure().is_failed() {
+    async fn close(&self) {
+        self.stop();
+    }
+
+    async fn list_jobs(
+        &self,
+        state: Option<State>,
+        limit: usize,
+    ) -> Result<Vec<JobSummary>, StorageError> {
+        self.read(move |conn| jobs::list_jobs(conn, state, limit))
+            .await
+    }
+
+    async fn show_job(&self, job_id: &str) -> Result<Option<JobDetail>, StorageError> {
+        let job_id = job_id.to_owned();
+        self.read(move |conn| jobs::show_job(conn, &job_id)).await
+    }
+
+    async fn retry_job(&self, job_id: &str, now: i64) -> Result<(), RetryError> {
+        let job_id = job_id.to_owned();
+        self.write(move |conn| jobs::retry_job(conn, &job_id, now))
+            .await?
+    }
+
+    async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {
+        self.read(move |conn| jobs::job_stats(conn, now)).await
+    }
+
+    async fn job_ids_like(&self, pattern: &str) -> Result<Vec<String>, StorageError> {
+        let pattern = pattern.to_owned();
+        self.read(move |conn| jobs::job_ids_like(conn, &pattern))
+            .await
+    }
+
+    async fn list_expectations(&self, limit: usize) -> Result<Vec<Expectation>, StorageError> {
+        self.read(move |conn| expected::list_expectations(conn, limit))
+            .await
+    }
+
+    fn location(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn claim_queue_depth(&self) -> usize {
+        self.writer().map_or(0, Writer::queued)
+    }
+
+    /// The writer is alive, its last commit went through, and its queue has room.
+    fn readiness(&self) -> Result<(), &'static str> {
+        let Some(writer) = self.writer() else {
+            return Ok(());
+        };
+        if writer.failure().is_failed() {
             return Err("the ledger failed (see the log): it acknowledges nothing any more");
         }
-        if !self.writer.last_commit_ok() {
+        if !writer.last_commit_ok() {
             return Err("the last ledger commit failed");
         }
-        if self.writer.queued() * 10 >= WRITER_QUEUE_CAPACITY * 9 {
+        if writer.queued() * 10 >= QUEUE_CAPACITY * 9 {
             return Err("the ledger writer's queue is nearly full");
         }
         Ok(())
     }
 
-    /// Resolves if the ledger fails (a thread panicked, or the disk failed): from then on
-    /// nothing is acknowledged, and the service must exit.
-    pub async fn writer_failed(&self) {
-        self.writer.failure().failed().await
-    }
-
-    /// Why the ledger failed, once it has.
-    pub fn failure_cause(&self) -> Option<FailureCause> {
-        self.writer.failure().cause()
-    }
-
-    /// Stops the writer thread after it has committed everything queued before this call.
-    pub(super) fn close(&self) {
-        self.writer.stop();
-        if let Some(thread) = self.writer_thread.lock().expect("not poisoned").take() {
-            let _ = thread.join();
-        }
-        if let Some(checkpointer) = self.checkpointer.lock().expect("not poisoned").take() {
-            checkpointer.stop();
-        }
-    }
-}
-
-/// The service's operations, each one statement (or a few) on the writer or a reader.
-impl SqliteLedger {
-    pub(super) async fn start_attempt(
-        &self,
-        job_id: &JobId,
-        now: i64,
-        lease_expires_at: i64,
-    ) -> Result<Option<Attempt>, StorageError> {
-        let job_id = job_id.clone();
-        self.write(move |conn| jobs::start_attempt(conn, &job_id, now, lease_expires_at))
-            .await
-    }
-
-    pub(super) async fn finish_attempt(
-        &self,
-        attempt: &Attempt,
-        end: &AttemptEnd,
-        now: i64,
-    ) -> Result<Option<State>, StorageError> {
-        let (attempt, end) = (attempt.clone(), end.clone());
-        self.write(move |conn| jobs::finish_attempt(conn, &attempt, &end, now))
-            .await
-    }
-
-    pub(super) async fn release_attempt(
-        &self,
-        attempt: &Attempt,
-        now: i64,
-    ) -> Result<bool, StorageError> {
-        let attempt = attempt.clone();
-        self.write(move |conn| jobs::release_attempt(conn, &attempt, now))
-            .await
-    }
-
-    pub(super) async fn expire_leases(
-        &self,
-        leases: Leases,
-        now: i64,
-        max_attempts: u32,
-        error: &'static str,
-        still_running: impl Fn(&str) -> bool + Send + 'static,
-    ) -> Result<usize, StorageError> {
-        // No other process can hold a lease on this file: at start, every one is ours.
-        let cutoff = match leases {
-            Leases::ExpiredBefore(cutoff) => cutoff,
-            Leases::HeldBeforeThisStart => i64::MAX,
-        };
-        self.write(move |conn| {
-            let expired = jobs::expired_leases(conn, cutoff)?;
-            let mut taken_back = 0;
-            for lease in expired.iter().filter(|lease| !still_running(&lease.job_id)) {
-                if let Some(state) =
-                    jobs::take_back_lease(conn, lease, cutoff, now, max_attempts, error)?
-                {
-                    jobs::record_lease_taken_back(&lease.job_id, state);
-                    taken_back += 1;
-                }
-            }
-            Ok(taken_back)
-        })
-        .await
-    }
-
-    pub(super) async fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError> {
-        self.read(move |conn| jobs::due_jobs(conn, now, limit))
-            .await
-    }
-
-    pub(super) async fn give_up_unrunnable(
-        &self,
-        unrunnable: Vec<(String, String)>,
-        now: i64,
-    ) -> Result<(), StorageError> {
-        self.write(move |conn| jobs::give_up_unrunnable(conn, &unrunnable, now))
-            .await
-    }
-
-    pub(super) async fn retention_step(
-        &self,
-        step: RetentionStep,
-        before: i64,
-        limit: usize,
-    ) -> Result<usize, StorageError> {
-        self.write(move |conn| {
-            let sql = match step {
-                RetentionStep::PurgeBodies => jobs::PURGE_BODIES_SQL,
-                RetentionStep::DeleteFinished => jobs::DELETE_FINISHED_SQL,
-                RetentionStep::DeleteResolvedExpectations => expected::DELETE_RESOLVED_SQL,
-            };
-            conn.prepare_cached(sql)?
-                .execute(rusqlite::params![before, limit as i64])
-        })
-        .await
-    }
-
-    pub(super) async fn expect_job(
-        &self,
-        job_id: &JobId,
-        now: i64,
-        first_poll_at: i64,
-    ) -> Result<bool, StorageError> {
-        let job_id = job_id.clone();
-        self.write(move |conn| expected::expect_job(conn, &job_id, now, first_poll_at))
-            .await
-    }
-
-    pub(super) async fn resolve_arrived(&self, now: i64) -> Result<usize, StorageError> {
-        self.write(move |conn| expected::resolve_arrived(conn, now))
-            .await
-    }
-
-    /// One process polls: no lease is needed, `_lease` is for the shared PostgreSQL ledger.
-    pub(super) async fn due_expectations(
-        &self,
-        now: i64,
-        limit: usize,
-        _lease: Duration,
-    ) -> Result<Vec<DueExpectation>, StorageError> {
-        self.read(move |conn| expected::due_expectations(conn, now, limit))
-            .await
-    }
-
-    pub(super) async fn record_poll(
-        &self,
-        job_id: &str,
-        result: &PollResult,
-        now: i64,
-    ) -> Result<(), StorageError> {
-        let (job_id, result) = (job_id.to_owned(), result.clone());
-        self.write(move |conn| expected::record_poll(conn, &job_id, &result, now))
-            .await
+    fn is_storage_lost(&self) -> bool {
+        self.failure_cause() == Some(FailureCause::StorageLost)
     }
 }
 
@@ -787,7 +916,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = test_config(dir.path());
         std::fs::write(&config.path, "").unwrap();
-        SqliteLedger::open(&config).unwrap().close();
+        SqliteLedger::open(&config).unwrap().stop();
         let conn = Connection::open(&config.path).unwrap();
         assert_eq!(schema_version(&conn), MIGRATIONS.len());
     }
@@ -796,7 +925,7 @@ mod tests {
     fn refuses_a_damaged_ledger_and_says_how_to_recover() {
         let dir = tempfile::tempdir().unwrap();
         let config = test_config(dir.path());
-        SqliteLedger::open(&config).unwrap().close();
+        SqliteLedger::open(&config).unwrap().stop();
         let conn = Connection::open(&config.path).unwrap();
         conn.execute_batch(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
@@ -822,7 +951,7 @@ mod tests {
             check_at_start: CheckAtStart::Off,
             ..config
         };
-        SqliteLedger::open(&unchecked).unwrap().close();
+        SqliteLedger::open(&unchecked).unwrap().stop();
     }
 
     #[test]
@@ -837,7 +966,7 @@ mod tests {
                 .mode();
             assert_eq!(mode & 0o777, 0o600, "{name}: {mode:o}");
         }
-        ledger.close();
+        ledger.stop();
     }
 
     #[test]

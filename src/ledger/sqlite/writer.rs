@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
-use super::super::jobs::insert_claim;
 use super::super::{now_ms, ClaimOutcome, NewClaim, StorageError};
 use super::failure::{self, Cause, Failure};
+use super::jobs::insert_claim;
 use super::wal_sync::{Completion, SyncWal, WalSyncer};
 use crate::throttle::Throttled;
 

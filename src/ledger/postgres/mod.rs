@@ -35,11 +35,14 @@ use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    expected, jobs, Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Expectation,
-    JobDetail, JobStats, JobSummary, Leases, NewClaim, PollResult, RetentionStep, RetryError,
-    Source, State, StorageError, WRITER_QUEUE_CAPACITY,
+mod sql;
+
+use super::model::{
+    expectation_counts, unfinished_counts, Attempt, AttemptEnd, ClaimOutcome, DueExpectation,
+    DueJobs, Expectation, JobDetail, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim,
+    PollResult, RetentionStep, RetryError, Source, State,
 };
+use super::{duration_ms, now_ms, Backend, StorageError};
 use crate::config::{DatabaseConfig, PostgresUrl};
 use crate::event_type::EventType;
 use crate::job_id::JobId;
@@ -48,9 +51,9 @@ use crate::throttle::Throttled;
 
 /// Schema migrations, applied in order; the `sume_schema` table records how many have run.
 const MIGRATIONS: &[&str] = &[
-    include_str!("../../migrations/postgres/0001_jobs.sql"),
-    include_str!("../../migrations/postgres/0002_expected_jobs.sql"),
-    include_str!("../../migrations/postgres/0003_leased_by.sql"),
+    include_str!("../../../migrations/postgres/0001_jobs.sql"),
+    include_str!("../../../migrations/postgres/0002_expected_jobs.sql"),
+    include_str!("../../../migrations/postgres/0003_leased_by.sql"),
 ];
 /// The advisory lock that serialises migrations between receivers starting at once.
 const MIGRATION_LOCK: i64 = 0x5355_4d45_0001;
@@ -58,6 +61,8 @@ const MIGRATION_LOCK: i64 = 0x5355_4d45_0001;
 const CHANNEL: &str = "sume_jobs";
 /// Connections per receiver: the claim batches in flight, the worker's transitions, reads.
 const POOL_SIZE: usize = 8;
+/// Claims waiting for their batch; past it a delivery is refused at once (503).
+const CLAIM_QUEUE_CAPACITY: usize = 1024;
 /// Claim batches committing at once: while one waits for its commit the next fills up, and a
 /// round trip to a remote server overlaps another batch's. More only split the same claims into
 /// smaller batches competing for the server's CPU: on the 2-vCPU development VM (server on the
@@ -76,20 +81,6 @@ const START_PATIENCE: Duration = Duration::from_secs(60);
 const START_RETRY: Duration = Duration::from_millis(500);
 /// After a lost LISTEN connection, how long before connecting again.
 const LISTEN_RETRY: Duration = Duration::from_secs(1);
-
-/// A shared statement (written in SQLite's `?N` form) in PostgreSQL's `$N` form.
-pub fn pg(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '?' && chars.peek().is_some_and(char::is_ascii_digit) {
-            out.push('$');
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
 
 /// A failed statement. A server error means PostgreSQL rolled the statement back, and a client
 /// side error (a value that cannot be sent) means nothing was sent; but a connection lost
@@ -132,7 +123,8 @@ type ClaimRequest = (
 /// The open PostgreSQL ledger of a running receiver.
 pub struct PostgresLedger {
     pool: Pool,
-    claims: mpsc::Sender<ClaimRequest>,
+    /// The claim batcher's queue; `None` on the command line, which claims in place.
+    claims: Option<mpsc::Sender<ClaimRequest>>,
     /// The claim batcher and the LISTEN task; awaited at close.
     tasks: Mutex<Option<JoinSet<()>>>,
     stopping: CancellationToken,
@@ -170,7 +162,7 @@ impl PostgresLedger {
             .build()
             .context("cannot build the PostgreSQL connection pool")?;
 
-        let (claims, inbox) = mpsc::channel(WRITER_QUEUE_CAPACITY);
+        let (claims, inbox) = mpsc::channel(CLAIM_QUEUE_CAPACITY);
         let stopping = CancellationToken::new();
         let last_commit_ok = Arc::new(AtomicBool::new(true));
         let failed = CancellationToken::new();
@@ -198,7 +190,7 @@ impl PostgresLedger {
         tracing::info!(ledger = %location, "PostgreSQL ledger open");
         Ok(PostgresLedger {
             pool,
-            claims,
+            claims: Some(claims),
             tasks: Mutex::new(Some(tasks)),
             stopping,
             last_commit_ok,
@@ -207,10 +199,6 @@ impl PostgresLedger {
             location,
             receiver: config.receiver.clone(),
         })
-    }
-
-    pub fn location(&self) -> &str {
-        &self.location
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StorageError> {
@@ -246,9 +234,69 @@ impl PostgresLedger {
         Ok(changed as usize)
     }
 
-    pub(super) async fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
+    /// Connects for the command line and checks that the schema is the one this binary knows
+    /// (the service migrates it; the command line never does). No claim batcher, no LISTEN.
+    pub async fn open_existing(url: &PostgresUrl, config: &DatabaseConfig) -> anyhow::Result<Self> {
+        let location = url.location();
+        let tls = Tls::new(url, config.ca_file.as_deref())?;
+        let pg_config = url.config(CONNECT_TIMEOUT);
+        let client = tls
+            .connect(&pg_config)
+            .await
+            .map_err(|error| anyhow::anyhow!(error_text(&error)))
+            .with_context(|| format!("cannot connect to PostgreSQL at {location}"))?;
+        let version = client
+            .query_opt("SELECT version FROM sume_schema", &[])
+            .await
+            .ok()
+            .flatten()
+            .map_or(0, |row| row.get::<_, i32>(0));
+        if version as usize != MIGRATIONS.len() {
+            bail!(
+                "the ledger at {location} has schema version {version}, this binary expects {}: \
+                 start the service once to create or migrate it, or use the matching \
+                 sume-receiver",
+                MIGRATIONS.len()
+            );
+        }
+        drop(client);
+        let pool = Pool::builder(tls.manager(&pg_config))
+            .max_size(1)
+            .runtime(Runtime::Tokio1)
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .context("cannot build the PostgreSQL connection pool")?;
+        Ok(PostgresLedger {
+            pool,
+            claims: None,
+            tasks: Mutex::new(None),
+            stopping: CancellationToken::new(),
+            last_commit_ok: Arc::new(AtomicBool::new(true)),
+            failed: CancellationToken::new(),
+            work_added: Arc::new(Notify::new()),
+            location,
+            receiver: config.receiver.clone(),
+        })
+    }
+}
+
+impl Backend for PostgresLedger {
+    async fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
+        let Some(claims) = &self.claims else {
+            // The command line's ledger: a batch of one, in place.
+            let job_id = claim.job_id.as_str().to_owned();
+            let claimed = insert_claims(&self.pool, &[&claim])
+                .await
+                .map_err(ClaimsError::into_storage)?;
+            return Ok(if claimed.contains(&job_id) {
+                ClaimOutcome::Claimed
+            } else {
+                ClaimOutcome::Duplicate
+            });
+        };
         let (reply, answer) = oneshot::channel();
-        self.claims
+        claims
             .try_send((claim, reply))
             .map_err(|error| match error {
                 mpsc::error::TrySendError::Full(_) => StorageError::Overloaded,
@@ -257,7 +305,7 @@ impl PostgresLedger {
         answer.await.map_err(|_| StorageError::Closed)?
     }
 
-    pub(super) async fn start_attempt(
+    async fn start_attempt(
         &self,
         job_id: &JobId,
         now: i64,
@@ -265,7 +313,7 @@ impl PostgresLedger {
     ) -> Result<Option<Attempt>, StorageError> {
         let rows = self
             .query(
-                START_ATTEMPT_SQL,
+                sql::START_ATTEMPT_SQL,
                 &[&job_id.as_str(), &lease_expires_at, &now, &self.receiver],
             )
             .await?;
@@ -278,7 +326,7 @@ impl PostgresLedger {
         }))
     }
 
-    pub(super) async fn finish_attempt(
+    async fn finish_attempt(
         &self,
         attempt: &Attempt,
         end: &AttemptEnd,
@@ -288,7 +336,7 @@ impl PostgresLedger {
         let finished_at = state.is_finished().then_some(now);
         let changed = self
             .execute(
-                &pg(jobs::FINISH_ATTEMPT_SQL),
+                sql::FINISH_ATTEMPT_SQL,
                 &[
                     &attempt.job_id.as_str(),
                     &attempt_number(attempt),
@@ -303,135 +351,128 @@ impl PostgresLedger {
         Ok((changed == 1).then_some(state))
     }
 
-    pub(super) async fn release_attempt(
-        &self,
-        attempt: &Attempt,
-        now: i64,
-    ) -> Result<bool, StorageError> {
+    async fn release_attempt(&self, attempt: &Attempt, now: i64) -> Result<bool, StorageError> {
         let changed = self
             .execute(
-                &pg(jobs::RELEASE_ATTEMPT_SQL),
+                sql::RELEASE_ATTEMPT_SQL,
                 &[&attempt.job_id.as_str(), &attempt_number(attempt), &now],
             )
             .await?;
         Ok(changed == 1)
     }
 
-    pub(super) async fn expire_leases(
+    /// At start, the leases held under this receiver's name; other receivers' leases wait
+    /// for their expiry.
+    async fn leases_to_take_back(
         &self,
         leases: Leases,
-        now: i64,
-        max_attempts: u32,
-        error: &'static str,
-        still_running: impl Fn(&str) -> bool + Send + 'static,
-    ) -> Result<usize, StorageError> {
-        let (candidates, cutoff) = match leases {
-            Leases::ExpiredBefore(cutoff) => (
-                self.query(&pg(jobs::EXPIRED_LEASES_SQL), &[&cutoff])
-                    .await?,
-                cutoff,
-            ),
-            Leases::HeldBeforeThisStart => (
-                self.query(OWN_LEASES_SQL, &[&self.receiver]).await?,
-                i64::MAX,
-            ),
+    ) -> Result<Vec<LeasedAttempt>, StorageError> {
+        let rows = match leases {
+            Leases::ExpiredBefore(cutoff) => {
+                self.query(sql::EXPIRED_LEASES_SQL, &[&cutoff]).await?
+            }
+            Leases::HeldBeforeThisStart => {
+                self.query(sql::OWN_LEASES_SQL, &[&self.receiver]).await?
+            }
         };
-        let max_attempts = i32::try_from(max_attempts).unwrap_or(i32::MAX);
-        let mut taken_back = 0;
-        for row in candidates {
-            let (job_id, attempt): (&str, i32) = (row.get(0), row.get(1));
-            if still_running(job_id) {
-                continue;
-            }
-            let rows = self
-                .query(
-                    &pg(jobs::TAKE_BACK_LEASE_SQL),
-                    &[&job_id, &now, &max_attempts, &error, &cutoff, &attempt],
-                )
-                .await?;
-            if let Some(row) = rows.first() {
-                let state = row.get::<_, &str>(0).parse().unwrap_or(State::Retrying);
-                jobs::record_lease_taken_back(job_id, state);
-                taken_back += 1;
-            }
-        }
-        Ok(taken_back)
+        Ok(rows
+            .iter()
+            .map(|row| LeasedAttempt {
+                job_id: row.get(0),
+                number: row.get::<_, i32>(1).into(),
+            })
+            .collect())
     }
 
-    pub(super) async fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError> {
+    async fn take_back_lease(
+        &self,
+        lease: &LeasedAttempt,
+        cutoff: i64,
+        now: i64,
+        max_attempts: u32,
+        error: &str,
+    ) -> Result<Option<State>, StorageError> {
+        let max_attempts = i32::try_from(max_attempts).unwrap_or(i32::MAX);
+        let number = i32::try_from(lease.number).unwrap_or(i32::MAX);
         let rows = self
-            .query(&pg(jobs::DUE_JOBS_SQL), &[&now, &(limit as i64)])
+            .query(
+                sql::TAKE_BACK_LEASE_SQL,
+                &[&lease.job_id, &now, &max_attempts, &error, &cutoff, &number],
+            )
             .await?;
-        let next_at = self.query(&pg(jobs::NEXT_DUE_SQL), &[]).await?;
+        Ok(rows
+            .first()
+            .map(|row| row.get::<_, &str>(0).parse().unwrap_or(State::Retrying)))
+    }
+
+    async fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError> {
+        let rows = self
+            .query(sql::DUE_JOBS_SQL, &[&now, &(limit as i64)])
+            .await?;
+        let next_at = self.query(sql::NEXT_DUE_SQL, &[]).await?;
         Ok(DueJobs::sort(
             rows.iter().map(|row| row.get(0)).collect(),
             next_at.first().and_then(|row| row.get(0)),
         ))
     }
 
-    pub(super) async fn give_up_unrunnable(
-        &self,
-        unrunnable: Vec<(String, String)>,
-        now: i64,
-    ) -> Result<(), StorageError> {
-        for (job_id, reason) in &unrunnable {
-            let error = jobs::unrunnable_error(reason);
-            if self
-                .execute(&pg(jobs::GIVE_UP_SQL), &[job_id, &now, &error])
-                .await?
-                == 1
-            {
-                jobs::log_given_up(job_id, reason);
-            }
-        }
-        Ok(())
+    async fn give_up(&self, job_id: &str, error: &str, now: i64) -> Result<bool, StorageError> {
+        let changed = self
+            .execute(sql::GIVE_UP_SQL, &[&job_id, &now, &error])
+            .await?;
+        Ok(changed == 1)
     }
 
     /// Resolves when a claim batch or `jobs retry` notified the channel (any receiver's).
-    pub(super) async fn work_added_elsewhere(&self) {
+    async fn work_added_elsewhere(&self) {
         self.work_added.notified().await
     }
 
-    pub(super) async fn retention_step(
+    async fn retention_step(
         &self,
         step: RetentionStep,
         before: i64,
         limit: usize,
     ) -> Result<usize, StorageError> {
-        let sql = match step {
-            RetentionStep::PurgeBodies => PURGE_BODIES_SQL,
-            RetentionStep::DeleteFinished => DELETE_FINISHED_SQL,
-            RetentionStep::DeleteResolvedExpectations => DELETE_RESOLVED_SQL,
+        let statement = match step {
+            RetentionStep::PurgeBodies => sql::PURGE_BODIES_SQL,
+            RetentionStep::DeleteFinished => sql::DELETE_FINISHED_SQL,
+            RetentionStep::DeleteResolvedExpectations => sql::DELETE_RESOLVED_SQL,
         };
-        self.execute(sql, &[&before, &(limit as i64)]).await
+        self.execute(statement, &[&before, &(limit as i64)]).await
     }
 
-    pub(super) async fn expect_job(
+    async fn expect_job(
         &self,
         job_id: &JobId,
         now: i64,
         first_poll_at: i64,
     ) -> Result<bool, StorageError> {
-        expect_job(&*self.client().await?, job_id, now, first_poll_at).await
+        let inserted = self
+            .execute(
+                sql::EXPECT_JOB_SQL,
+                &[&job_id.as_str(), &now, &first_poll_at],
+            )
+            .await?;
+        Ok(inserted == 1)
     }
 
-    pub(super) async fn resolve_arrived(&self, now: i64) -> Result<usize, StorageError> {
-        self.execute(&pg(expected::RESOLVE_ARRIVED_SQL), &[&now])
-            .await
+    async fn resolve_arrived(&self, now: i64) -> Result<usize, StorageError> {
+        self.execute(sql::RESOLVE_ARRIVED_SQL, &[&now]).await
     }
 
     /// Takes due expectations and moves their next poll `lease` ahead, so that no other
     /// receiver polls them meanwhile (and one does, if this receiver dies before recording).
-    pub(super) async fn due_expectations(
+    async fn due_expectations(
         &self,
         now: i64,
         limit: usize,
         lease: Duration,
     ) -> Result<Vec<DueExpectation>, StorageError> {
-        let leased_until = now + super::duration_ms(lease);
+        let leased_until = now + duration_ms(lease);
         let rows = self
             .query(
-                TAKE_DUE_EXPECTATIONS_SQL,
+                sql::TAKE_DUE_EXPECTATIONS_SQL,
                 &[&now, &(limit as i64), &leased_until],
             )
             .await?;
@@ -445,7 +486,7 @@ impl PostgresLedger {
             .collect())
     }
 
-    pub(super) async fn record_poll(
+    async fn record_poll(
         &self,
         job_id: &str,
         result: &PollResult,
@@ -453,7 +494,7 @@ impl PostgresLedger {
     ) -> Result<(), StorageError> {
         let (state, status, error, next_poll_at, resolved_at) = result.columns(now);
         self.execute(
-            &pg(expected::RECORD_POLL_SQL),
+            sql::RECORD_POLL_SQL,
             &[
                 &job_id,
                 &state,
@@ -467,34 +508,32 @@ impl PostgresLedger {
         .map(drop)
     }
 
-    pub(super) async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
-        let unfinished = self.query(&pg(jobs::COUNT_UNFINISHED_SQL), &[]).await?;
-        let oldest = self.query(&pg(jobs::OLDEST_UNFINISHED_SQL), &[]).await?;
-        let expected = self
-            .query(&pg(expected::COUNT_EXPECTATIONS_SQL), &[])
-            .await?;
+    async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
+        let unfinished = self.query(sql::COUNT_UNFINISHED_SQL, &[]).await?;
+        let oldest = self.query(sql::OLDEST_UNFINISHED_SQL, &[]).await?;
+        let expected = self.query(sql::COUNT_EXPECTATIONS_SQL, &[]).await?;
         let size = self
             .query("SELECT pg_database_size(current_database())", &[])
             .await?;
         let oldest: Option<i64> = oldest.first().and_then(|row| row.get(0));
         Ok(Snapshot {
-            unfinished: jobs::unfinished_counts(state_counts(&unfinished))
+            unfinished: unfinished_counts(state_counts(&unfinished))
                 .into_iter()
                 .map(|(state, count)| (state.as_str(), count))
                 .collect(),
             oldest_unfinished_age_seconds: oldest
-                .map_or(0.0, |at| (super::now_ms() - at).max(0) as f64 / 1000.0),
-            expected: expected::expectation_counts(state_counts(&expected)),
+                .map_or(0.0, |at| (now_ms() - at).max(0) as f64 / 1000.0),
+            expected: expectation_counts(state_counts(&expected)),
             ledger_bytes: size
                 .first()
                 .map_or(0, |row| row.get::<_, i64>(0).unsigned_abs()),
-            wal_bytes: 0,
-            writer_queue_depth: self.writer_queue_depth() as u64,
+            wal_bytes: None,
+            claim_queue_depth: self.claim_queue_depth() as u64,
         })
     }
 
-    pub(super) async fn count_finished(&self) -> Result<(u64, u64), StorageError> {
-        let rows = self.query(&pg(jobs::COUNT_FINISHED_SQL), &[]).await?;
+    async fn count_finished(&self) -> Result<(u64, u64), StorageError> {
+        let rows = self.query(sql::COUNT_FINISHED_SQL, &[]).await?;
         let row = rows
             .first()
             .ok_or_else(|| StorageError::Postgres("count returned no row".into()))?;
@@ -504,33 +543,16 @@ impl PostgresLedger {
         ))
     }
 
-    pub(super) async fn probe(&self) -> Result<(), StorageError> {
+    async fn probe(&self) -> Result<(), StorageError> {
         self.query("SELECT 1", &[]).await.map(drop)
     }
 
-    pub(super) fn writer_queue_depth(&self) -> usize {
-        WRITER_QUEUE_CAPACITY - self.claims.capacity()
-    }
-
-    pub(super) fn readiness(&self) -> Result<(), &'static str> {
-        if self.failed.is_cancelled() {
-            return Err("the ledger's claim batcher has stopped");
-        }
-        if !self.last_commit_ok.load(Ordering::Relaxed) {
-            return Err("PostgreSQL did not take the last claims (probed every second)");
-        }
-        if self.writer_queue_depth() * 10 >= WRITER_QUEUE_CAPACITY * 9 {
-            return Err("the ledger's claim queue is nearly full");
-        }
-        Ok(())
-    }
-
-    pub(super) async fn writer_failed(&self) {
+    async fn failed(&self) {
         self.failed.cancelled().await
     }
 
     /// Commits every claim queued before this call, then stops the batcher and the listener.
-    pub(super) async fn close(&self) {
+    async fn close(&self) {
         self.stopping.cancel();
         let tasks = self.tasks.lock().expect("not poisoned").take();
         if let Some(mut tasks) = tasks {
@@ -538,24 +560,105 @@ impl PostgresLedger {
         }
         self.pool.close();
     }
-}
 
-/// Registers a job to expect; `false` if it was registered already. Used by the service and
-/// the command line alike.
-async fn expect_job(
-    client: &Client,
-    job_id: &JobId,
-    now: i64,
-    first_poll_at: i64,
-) -> Result<bool, StorageError> {
-    let inserted = client
-        .execute(
-            &pg(expected::EXPECT_JOB_SQL),
-            &[&job_id.as_str(), &now, &first_poll_at],
-        )
-        .await
-        .map_err(statement_error)?;
-    Ok(inserted == 1)
+    async fn list_jobs(
+        &self,
+        state: Option<State>,
+        limit: usize,
+    ) -> Result<Vec<JobSummary>, StorageError> {
+        let rows = self
+            .query(
+                sql::LIST_JOBS_SQL,
+                &[&state.map(State::as_str), &(limit as i64)],
+            )
+            .await?;
+        Ok(rows.iter().map(summary_from_row).collect())
+    }
+
+    async fn show_job(&self, job_id: &str) -> Result<Option<JobDetail>, StorageError> {
+        let rows = self.query(sql::SHOW_JOB_SQL, &[&job_id]).await?;
+        Ok(rows.first().map(|row| JobDetail {
+            summary: summary_from_row(row),
+            lease_expires_at: row.get(9),
+            updated_at: row.get(10),
+            body: row.get(11),
+        }))
+    }
+
+    async fn retry_job(&self, job_id: &str, now: i64) -> Result<(), RetryError> {
+        if self.execute(sql::RETRY_JOB_SQL, &[&job_id, &now]).await? == 1 {
+            self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
+            return Ok(());
+        }
+        let found = self.query(sql::RETRY_REFUSAL_SQL, &[&job_id]).await?;
+        Err(RetryError::refusal(
+            job_id,
+            found.first().map(|row| (row.get(0), row.get(1))),
+        ))
+    }
+
+    async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {
+        let by_state = self.query(sql::COUNT_BY_STATE_SQL, &[]).await?;
+        let (hour_ago, day_ago) = JobStats::since(now);
+        let counts = self.query(sql::STATS_SQL, &[&hour_ago, &day_ago]).await?;
+        let row = counts
+            .first()
+            .ok_or_else(|| StorageError::Postgres("stats returned no row".into()))?;
+        Ok(JobStats::from_counts(
+            state_counts(&by_state),
+            (row.get(0), row.get(1), row.get(2)),
+        ))
+    }
+
+    async fn job_ids_like(&self, pattern: &str) -> Result<Vec<String>, StorageError> {
+        let rows = self.query(sql::JOB_IDS_LIKE_SQL, &[&pattern]).await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
+    async fn list_expectations(&self, limit: usize) -> Result<Vec<Expectation>, StorageError> {
+        let rows = self
+            .query(sql::LIST_EXPECTATIONS_SQL, &[&(limit as i64)])
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| Expectation {
+                job_id: row.get(0),
+                state: row.get(1),
+                expected_at: row.get(2),
+                next_poll_at: row.get(3),
+                polls: row.get::<_, i32>(4).unsigned_abs(),
+                last_status: row.get(5),
+                last_error: row.get(6),
+            })
+            .collect())
+    }
+
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    fn claim_queue_depth(&self) -> usize {
+        self.claims
+            .as_ref()
+            .map_or(0, |claims| CLAIM_QUEUE_CAPACITY - claims.capacity())
+    }
+
+    fn readiness(&self) -> Result<(), &'static str> {
+        if self.failed.is_cancelled() {
+            return Err("the ledger's claim batcher has stopped");
+        }
+        if !self.last_commit_ok.load(Ordering::Relaxed) {
+            return Err("PostgreSQL did not take the last claims (probed every second)");
+        }
+        if self.claim_queue_depth() * 10 >= CLAIM_QUEUE_CAPACITY * 9 {
+            return Err("the ledger's claim queue is nearly full");
+        }
+        Ok(())
+    }
 }
 
 fn attempt_number(attempt: &Attempt) -> i32 {
@@ -566,53 +669,6 @@ fn attempt_number(attempt: &Attempt) -> i32 {
 fn state_counts(rows: &[Row]) -> Vec<(String, i64)> {
     rows.iter().map(|row| (row.get(0), row.get(1))).collect()
 }
-
-/// Running attempts leased under this receiver's name: at start, the ones it was running when
-/// it stopped.
-const OWN_LEASES_SQL: &str =
-    "SELECT job_id, attempts FROM jobs WHERE state = 'running' AND leased_by = $1";
-/// Starts an attempt on a row no other receiver is starting (`SKIP LOCKED`: it is theirs),
-/// leased under this receiver's name.
-const START_ATTEMPT_SQL: &str = "UPDATE jobs SET state = 'running', attempts = attempts + 1,
-        lease_expires_at = $2, next_attempt_at = NULL, updated_at = $3, leased_by = $4
-    WHERE job_id = (SELECT job_id FROM jobs
-                    WHERE job_id = $1 AND state IN ('claimed', 'retrying') AND body IS NOT NULL
-                    FOR UPDATE SKIP LOCKED)
-    RETURNING attempts, event_type, source, body";
-/// One batch of claims: inserted in job_id order (no deadlock between concurrent batches),
-/// returning those that were new; each new row notifies the channel (PostgreSQL sends one
-/// notification per transaction, at commit). A batch that inserts nothing (duplicates only)
-/// still writes a WAL record, so that its commit too waits for the synchronous standby: the
-/// rows it found may be committed locally by a claim whose wait was cancelled or terminated,
-/// and not be on the standby yet. That batch returns one NULL row.
-const INSERT_CLAIMS_SQL: &str = "WITH inserted AS (
-        INSERT INTO jobs (job_id, state, source, event_type, body, received_at,
-                          next_attempt_at, updated_at)
-        SELECT job_id, 'claimed', source, event_type, body, $5, $5, $5
-        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
-             AS claim (job_id, source, event_type, body)
-        ORDER BY job_id
-        ON CONFLICT (job_id) DO NOTHING
-        RETURNING job_id)
-    SELECT job_id FROM inserted, LATERAL (SELECT pg_notify('sume_jobs', '')) AS woken
-    UNION ALL
-    SELECT NULL FROM (SELECT pg_logical_emit_message(true, 'sume-receiver', '')) AS waited
-    WHERE NOT EXISTS (SELECT 1 FROM inserted)";
-const PURGE_BODIES_SQL: &str = "UPDATE jobs SET body = NULL WHERE job_id IN (
-        SELECT job_id FROM jobs
-        WHERE state IN ('done', 'dead') AND body IS NOT NULL AND finished_at < $1
-        LIMIT $2 FOR UPDATE SKIP LOCKED)";
-const DELETE_FINISHED_SQL: &str = "DELETE FROM jobs WHERE job_id IN (
-        SELECT job_id FROM jobs WHERE state IN ('done', 'dead') AND finished_at < $1
-        LIMIT $2 FOR UPDATE SKIP LOCKED)";
-const DELETE_RESOLVED_SQL: &str = "DELETE FROM expected_jobs WHERE job_id IN (
-        SELECT job_id FROM expected_jobs WHERE state <> 'waiting' AND resolved_at < $1
-        LIMIT $2 FOR UPDATE SKIP LOCKED)";
-const TAKE_DUE_EXPECTATIONS_SQL: &str = "UPDATE expected_jobs SET next_poll_at = $3
-    WHERE job_id IN (SELECT job_id FROM expected_jobs
-                     WHERE state = 'waiting' AND next_poll_at <= $1
-                     ORDER BY next_poll_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-    RETURNING job_id, expected_at, polls";
 
 /// The first connection of a start: tried again while PostgreSQL is not there yet (refused,
 /// unreachable, starting up, shutting down) for up to [`START_PATIENCE`]; any other failure
@@ -958,7 +1014,7 @@ async fn insert_claims(
 ) -> Result<std::collections::HashSet<String>, ClaimsError> {
     let client = pool.get().await.map_err(pool_error)?;
     let statement = client
-        .prepare_cached(INSERT_CLAIMS_SQL)
+        .prepare_cached(sql::INSERT_CLAIMS_SQL)
         .await
         .map_err(statement_error)?;
     let cancelled_waits = CANCELLED_STANDBY_WAITS.load(Ordering::SeqCst);
@@ -972,7 +1028,7 @@ async fn insert_claims(
     let rows = client
         .query(
             &statement,
-            &[&job_ids, &sources, &event_types, &bodies, &super::now_ms()],
+            &[&job_ids, &sources, &event_types, &bodies, &now_ms()],
         )
         .await
         .map_err(claims_error)?;
@@ -1208,138 +1264,6 @@ impl Tls {
     }
 }
 
-/// The PostgreSQL ledger for the command line: one connection, the `jobs` commands.
-pub struct Inspector {
-    runtime: tokio::runtime::Runtime,
-    client: tokio_postgres::Client,
-}
-
-impl Inspector {
-    /// Connects and checks that the schema is the one this binary knows (the service migrates
-    /// it; the command line never does).
-    pub fn open(url: &PostgresUrl, config: &DatabaseConfig) -> anyhow::Result<Inspector> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let location = url.location();
-        let client = runtime.block_on(async {
-            let client = Tls::new(url, config.ca_file.as_deref())?
-                .connect(&url.config(CONNECT_TIMEOUT))
-                .await
-                .map_err(|error| anyhow::anyhow!(error_text(&error)))
-                .with_context(|| format!("cannot connect to PostgreSQL at {location}"))?;
-            let version = client
-                .query_opt("SELECT version FROM sume_schema", &[])
-                .await
-                .ok()
-                .flatten()
-                .map_or(0, |row| row.get::<_, i32>(0));
-            if version as usize != MIGRATIONS.len() {
-                bail!(
-                    "the ledger at {location} has schema version {version}, this binary \
-                     expects {}: start the service once to create or migrate it, or use the \
-                     matching sume-receiver",
-                    MIGRATIONS.len()
-                );
-            }
-            anyhow::Ok(client)
-        })?;
-        Ok(Inspector { runtime, client })
-    }
-
-    fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, StorageError> {
-        self.runtime
-            .block_on(self.client.query(sql, params))
-            .map_err(statement_error)
-    }
-
-    pub fn list_jobs(
-        &self,
-        state: Option<State>,
-        limit: usize,
-    ) -> Result<Vec<JobSummary>, StorageError> {
-        let rows = self.query(
-            &pg(jobs::LIST_JOBS_SQL),
-            &[&state.map(State::as_str), &(limit as i64)],
-        )?;
-        Ok(rows.iter().map(summary_from_row).collect())
-    }
-
-    pub fn show_job(&self, job_id: &str) -> Result<Option<JobDetail>, StorageError> {
-        let rows = self.query(&pg(jobs::SHOW_JOB_SQL), &[&job_id])?;
-        Ok(rows.first().map(|row| JobDetail {
-            summary: summary_from_row(row),
-            lease_expires_at: row.get(9),
-            updated_at: row.get(10),
-            body: row.get(11),
-        }))
-    }
-
-    /// Makes a finished job due again and wakes the receivers' workers.
-    pub fn retry_job(&self, job_id: &str, now: i64) -> Result<(), RetryError> {
-        let changed = self
-            .runtime
-            .block_on(
-                self.client
-                    .execute(&pg(jobs::RETRY_JOB_SQL), &[&job_id, &now]),
-            )
-            .map_err(statement_error)?;
-        if changed == 1 {
-            self.query(&format!("NOTIFY {CHANNEL}"), &[])?;
-            return Ok(());
-        }
-        let found = self.query(&pg(jobs::RETRY_REFUSAL_SQL), &[&job_id])?;
-        Err(RetryError::refusal(
-            job_id,
-            found.first().map(|row| (row.get(0), row.get(1))),
-        ))
-    }
-
-    pub fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {
-        let by_state = self.query(&pg(jobs::COUNT_BY_STATE_SQL), &[])?;
-        let (hour_ago, day_ago) = JobStats::since(now);
-        let counts = self.query(&pg(jobs::STATS_SQL), &[&hour_ago, &day_ago])?;
-        let row = counts
-            .first()
-            .ok_or_else(|| StorageError::Postgres("stats returned no row".into()))?;
-        Ok(JobStats::from_counts(
-            state_counts(&by_state),
-            (row.get(0), row.get(1), row.get(2)),
-        ))
-    }
-
-    pub fn expect_job(
-        &self,
-        job_id: &JobId,
-        now: i64,
-        first_poll_at: i64,
-    ) -> Result<bool, StorageError> {
-        self.runtime
-            .block_on(expect_job(&self.client, job_id, now, first_poll_at))
-    }
-
-    pub fn job_ids_like(&self, pattern: &str) -> Result<Vec<String>, StorageError> {
-        let rows = self.query(&pg(jobs::JOB_IDS_LIKE_SQL), &[&pattern])?;
-        Ok(rows.iter().map(|row| row.get(0)).collect())
-    }
-
-    pub fn list_expectations(&self, limit: usize) -> Result<Vec<Expectation>, StorageError> {
-        let rows = self.query(&pg(expected::LIST_EXPECTATIONS_SQL), &[&(limit as i64)])?;
-        Ok(rows
-            .iter()
-            .map(|row| Expectation {
-                job_id: row.get(0),
-                state: row.get(1),
-                expected_at: row.get(2),
-                next_poll_at: row.get(3),
-                polls: row.get::<_, i32>(4).unsigned_abs(),
-                last_status: row.get(5),
-                last_error: row.get(6),
-            })
-            .collect())
-    }
-}
-
 fn summary_from_row(row: &Row) -> JobSummary {
     JobSummary {
         job_id: row.get(0),
@@ -1351,19 +1275,5 @@ fn summary_from_row(row: &Row) -> JobSummary {
         next_attempt_at: row.get(6),
         finished_at: row.get(7),
         last_error: row.get(8),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn placeholders_become_dollar_numbers() {
-        assert_eq!(
-            pg("UPDATE t SET a = ?12 WHERE b = ?1 AND c IS NULL"),
-            "UPDATE t SET a = $12 WHERE b = $1 AND c IS NULL"
-        );
-        assert_eq!(pg("SELECT '?' || ?"), "SELECT '?' || ?");
     }
 }

@@ -1,0 +1,206 @@
+//! The ledger contract: every operation declared once, implemented by each backend.
+//!
+//! [`contract!`] turns one list of operations into the [`Backend`] trait, which the SQLite and
+//! PostgreSQL ledgers implement (the compiler holds both to the same signatures), and into
+//! [`Ledger`]'s methods, which forward to whichever backend it is. An operation with a body
+//! (`= { ... }`) has that default for a backend that lacks it. Algorithms that are the same on
+//! both backends are written once on [`Ledger`] (`mod.rs`), from these operations.
+
+use std::future::Future;
+use std::time::Duration;
+
+use super::model::{
+    Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Expectation, JobDetail, JobStats,
+    JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryError, State,
+};
+use super::{Ledger, StorageError};
+use crate::job_id::JobId;
+use crate::metrics::Snapshot;
+
+macro_rules! contract {
+    (
+        async {
+            $( $(#[$async_meta:meta])*
+               fn $async_name:ident(&self $(, $async_arg:ident: $async_ty:ty)*) -> $async_ret:ty
+               $(= $async_default:block)?; )*
+        }
+        sync {
+            $( $(#[$sync_meta:meta])*
+               fn $sync_name:ident(&self $(, $sync_arg:ident: $sync_ty:ty)*) -> $sync_ret:ty
+               $(= $sync_default:block)?; )*
+        }
+    ) => {
+        /// What a ledger backend does; see the module's documentation.
+        pub trait Backend: Send + Sync {
+            $( contract!(@async_item [$(#[$async_meta])*] $async_name
+                   ($($async_arg: $async_ty),*) -> $async_ret $(= $async_default)?); )*
+            $( contract!(@sync_item [$(#[$sync_meta])*] $sync_name
+                   ($($sync_arg: $sync_ty),*) -> $sync_ret $(= $sync_default)?); )*
+        }
+
+        impl Ledger {
+            $( $(#[$async_meta])*
+               pub async fn $async_name(&self $(, $async_arg: $async_ty)*) -> $async_ret {
+                   match self {
+                       Ledger::Sqlite(backend) => backend.$async_name($($async_arg),*).await,
+                       Ledger::Postgres(backend) => backend.$async_name($($async_arg),*).await,
+                   }
+               } )*
+            $( $(#[$sync_meta])*
+               pub fn $sync_name(&self $(, $sync_arg: $sync_ty)*) -> $sync_ret {
+                   match self {
+                       Ledger::Sqlite(backend) => backend.$sync_name($($sync_arg),*),
+                       Ledger::Postgres(backend) => backend.$sync_name($($sync_arg),*),
+                   }
+               } )*
+        }
+    };
+    (@async_item [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        $($meta)*
+        fn $name(&self $(, $arg: $ty)*) -> impl Future<Output = $ret> + Send;
+    };
+    (@async_item [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty = $default:block) => {
+        $($meta)*
+        #[allow(unused_variables)]
+        fn $name(&self $(, $arg: $ty)*) -> impl Future<Output = $ret> + Send {
+            async move $default
+        }
+    };
+    (@sync_item [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        $($meta)*
+        fn $name(&self $(, $arg: $ty)*) -> $ret;
+    };
+    (@sync_item [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty = $default:block) => {
+        $($meta)*
+        #[allow(unused_variables)]
+        fn $name(&self $(, $arg: $ty)*) -> $ret $default
+    };
+}
+
+contract! {
+    async {
+        /// Records a delivery's claim unless its job_id is known (the one idempotency check);
+        /// [`StorageError::Overloaded`] at once when too many claims wait for their commit.
+        fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError>;
+
+        /// Moves a due job to `running` under a lease and counts the attempt. `None` when the
+        /// job is not waiting to run (running, finished, unknown, or being started by another
+        /// receiver), so a job is never started twice.
+        fn start_attempt(&self, job_id: &JobId, now: i64, lease_expires_at: i64)
+            -> Result<Option<Attempt>, StorageError>;
+
+        /// Records how a running attempt ended; the job's new state, or `None` if the attempt
+        /// no longer owns the job (the attempt number is the fencing token).
+        fn finish_attempt(&self, attempt: &Attempt, end: &AttemptEnd, now: i64)
+            -> Result<Option<State>, StorageError>;
+
+        /// Gives back an attempt our own shutdown interrupted: it does not count, and the job
+        /// is due again at `now`. `false` if the attempt no longer owned the job.
+        fn release_attempt(&self, attempt: &Attempt, now: i64) -> Result<bool, StorageError>;
+
+        /// The running attempts `leases` names: candidates for [`Backend::take_back_lease`].
+        fn leases_to_take_back(&self, leases: Leases)
+            -> Result<Vec<LeasedAttempt>, StorageError>;
+
+        /// Takes back one lease that expired before `cutoff`: the attempt counts as failed
+        /// with `error`; the job is due again at `now`, or dead after its last attempt. `None`
+        /// if the lease is no longer that one (taken back, or a new attempt started, since).
+        fn take_back_lease(
+            &self,
+            lease: &LeasedAttempt,
+            cutoff: i64,
+            now: i64,
+            max_attempts: u32,
+            error: &str
+        ) -> Result<Option<State>, StorageError>;
+
+        /// Jobs waiting to run whose time has come, oldest first, at most `limit`.
+        fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError>;
+
+        /// Makes a waiting job `dead` with `error` and no attempt (its stored id can never
+        /// run); `false` if it was not waiting.
+        fn give_up(&self, job_id: &str, error: &str, now: i64) -> Result<bool, StorageError>;
+
+        /// Resolves once new work may be in the ledger that this process did not put there (a
+        /// claim on another receiver); never, where this process is the only writer.
+        fn work_added_elsewhere(&self) -> () = { std::future::pending().await };
+
+        /// One retention step, at most `limit` rows; how many it changed.
+        fn retention_step(&self, step: RetentionStep, before: i64, limit: usize)
+            -> Result<usize, StorageError>;
+
+        /// Returns unused pages to the file system, at most `pages` of them; `true` if some
+        /// remain. A backend that does this on its own has nothing to do.
+        fn release_free_pages(&self, pages: usize) -> Result<bool, StorageError> = { Ok(false) };
+
+        /// Registers a job to expect; `false` if it was registered already.
+        fn expect_job(&self, job_id: &JobId, now: i64, first_poll_at: i64)
+            -> Result<bool, StorageError>;
+
+        /// Resolves due expectations whose webhook did arrive; how many.
+        fn resolve_arrived(&self, now: i64) -> Result<usize, StorageError>;
+
+        /// Expectations due for a poll, at most `limit`. With several receivers each one is
+        /// handed to one of them only (its next poll moves `lease` ahead while it is polled).
+        fn due_expectations(&self, now: i64, limit: usize, lease: Duration)
+            -> Result<Vec<DueExpectation>, StorageError>;
+
+        /// Records what a poll of a waiting expectation found.
+        fn record_poll(&self, job_id: &str, result: &PollResult, now: i64)
+            -> Result<(), StorageError>;
+
+        /// What `/metrics` shows of the ledger (read from partial indexes only).
+        fn metrics_snapshot(&self) -> Result<Snapshot, StorageError>;
+
+        /// How many jobs are done and dead (walks the index of finished jobs: for the start
+        /// and retention runs, not for every scrape).
+        fn count_finished(&self) -> Result<(u64, u64), StorageError>;
+
+        /// A change that commits nothing, through the same path as claims: proves that the
+        /// ledger takes claims now (the watchdog's probe).
+        fn probe(&self) -> Result<(), StorageError>;
+
+        /// Resolves if the ledger can never commit again: the service must exit.
+        fn failed(&self) -> ();
+
+        /// Stops after everything queued before this call is committed.
+        fn close(&self) -> ();
+
+        /// The most recently received jobs, optionally in one state.
+        fn list_jobs(&self, state: Option<State>, limit: usize)
+            -> Result<Vec<JobSummary>, StorageError>;
+
+        fn show_job(&self, job_id: &str) -> Result<Option<JobDetail>, StorageError>;
+
+        /// Makes a `done` or `dead` job due again with a fresh set of attempts (and wakes the
+        /// workers of every receiver).
+        fn retry_job(&self, job_id: &str, now: i64) -> Result<(), RetryError>;
+
+        /// The counts of `jobs stats` (a table scan: a command for people).
+        fn job_stats(&self, now: i64) -> Result<JobStats, StorageError>;
+
+        /// The job_ids matching a `LIKE` pattern (the load generator's check of its run).
+        fn job_ids_like(&self, pattern: &str) -> Result<Vec<String>, StorageError>;
+
+        /// The most recently expected jobs.
+        fn list_expectations(&self, limit: usize) -> Result<Vec<Expectation>, StorageError>;
+    }
+    sync {
+        /// Where the ledger is, for logs: a file path, or PostgreSQL's host and database
+        /// (never the password).
+        fn location(&self) -> String;
+
+        /// Whether other receivers may use this ledger at the same time.
+        fn is_shared(&self) -> bool = { false };
+
+        /// Claims waiting for their commit (on SQLite, with every other change: one writer
+        /// queue).
+        fn claim_queue_depth(&self) -> usize;
+
+        /// Whether a delivery sent now would be claimed; the reason when not.
+        fn readiness(&self) -> Result<(), &'static str>;
+
+        /// Whether the ledger failed because the disk did (see [`super::StorageLost`]).
+        fn is_storage_lost(&self) -> bool = { false };
+    }
+}

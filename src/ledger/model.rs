@@ -1,0 +1,384 @@
+//! The ledger's domain: jobs, attempts, expectations and what the operations take and return.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use super::StorageError;
+use crate::event_type::EventType;
+use crate::job_id::JobId;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    Claimed,
+    Running,
+    Retrying,
+    Done,
+    Dead,
+}
+
+impl State {
+    pub const ALL: [State; 5] = [
+        State::Claimed,
+        State::Running,
+        State::Retrying,
+        State::Done,
+        State::Dead,
+    ];
+
+    pub fn is_finished(self) -> bool {
+        matches!(self, State::Done | State::Dead)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Claimed => "claimed",
+            State::Running => "running",
+            State::Retrying => "retrying",
+            State::Done => "done",
+            State::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for State {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        State::ALL.into_iter().find(|state| state.as_str() == text).ok_or_else(|| {
+            format!("unknown state {text:?}; expected one of claimed, running, retrying, done, dead")
+        })
+    }
+}
+
+/// How a job reached the ledger; handlers see it as `SUME_DELIVERY_SOURCE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    Webhook,
+    Poll,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Webhook => "webhook",
+            Source::Poll => "poll",
+        }
+    }
+
+    pub fn parse(text: &str) -> Source {
+        if text == "poll" {
+            Source::Poll
+        } else {
+            Source::Webhook
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct NewClaim {
+    pub job_id: JobId,
+    pub event_type: Option<EventType>,
+    pub body: String,
+    pub source: Source,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    Claimed,
+    Duplicate,
+}
+
+/// What a handler needs to run one attempt of a job.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub job_id: JobId,
+    /// 1-based number of this attempt.
+    pub number: u32,
+    pub event_type: Option<String>,
+    pub source: Source,
+    pub body: String,
+}
+
+/// The end of one attempt, as the worker decided it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptEnd {
+    Done,
+    /// Failed; retry at the given time, or never (`None`: the job is dead).
+    Failed {
+        error: String,
+        retry_at: Option<i64>,
+    },
+}
+
+impl AttemptEnd {
+    /// The job's new state, the error to record and when to retry.
+    pub fn outcome(&self) -> (State, Option<&str>, Option<i64>) {
+        match self {
+            AttemptEnd::Done => (State::Done, None, None),
+            AttemptEnd::Failed {
+                error,
+                retry_at: Some(at),
+            } => (State::Retrying, Some(error), Some(*at)),
+            AttemptEnd::Failed {
+                error,
+                retry_at: None,
+            } => (State::Dead, Some(error), None),
+        }
+    }
+}
+
+/// A running attempt found by its lease: the job and the attempt's number (the fencing token).
+#[derive(Debug, Clone)]
+pub struct LeasedAttempt {
+    pub job_id: String,
+    pub number: i64,
+}
+
+/// Due work, as the worker takes it.
+#[derive(Debug, Default)]
+pub struct DueJobs {
+    pub runnable: Vec<JobId>,
+    /// Stored ids that can never run, with the reason.
+    pub unrunnable: Vec<(String, String)>,
+    /// When the earliest waiting job is due (it may be one of the above).
+    pub next_at: Option<i64>,
+}
+
+impl DueJobs {
+    /// Splits due job_ids into those that can run and those that cannot.
+    pub fn sort(job_ids: Vec<String>, next_at: Option<i64>) -> DueJobs {
+        let mut due = DueJobs {
+            next_at,
+            ..DueJobs::default()
+        };
+        for text in job_ids {
+            match JobId::parse(&text) {
+                Ok(job_id) => due.runnable.push(job_id),
+                Err(error) => due.unrunnable.push((text, error.to_string())),
+            }
+        }
+        due
+    }
+}
+
+/// One row of `jobs list`.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobSummary {
+    pub job_id: String,
+    pub state: String,
+    pub source: String,
+    pub event_type: Option<String>,
+    pub attempts: u32,
+    pub received_at: i64,
+    pub next_attempt_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub last_error: Option<String>,
+}
+
+/// Everything `jobs show` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobDetail {
+    #[serde(flatten)]
+    pub summary: JobSummary,
+    pub lease_expires_at: Option<i64>,
+    pub updated_at: i64,
+    /// `None` once retention purged it.
+    pub body: Option<String>,
+}
+
+/// Names every unfinished state in `rows` of (state, count).
+pub fn unfinished_counts(rows: Vec<(String, i64)>) -> Vec<(State, u64)> {
+    let mut counts: Vec<(State, u64)> = [State::Claimed, State::Running, State::Retrying]
+        .map(|state| (state, 0))
+        .to_vec();
+    for (name, count) in rows {
+        if let Some(entry) = counts.iter_mut().find(|(state, _)| state.as_str() == name) {
+            entry.1 = count.unsigned_abs();
+        }
+    }
+    counts
+}
+
+/// What `jobs stats` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobStats {
+    pub by_state: std::collections::BTreeMap<String, u64>,
+    /// When the oldest job still waiting or running was received (Unix ms).
+    pub oldest_unfinished_received_at: Option<i64>,
+    pub received_last_hour: u64,
+    pub dead_last_day: u64,
+}
+
+const HOUR_MS: i64 = 3_600_000;
+
+impl JobStats {
+    /// Puts together the counts by state and the three figures of `jobs stats`.
+    pub fn from_counts(
+        by_state: Vec<(String, i64)>,
+        (oldest, received_last_hour, dead_last_day): (Option<i64>, i64, i64),
+    ) -> JobStats {
+        let mut counts: std::collections::BTreeMap<String, u64> = State::ALL
+            .iter()
+            .map(|s| (s.as_str().to_owned(), 0))
+            .collect();
+        for (state, count) in by_state {
+            counts.insert(state, count.unsigned_abs());
+        }
+        JobStats {
+            by_state: counts,
+            oldest_unfinished_received_at: oldest,
+            received_last_hour: received_last_hour.unsigned_abs(),
+            dead_last_day: dead_last_day.unsigned_abs(),
+        }
+    }
+
+    /// The cutoffs of `jobs stats` at `now`: an hour ago, a day ago.
+    pub fn since(now: i64) -> (i64, i64) {
+        (now - HOUR_MS, now - 24 * HOUR_MS)
+    }
+}
+
+/// Why `jobs retry` refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RetryError {
+    #[error("no job {0:?} in the ledger")]
+    Unknown(String),
+    #[error("job {job_id:?} is {state}; only done or dead jobs can be retried")]
+    NotFinished { job_id: String, state: String },
+    #[error("job {0:?} has no stored body any more (retention purged it); it cannot run again")]
+    BodyPurged(String),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl RetryError {
+    /// Why a retry changed nothing, from the job's row if there is one: its state, and whether its
+    /// body was purged.
+    pub fn refusal(job_id: &str, found: Option<(String, bool)>) -> RetryError {
+        match found {
+            None => RetryError::Unknown(job_id.to_owned()),
+            Some((_, true)) => RetryError::BodyPurged(job_id.to_owned()),
+            Some((state, false)) => RetryError::NotFinished {
+                job_id: job_id.to_owned(),
+                state,
+            },
+        }
+    }
+}
+
+/// An expected job whose poll is due.
+#[derive(Debug, Clone)]
+pub struct DueExpectation {
+    pub job_id: String,
+    pub expected_at: i64,
+    pub polls: u32,
+}
+
+/// What one look at an expected job found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PollResult {
+    /// Terminal at Sume, and the poll's claim was the first: the poll recovered it.
+    Recovered {
+        status: String,
+    },
+    /// Terminal at Sume, but a webhook had claimed it already.
+    Arrived {
+        status: String,
+    },
+    /// Not terminal yet, or the call failed: look again at `next_poll_at`.
+    Again {
+        status: Option<String>,
+        error: Option<String>,
+        next_poll_at: i64,
+    },
+    GivenUp {
+        error: Option<String>,
+    },
+}
+
+impl PollResult {
+    /// What a recorded poll writes: state, status, error, next poll, resolved at.
+    pub fn columns(
+        &self,
+        now: i64,
+    ) -> (
+        &'static str,
+        Option<&str>,
+        Option<&str>,
+        Option<i64>,
+        Option<i64>,
+    ) {
+        match self {
+            PollResult::Recovered { status } => ("recovered", Some(status), None, None, Some(now)),
+            PollResult::Arrived { status } => ("arrived", Some(status), None, None, Some(now)),
+            PollResult::Again {
+                status,
+                error,
+                next_poll_at,
+            } => (
+                "waiting",
+                status.as_deref(),
+                error.as_deref(),
+                Some(*next_poll_at),
+                None,
+            ),
+            PollResult::GivenUp { error } => ("given_up", None, error.as_deref(), None, Some(now)),
+        }
+    }
+}
+
+/// Names every state in `rows` of (state, count).
+pub fn expectation_counts(rows: Vec<(String, i64)>) -> Vec<(&'static str, u64)> {
+    let mut counts: Vec<(&'static str, u64)> = ["waiting", "arrived", "recovered", "given_up"]
+        .map(|state| (state, 0))
+        .to_vec();
+    for (state, count) in rows {
+        if let Some(entry) = counts.iter_mut().find(|(name, _)| *name == state) {
+            entry.1 = count.unsigned_abs();
+        }
+    }
+    counts
+}
+
+/// One row of `jobs expected`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Expectation {
+    pub job_id: String,
+    pub state: String,
+    pub expected_at: i64,
+    pub next_poll_at: i64,
+    pub polls: u32,
+    pub last_status: Option<String>,
+    pub last_error: Option<String>,
+}
+
+/// Which leases [`Ledger::expire_leases`](super::Ledger::expire_leases) takes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leases {
+    /// Those that expired before this time (Unix ms): their holder overran or is gone.
+    ExpiredBefore(i64),
+    /// At start: those this receiver held when it stopped (its attempts were cut short), at
+    /// once. On SQLite every running row; on PostgreSQL those leased under this receiver's
+    /// name (`database.receiver`), while other receivers' leases wait for their expiry.
+    HeldBeforeThisStart,
+}
+
+/// The bounded statements retention repeats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetentionStep {
+    /// Drops the bodies of jobs finished before the cutoff (a tombstone row remains).
+    PurgeBodies,
+    /// Forgets jobs finished before the cutoff: a Redeliver of one is a new job.
+    DeleteFinished,
+    /// Forgets expectations resolved before the cutoff.
+    DeleteResolvedExpectations,
+}
