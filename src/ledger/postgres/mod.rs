@@ -42,7 +42,7 @@ use super::model::{
     DueJobs, Expectation, JobDetail, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim,
     PollResult, RetentionStep, RetryError, Source, State,
 };
-use super::{duration_ms, now_ms, Backend, StorageError};
+use super::{duration_ms, now_ms, Backend, Cause, StorageError};
 use crate::config::{DatabaseConfig, PostgresUrl};
 use crate::event_type::EventType;
 use crate::job_id::JobId;
@@ -86,13 +86,12 @@ const LISTEN_RETRY: Duration = Duration::from_secs(1);
 /// side error (a value that cannot be sent) means nothing was sent; but a connection lost
 /// during the statement may have been lost after its commit reached the server.
 fn statement_error(error: tokio_postgres::Error) -> StorageError {
-    let text = error_text(&error);
     let connection_lost = error.is_closed()
         || std::error::Error::source(&error).is_some_and(|cause| cause.is::<std::io::Error>());
     if error.code().is_none() && connection_lost {
-        StorageError::OutcomeUnknown(text)
+        StorageError::OutcomeUnknown(Cause::new(error))
     } else {
-        StorageError::Postgres(text)
+        StorageError::Unavailable(Cause::new(error))
     }
 }
 
@@ -109,14 +108,12 @@ fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 fn pool_error(error: deadpool_postgres::PoolError) -> StorageError {
-    StorageError::Postgres(format!(
-        "no connection to PostgreSQL: {}",
-        error_text(&error)
-    ))
+    StorageError::Unavailable(Cause::new(error))
 }
 
+/// A claim for the batcher, or (`None`) the watchdog's probe, answered with the next batch.
 type ClaimRequest = (
-    NewClaim,
+    Option<NewClaim>,
     oneshot::Sender<Result<ClaimOutcome, StorageError>>,
 );
 
@@ -295,14 +292,7 @@ impl Backend for PostgresLedger {
                 ClaimOutcome::Duplicate
             });
         };
-        let (reply, answer) = oneshot::channel();
-        claims
-            .try_send((claim, reply))
-            .map_err(|error| match error {
-                mpsc::error::TrySendError::Full(_) => StorageError::Overloaded,
-                mpsc::error::TrySendError::Closed(_) => StorageError::Closed,
-            })?;
-        answer.await.map_err(|_| StorageError::Closed)?
+        through_batcher(claims, Some(claim)).await
     }
 
     async fn start_attempt(
@@ -536,15 +526,19 @@ impl Backend for PostgresLedger {
         let rows = self.query(sql::COUNT_FINISHED_SQL, &[]).await?;
         let row = rows
             .first()
-            .ok_or_else(|| StorageError::Postgres("count returned no row".into()))?;
+            .ok_or_else(|| StorageError::Unavailable(Cause::message("count returned no row")))?;
         Ok((
             row.get::<_, i64>(0).unsigned_abs(),
             row.get::<_, i64>(1).unsigned_abs(),
         ))
     }
 
+    /// Through the claim batcher, so that a wedged batcher fails the probe too.
     async fn probe(&self) -> Result<(), StorageError> {
-        self.query("SELECT 1", &[]).await.map(drop)
+        match &self.claims {
+            Some(claims) => through_batcher(claims, None).await.map(drop),
+            None => self.query("SELECT 1", &[]).await.map(drop),
+        }
     }
 
     async fn failed(&self) {
@@ -603,7 +597,7 @@ impl Backend for PostgresLedger {
         let counts = self.query(sql::STATS_SQL, &[&hour_ago, &day_ago]).await?;
         let row = counts
             .first()
-            .ok_or_else(|| StorageError::Postgres("stats returned no row".into()))?;
+            .ok_or_else(|| StorageError::Unavailable(Cause::message("stats returned no row")))?;
         Ok(JobStats::from_counts(
             state_counts(&by_state),
             (row.get(0), row.get(1), row.get(2)),
@@ -659,6 +653,22 @@ impl Backend for PostgresLedger {
         }
         Ok(())
     }
+}
+
+/// Queues a claim (or the probe) for the batcher and waits for its batch; refused at once when
+/// the queue is full.
+async fn through_batcher(
+    claims: &mpsc::Sender<ClaimRequest>,
+    claim: Option<NewClaim>,
+) -> Result<ClaimOutcome, StorageError> {
+    let (reply, answer) = oneshot::channel();
+    claims
+        .try_send((claim, reply))
+        .map_err(|error| match error {
+            mpsc::error::TrySendError::Full(_) => StorageError::Overloaded,
+            mpsc::error::TrySendError::Closed(_) => StorageError::Closed,
+        })?;
+    answer.await.map_err(|_| StorageError::Closed)?
 }
 
 fn attempt_number(attempt: &Attempt) -> i32 {
@@ -914,11 +924,19 @@ async fn commit_batch(
     last_commit_ok: &AtomicBool,
     failures: &Mutex<Throttled>,
 ) {
-    let size = batch.len();
-    let mut ordered: Vec<&NewClaim> = batch.iter().map(|(claim, _)| claim).collect();
+    let mut ordered: Vec<&NewClaim> = batch
+        .iter()
+        .filter_map(|(claim, _)| claim.as_ref())
+        .collect();
+    let size = ordered.len();
     ordered.sort_by(|a, b| a.job_id.as_str().cmp(b.job_id.as_str()));
     ordered.dedup_by(|a, b| a.job_id == b.job_id);
-    let mut result = insert_claims(pool, &ordered).await;
+    let mut result = if ordered.is_empty() {
+        // Probes only: a statement on a pooled connection, as a batch's.
+        select_one(pool).await
+    } else {
+        insert_claims(pool, &ordered).await
+    };
     // Claims PostgreSQL refused alone, with why.
     let mut refused = std::collections::HashMap::new();
     if let (Err(ClaimsError::RowRefused(_)), true) = (&result, ordered.len() > 1) {
@@ -949,7 +967,9 @@ async fn commit_batch(
                 .warn(&format!("{error} (batch of {size})"));
         }
     }
-    crate::metrics::METRICS.record_commit(size, result.is_ok());
+    if size > 0 {
+        crate::metrics::METRICS.record_commit(size, result.is_ok());
+    }
     // The first request for each new job_id is its claim; every other one a duplicate.
     let mut claimed = match result {
         Ok(claimed) => claimed,
@@ -961,6 +981,11 @@ async fn commit_batch(
         }
     };
     for (claim, reply) in batch {
+        let Some(claim) = claim else {
+            // The probe: the batch went through.
+            let _ = reply.send(Ok(ClaimOutcome::Duplicate));
+            continue;
+        };
         let outcome = if let Some(error) = refused.get(claim.job_id.as_str()) {
             Err(error.clone())
         } else if claimed.remove(claim.job_id.as_str()) {
@@ -1005,6 +1030,15 @@ fn claims_error(error: tokio_postgres::Error) -> ClaimsError {
     }
 }
 
+async fn select_one(pool: &Pool) -> Result<std::collections::HashSet<String>, ClaimsError> {
+    let client = pool.get().await.map_err(pool_error)?;
+    client
+        .simple_query("SELECT 1")
+        .await
+        .map_err(statement_error)?;
+    Ok(std::collections::HashSet::new())
+}
+
 /// Inserts the claims in one statement; returns the job_ids that were new. A wait for the
 /// synchronous standby cancelled meanwhile (see [`CANCELLED_STANDBY_WAITS`]) makes the outcome
 /// unknown, although PostgreSQL reported success.
@@ -1033,11 +1067,10 @@ async fn insert_claims(
         .await
         .map_err(claims_error)?;
     if CANCELLED_STANDBY_WAITS.load(Ordering::SeqCst) != cancelled_waits {
-        return Err(StorageError::OutcomeUnknown(
+        return Err(StorageError::OutcomeUnknown(Cause::message(
             "PostgreSQL cancelled the wait for the synchronous standby: committed locally, \
-             perhaps not replicated"
-                .into(),
-        )
+             perhaps not replicated",
+        ))
         .into());
     }
     Ok(rows.iter().filter_map(|row| row.get(0)).collect())

@@ -40,7 +40,9 @@ impl Failure {
     pub(super) fn check(&self) -> Result<(), StorageError> {
         match self.reason.get() {
             None => Ok(()),
-            Some((_, reason)) => Err(StorageError::Sqlite(reason.clone())),
+            Some((_, reason)) => Err(StorageError::Failed(crate::ledger::Cause::message(
+                reason.clone(),
+            ))),
         }
     }
 

@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use r2d2_sqlite::SqliteConnectionManager;
-use rusqlite::{Connection, ErrorCode, OpenFlags};
+use rusqlite::{Connection, OpenFlags};
 
 use super::model::{
     Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Expectation, JobDetail, JobStats,
     JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryError, State,
 };
-use super::{now_ms, Backend, StorageError};
+use super::{now_ms, Backend, Cause, StorageError};
 use crate::config::{CheckAtStart, DatabaseConfig, Synchronous};
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
@@ -58,10 +58,7 @@ const WAL_SIZE_LIMIT_BYTES: u64 = 2 * WRITER_AUTOCHECKPOINT_PAGES as u64 * 4096;
 
 impl From<rusqlite::Error> for StorageError {
     fn from(error: rusqlite::Error) -> Self {
-        match error.sqlite_error_code() {
-            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StorageError::Busy,
-            _ => StorageError::Sqlite(error.to_string()),
-        }
+        StorageError::Unavailable(Cause::new(error))
     }
 }
 
@@ -73,7 +70,7 @@ impl From<rusqlite::Error> for RetryError {
 
 impl From<r2d2::Error> for StorageError {
     fn from(error: r2d2::Error) -> Self {
-        StorageError::Sqlite(error.to_string())
+        StorageError::Unavailable(Cause::new(error))
     }
 }
 

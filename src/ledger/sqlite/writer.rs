@@ -372,9 +372,9 @@ fn commit_batch(
                 completions.push(item(in_transaction.then_some(conn)));
             }
             let committed = if conn.is_autocommit() {
-                Err(StorageError::Sqlite(
-                    "the transaction was rolled back by SQLite after an error".into(),
-                ))
+                Err(StorageError::Unavailable(crate::ledger::Cause::message(
+                    "the transaction was rolled back by SQLite after an error",
+                )))
             } else {
                 let committed = conn
                     .prepare_cached("COMMIT")

@@ -1,0 +1,447 @@
+//! The ledger contract's conformance suite: every operation, through `Ledger`, on both backends
+//! (PostgreSQL where SUME_TEST_POSTGRES_URL names a server). A backend passes when it behaves
+//! as the contract says, whatever its SQL.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use sume_receiver::job_id::JobId;
+use sume_receiver::ledger::{
+    self, Attempt, AttemptEnd, ClaimOutcome, LeasedAttempt, Leases, Ledger, NewClaim, PollResult,
+    RetentionStep, RetryError, Source, State, StorageError,
+};
+
+fn new_claim(job_id: &str) -> NewClaim {
+    NewClaim {
+        job_id: JobId::parse(job_id).unwrap(),
+        event_type: Some(ledger_event_type()),
+        body: job_body(job_id),
+        source: Source::Webhook,
+    }
+}
+
+fn ledger_event_type() -> sume_receiver::event_type::EventType {
+    sume_receiver::event_type::EventType::parse("job.completed").unwrap()
+}
+
+/// A fresh service ledger; the directory lives as long as the test holds it.
+async fn fresh() -> (tempfile::TempDir, Arc<Ledger>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (_config, ledger) = open_ledger(dir.path()).await;
+    (dir, ledger)
+}
+
+async fn claimed(ledger: &Ledger, job_id: &str) {
+    assert_eq!(
+        ledger.claim(new_claim(job_id)).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+}
+
+async fn started(ledger: &Ledger, job_id: &str, lease_expires_at: i64) -> Attempt {
+    let job_id = JobId::parse(job_id).unwrap();
+    ledger
+        .start_attempt(&job_id, ledger::now_ms(), lease_expires_at)
+        .await
+        .unwrap()
+        .expect("the job was waiting to run")
+}
+
+async fn state_of(ledger: &Ledger, job_id: &str) -> Option<State> {
+    let job = ledger.show_job(job_id).await.unwrap()?;
+    Some(job.summary.state.parse().unwrap())
+}
+
+fn failed(retry_at: Option<i64>) -> AttemptEnd {
+    AttemptEnd::Failed {
+        error: "exit status 1".into(),
+        retry_at,
+    }
+}
+
+on_both_ledgers! {
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_job_id_is_claimed_once() {
+        let (_dir, ledger) = fresh().await;
+        claimed(&ledger, "once").await;
+        assert_eq!(
+            ledger.claim(new_claim("once")).await.unwrap(),
+            ClaimOutcome::Duplicate
+        );
+        let job = ledger.show_job("once").await.unwrap().unwrap();
+        assert_eq!(job.summary.state, "claimed");
+        assert_eq!(job.summary.source, "webhook");
+        assert_eq!(job.summary.event_type.as_deref(), Some("job.completed"));
+        assert_eq!(job.summary.attempts, 0);
+        assert_eq!(job.body.as_deref(), Some(job_body("once").as_str()));
+        assert_eq!(ledger.show_job("never").await.unwrap().map(|j| j.summary.job_id), None);
+        ledger.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_attempt_starts_once_and_hands_out_the_stored_job() {
+        let (_dir, ledger) = fresh().await;
+        claimed(&ledger, "start").await;
+        let attempt = started(&ledger, "start", i64::MAX).await;
+        assert_eq!(attempt.number, 1);
+        assert_eq!(attempt.body, job_body("start"));
+        assert_eq!(attempt.event_type.as_deref(), Some("job.completed"));
+        assert_eq!(attempt.source, Source::Webhook);
+        assert_eq!(state_of(&ledger, "start").await, Some(State::Running));
+        let again = JobId::parse("start").unwrap();
+        let unknown = JobId::parse("unknown").unwrap();
+        for job_id in [&again, &unknown] {
+            let start = ledger.start_attempt(job_id, ledger::now_ms(), i64::MAX).await;
+            assert!(start.unwrap().is_none(), "{job_id} started");
+        }
+        ledger.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_attempt_ends_done_retrying_or_dead() {
+        let (_dir, ledger) = fresh().await;
+        let now = ledger::now_ms();
+        for (job_id, end, state) in [
+            ("ends-done", AttemptEnd::Done, State::Done),
+            ("ends-retrying", failed(Some(now + 60_000)), State::Retrying),
+            ("ends-dead", failed(None), State::Dead),
+        ] {
+            claimed(&ledger, job_id).await;
+            let attempt = started(&ledger, job_id, i64::MAX).await;
+            assert_eq!(ledger.finish_attempt(&attempt, &end, now).await.unwrap(), Some(state));
+            let job = ledger.show_job(job_id).await.unwrap().unwrap();
+            assert_eq!(job.summary.state, state.as_str());
+            assert_eq!(job.summary.finished_at.is_some(), state.is_finished(), "{job_id}");
+            assert_eq!(job.summary.last_error.is_some(), state != State::Done, "{job_id}");
+        }
+        let retrying = ledger.show_job("ends-retrying").await.unwrap().unwrap();
+        assert_eq!(retrying.summary.next_attempt_at, Some(now + 60_000));
+        // Not due before its retry time; due at it.
+        let due = ledger.due_jobs(now, 10).await.unwrap();
+        assert!(due.runnable.is_empty(), "{:?}", due.runnable);
+        assert_eq!(due.next_at, Some(now + 60_000));
+        let due = ledger.due_jobs(now + 60_000, 10).await.unwrap();
+        assert_eq!(due.runnable, [JobId::parse("ends-retrying").unwrap()]);
+        assert_eq!(ledger.count_finished().await.unwrap(), (1, 1));
+        ledger.close().await;
+    }
+
+    /// The attempt number fences an attempt whose lease was taken back: it cannot overwrite
+    /// the outcome of the attempt that started after it.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_stale_attempt_cannot_record_its_end() {
+        let (_dir, ledger) = fresh().await;
+        claimed(&ledger, "fenced").await;
+        let stale = started(&ledger, "fenced", 100).await;
+        let lease = LeasedAttempt { job_id: "fenced".into(), number: 1 };
+        let now = ledger::now_ms();
+        assert_eq!(
+            ledger.take_back_lease(&lease, 200, now, 5, "lease expired").await.unwrap(),
+            Some(State::Retrying)
+        );
+        let current = started(&ledger, "fenced", i64::MAX).await;
+        assert_eq!((stale.number, current.number), (1, 2));
+        assert_eq!(ledger.finish_attempt(&stale, &failed(None), now).await.unwrap(), None);
+        assert!(!ledger.release_attempt(&stale, now).await.unwrap());
+        assert_eq!(
+            ledger.finish_attempt(&current, &AttemptEnd::Done, now).await.unwrap(),
+            Some(State::Done)
+        );
+        ledger.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_released_attempt_does_not_count() {
+        let (_dir, ledger) = fresh().await;
+        claimed(&ledger, "released").await;
+        let attempt = started(&ledger, "released", i64::MAX).await;
+        let now = ledger::now_ms();
+        assert!(ledger.release_attempt(&attempt, now).await.unwrap());
+        let job = ledger.show_job("released").await.unwrap().unwrap();
+        assert_eq!((job.summary.state.as_str(), job.summary.attempts), ("claimed", 0));
+        assert_eq!(job.summary.next_attempt_at, Some(now));
+        assert_eq!(started(&ledger, "released", i64::MAX).await.number, 1);
+        ledger.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn expired_leases_are_taken_back_once_and_the_last_attempt_goes_dead() {
+        let (_dir, ledger) = fresh().await;
+        claimed(&ledger, "lease-a").await;
+        claimed(&ledger, "lease-b").await;
+        claimed(&ledger, "lease-held").await;
+        started(&ledger, "lease-a", 100).await;
+        started(&ledger, "lease-b", 100).await;
+        started(&ledger, "lease-held", 10_000).await;
+        let mut found: Vec<String> = ledger
+            .leases_to_take_back(Leases::ExpiredBefore(200))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|lease| lease.job_id)
+            .collect();
+        found.sort();
+        assert_eq!(found, ["lease-a", "lease-b"]);
+        let now = ledger::now_ms();
+        // The one algorithm above the backends: lease-b is still running here, lease-a has
+        // used its only attempt.
+        let taken = ledger
+            .expire_leases(Leases::ExpiredBefore(200), now, 1, "lease expired", |job_id| {
+                job_id == "lease-b"
+            })
+            .await
+            .unwrap();
+        assert_eq!(taken, 1);
+        assert_eq!(state_of(&ledger, "lease-a").await, Some(State::Dead));
+        assert_eq!(state_of(&ledger, "lease-b").await, Some(State::Running));
+        let lease = LeasedAttempt { job_id: "lease-a".into(), number: 1 };
+        let again = ledger.take_back_lease(&lease, 200, now, 1, "lease expired").await;
+        assert_eq!(again.unwrap(), None, "taken back twice");
+        // At start, every lease this receiver held, expired or not.
+        let taken = ledger
+            .expire_leases(Leases::HeldBeforeThisStart, now, 5, "interrupted", |_| false)
+            .await
+            .unwrap();
+        assert_eq!(taken, 2);
+        assert_eq!(state_of(&ledger, "lease-held").await, Some(State::Retrying));
+        let held = ledger.show_job("lease-held").await.unwrap().unwrap();
+        assert_eq!(held.summary.last_error.as_deref(), Some("interrupted"));
+        ledger.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn due_jobs_come_oldest_first_up_to_the_limit() {
+        let (_dir, ledger) = fresh().await;
+        for job_id in ["due-1", "due-2", "due-3"] {
+            claimed(&ledger, job_id).await;
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        let due = ledger.due_jobs(ledger::now_ms(), 2).await.unwrap();
+        let ids: Vec<&str> = due.runnable.iter().map(JobId::as_str).collect();
+        assert_eq!(ids, ["due-1", "due-2"]);
+        assert!(due.unrunnable.is_empty());
+        assert!(due.next_at.is_some());
+        ledger.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_job_given_up_is_dead_with_the_reason_and_only_once() {
+        let (_dir, ledger) = fresh().await;
+        claimed(&ledger, "given-up").await;
+        let now = ledger::now_ms();
+        assert!(ledger.give_up("given-up", "cannot run", now).await.unwrap());
+        assert!(!ledger.give_up("given-up", "cannot run", now).await.unwrap());
+        let job = ledger.show_job("given-up").await.unwrap().unwrap();
+        assert_eq!(job.summary.state, "dead");
+        assert_eq!(job.summary.last_error.as_deref(), Some("cannot run"));
+        assert_eq!(job.summary.attempts, 0);
+        ledger.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn retention_purges_bodies_then_forgets_jobs_and_never_touches_unfinished_work() {
+        let (_dir, ledger) = fresh().await;
+        for job_id in ["old-1", "old-2", "waiting"] {
+            claimed(&ledger, job_id).await;
+        }
+        for job_id in ["old-1", "old-2"] {
+            let attempt = started(&ledger, job_id, i64::MAX).await;
+            ledger.finish_attempt(&attempt, &AttemptEnd::Done, 1_000).await.unwrap();
+        }
+        let purge = |limit| ledger.retention_step(RetentionStep::PurgeBodies, 2_000, limit);
+        assert_eq!(purge(1).await.unwrap(), 1, "at most the limit");
+        assert_eq!(purge(10).await.unwrap(), 1);
+        assert_eq!(purge(10).await.unwrap(), 0);
+        assert_eq!(ledger.show_job("old-1").await.unwrap().unwrap().body, None);
+        let forget = ledger.retention_step(RetentionStep::DeleteFinished, 2_000, 10);
+        assert_eq!(forget.await.unwrap(), 2);
+        assert!(ledger.show_job("old-1").await.unwrap().is_none());
+        // A forgotten job_id is a new job.
+        claimed(&ledger, "old-1").await;
+        assert_eq!(state_of(&ledger, "waiting").await, Some(State::Claimed));
+        assert!(ledger.show_job("waiting").await.unwrap().unwrap().body.is_some());
+        // Nothing resolved to forget yet.
+        let resolved = ledger.retention_step(RetentionStep::DeleteResolvedExpectations, i64::MAX, 10);
+        assert_eq!(resolved.await.unwrap(), 0);
+        // Nothing to release is not an error.
+        ledger.release_free_pages(16).await.unwrap();
+        ledger.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_expectation_is_resolved_by_its_webhook_or_by_polls() {
+        let (_dir, ledger) = fresh().await;
+        let now = ledger::now_ms();
+        let arrives = JobId::parse("expected-arrives").unwrap();
+        let polled = JobId::parse("expected-polled").unwrap();
+        assert!(ledger.expect_job(&arrives, now, now).await.unwrap());
+        assert!(!ledger.expect_job(&arrives, now, now).await.unwrap(), "registered twice");
+        assert!(ledger.expect_job(&polled, now + 1, now).await.unwrap());
+        claimed(&ledger, "expected-arrives").await;
+        assert_eq!(ledger.resolve_arrived(now).await.unwrap(), 1);
+        let due = ledger.due_expectations(now, 10, Duration::from_secs(30)).await.unwrap();
+        let ids: Vec<&str> = due.iter().map(|due| due.job_id.as_str()).collect();
+        assert_eq!(ids, ["expected-polled"]);
+        assert_eq!(due[0].polls, 0);
+        let again = PollResult::Again {
+            status: Some("running".into()),
+            error: None,
+            next_poll_at: now + 5_000,
+        };
+        ledger.record_poll("expected-polled", &again, now).await.unwrap();
+        ledger
+            .record_poll("expected-polled", &PollResult::GivenUp { error: Some("gone".into()) }, now)
+            .await
+            .unwrap();
+        let listed = ledger.list_expectations(10).await.unwrap();
+        let states: Vec<(&str, &str, u32)> = listed
+            .iter()
+            .map(|e| (e.job_id.as_str(), e.state.as_str(), e.polls))
+            .collect();
+        assert_eq!(
+            states,
+            [("expected-polled", "given_up", 2), ("expected-arrives", "arrived", 0)]
+        );
+        assert_eq!(listed[0].last_status.as_deref(), Some("running"));
+        assert_eq!(listed[0].last_error.as_deref(), Some("gone"));
+        ledger.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_snapshot_counts_unfinished_work_and_expectations() {
+        let (_dir, ledger) = fresh().await;
+        claimed(&ledger, "snap-claimed").await;
+        claimed(&ledger, "snap-running").await;
+        started(&ledger, "snap-running", i64::MAX).await;
+        let now = ledger::now_ms();
+        ledger.expect_job(&JobId::parse("snap-expected").unwrap(), now, now).await.unwrap();
+        let snapshot = ledger.metrics_snapshot().await.unwrap();
+        assert_eq!(
+            snapshot.unfinished,
+            [("claimed", 1), ("running", 1), ("retrying", 0)]
+        );
+        assert!(snapshot.expected.contains(&("waiting", 1)), "{:?}", snapshot.expected);
+        assert!(snapshot.oldest_unfinished_age_seconds >= 0.0);
+        assert!(snapshot.ledger_bytes > 0);
+        assert_eq!(snapshot.wal_bytes.is_some(), !ledger.is_shared(), "a WAL only on SQLite");
+        assert_eq!(snapshot.claim_queue_depth, 0);
+        ledger.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_open_ledger_is_ready_probes_and_says_where_it_is() {
+        let (_dir, ledger) = fresh().await;
+        assert_eq!(ledger.readiness(), Ok(()));
+        ledger.probe().await.unwrap();
+        assert_eq!(ledger.claim_queue_depth(), 0);
+        assert!(!ledger.location().is_empty());
+        assert!(!ledger.is_storage_lost());
+        assert_eq!(ledger.is_shared(), Backend::current() == Backend::Postgres);
+        let failed = tokio::time::timeout(Duration::from_millis(50), ledger.failed()).await;
+        assert!(failed.is_err(), "a healthy ledger reported itself failed");
+        ledger.close().await;
+        assert_eq!(
+            ledger.claim(new_claim("after-close")).await,
+            Err(StorageError::Closed)
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn jobs_are_listed_newest_first_and_counted() {
+        let (_dir, ledger) = fresh().await;
+        for job_id in ["list-1", "list-2", "list-3"] {
+            claimed(&ledger, job_id).await;
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        let attempt = started(&ledger, "list-2", i64::MAX).await;
+        ledger.finish_attempt(&attempt, &failed(None), ledger::now_ms()).await.unwrap();
+        let ids = |jobs: Vec<ledger::JobSummary>| -> Vec<String> {
+            jobs.into_iter().map(|job| job.job_id).collect()
+        };
+        assert_eq!(ids(ledger.list_jobs(None, 2).await.unwrap()), ["list-3", "list-2"]);
+        assert_eq!(ids(ledger.list_jobs(Some(State::Dead), 10).await.unwrap()), ["list-2"]);
+        let stats = ledger.job_stats(ledger::now_ms()).await.unwrap();
+        assert_eq!(stats.by_state["claimed"], 2);
+        assert_eq!(stats.by_state["dead"], 1);
+        assert_eq!(stats.by_state["done"], 0);
+        assert_eq!(stats.received_last_hour, 3);
+        assert_eq!(stats.dead_last_day, 1);
+        assert!(stats.oldest_unfinished_received_at.is_some());
+        let mut like = ledger.job_ids_like("list-%").await.unwrap();
+        like.sort();
+        assert_eq!(like, ["list-1", "list-2", "list-3"]);
+        ledger.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn only_a_finished_job_with_its_body_can_be_retried() {
+        let (_dir, ledger) = fresh().await;
+        claimed(&ledger, "retry-dead").await;
+        claimed(&ledger, "retry-waiting").await;
+        claimed(&ledger, "retry-purged").await;
+        for job_id in ["retry-dead", "retry-purged"] {
+            let attempt = started(&ledger, job_id, i64::MAX).await;
+            ledger.finish_attempt(&attempt, &failed(None), 1_000).await.unwrap();
+        }
+        ledger.retention_step(RetentionStep::PurgeBodies, 2_000, 1).await.unwrap();
+        let purged = ledger.show_job("retry-dead").await.unwrap().unwrap().body.is_none();
+        let (purged, kept) = if purged {
+            ("retry-dead", "retry-purged")
+        } else {
+            ("retry-purged", "retry-dead")
+        };
+        let now = ledger::now_ms();
+        ledger.retry_job(kept, now).await.unwrap();
+        let job = ledger.show_job(kept).await.unwrap().unwrap();
+        assert_eq!((job.summary.state.as_str(), job.summary.attempts), ("claimed", 0));
+        assert!(matches!(
+            ledger.retry_job(purged, now).await,
+            Err(RetryError::BodyPurged(_))
+        ));
+        assert!(matches!(
+            ledger.retry_job("retry-waiting", now).await,
+            Err(RetryError::NotFinished { .. })
+        ));
+        assert!(matches!(
+            ledger.retry_job("retry-unknown", now).await,
+            Err(RetryError::Unknown(_))
+        ));
+        ledger.close().await;
+    }
+
+    /// The command line's ledger (no background tasks) sees the service's, and the service
+    /// sees its changes.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_command_line_ledger_shares_the_service_ledger() {
+        let dir = tempfile::tempdir().unwrap();
+        let (config, service) = open_ledger(dir.path()).await;
+        claimed(&service, "shared").await;
+        let attempt = started(&service, "shared", i64::MAX).await;
+        service.finish_attempt(&attempt, &AttemptEnd::Done, ledger::now_ms()).await.unwrap();
+        let cli = Ledger::open_existing(&config.database).await.unwrap();
+        assert_eq!(state_of(&cli, "shared").await, Some(State::Done));
+        cli.retry_job("shared", ledger::now_ms()).await.unwrap();
+        assert_eq!(cli.claim(new_claim("shared")).await.unwrap(), ClaimOutcome::Duplicate);
+        assert_eq!(cli.claim(new_claim("from-cli")).await.unwrap(), ClaimOutcome::Claimed);
+        cli.close().await;
+        assert_eq!(state_of(&service, "shared").await, Some(State::Claimed));
+        assert_eq!(state_of(&service, "from-cli").await, Some(State::Claimed));
+        service.close().await;
+    }
+}
+
+/// The command line never creates or migrates a ledger.
+#[tokio::test]
+async fn the_command_line_refuses_a_ledger_that_does_not_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        sume_receiver::config::Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+    let error = Ledger::open_existing(&config.database)
+        .await
+        .err()
+        .expect("opened a ledger that is not there");
+    assert!(error.to_string().contains("no ledger at"), "{error}");
+}
