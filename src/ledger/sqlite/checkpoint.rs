@@ -61,7 +61,7 @@ pub(super) fn checkpoint_after_commit(
     wal: &rusqlite::hooks::Wal,
     pages: i32,
 ) -> rusqlite::Result<()> {
-    if pages < super::WRITER_AUTOCHECKPOINT_PAGES as i32 {
+    if pages < super::open::WRITER_AUTOCHECKPOINT_PAGES as i32 {
         return Ok(());
     }
     match wal.checkpoint() {

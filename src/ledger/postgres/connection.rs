@@ -1,0 +1,245 @@
+//! Connections to PostgreSQL: TLS, the pool's connector that reads notices, and LISTEN.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod};
+use tokio::sync::Notify;
+use tokio_postgres::config::SslMode;
+use tokio_postgres::error::{DbError, Severity, SqlState};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Socket};
+use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_util::sync::CancellationToken;
+
+use super::{error_text, CHANNEL, CONNECT_TIMEOUT};
+use crate::config::PostgresUrl;
+use crate::throttle::Throttled;
+
+/// After a lost LISTEN connection, how long before connecting again.
+const LISTEN_RETRY: Duration = Duration::from_secs(1);
+
+/// Waits for the synchronous standby that PostgreSQL cancelled (`pg_cancel_backend`, a "kill
+/// long queries" script) on any pooled connection. PostgreSQL then reports the commit as done,
+/// saying only in a WARNING that the standby may not have it; the notice reaches the
+/// connection's task before the statement's answer reaches the caller. Counted across the
+/// pool: another connection's cancel during a claim costs that claim a needless 503 (Sume
+/// retries), never a false 200.
+pub(super) static CANCELLED_STANDBY_WAITS: AtomicU64 = AtomicU64::new(0);
+
+/// The cancel's WARNING has no SQLSTATE of its own (01000) and a translated text, so every
+/// warning counts; the termination's carries ADMIN_SHUTDOWN. A claim raises no other warning.
+fn note_notice(notice: &DbError) {
+    let warning = notice.parsed_severity() == Some(Severity::Warning)
+        || notice.code().code().starts_with("01");
+    if warning || notice.code() == &SqlState::ADMIN_SHUTDOWN {
+        CANCELLED_STANDBY_WAITS.fetch_add(1, Ordering::SeqCst);
+        tracing::warn!(notice = %notice, "PostgreSQL warned during a statement (a cancelled wait for the synchronous standby?): claims committed meanwhile are answered 503");
+    }
+}
+
+/// How the pool connects: as deadpool does, but the connection's task reads its notices.
+struct WatchingConnect<T> {
+    tls: T,
+}
+
+impl<T> deadpool_postgres::Connect for WatchingConnect<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Sync + Send + 'static,
+    T::Stream: Sync + Send,
+    T::TlsConnect: Sync + Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    fn connect(
+        &self,
+        pg_config: &tokio_postgres::Config,
+    ) -> Pin<
+        Box<
+            dyn Future<
+                    Output = Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+                > + Send
+                + '_,
+        >,
+    > {
+        let (tls, pg_config) = (self.tls.clone(), pg_config.clone());
+        Box::pin(async move {
+            let (client, mut connection) = pg_config.connect(tls).await?;
+            let task = tokio::spawn(async move {
+                while let Some(message) =
+                    std::future::poll_fn(|cx| connection.poll_message(cx)).await
+                {
+                    match message {
+                        Ok(AsyncMessage::Notice(notice)) => note_notice(&notice),
+                        Ok(_) => {}
+                        Err(error) => {
+                            tracing::debug!(%error, "PostgreSQL connection ended");
+                            break;
+                        }
+                    }
+                }
+            });
+            Ok((client, task))
+        })
+    }
+}
+
+/// Listens for claims of every receiver on a connection of its own; wakes the worker for each
+/// notification, and once after every (re)connection, since some may have been missed.
+pub(super) async fn listen(
+    pg_config: tokio_postgres::Config,
+    tls: Tls,
+    work_added: Arc<Notify>,
+    stopping: CancellationToken,
+) {
+    let mut failures = Throttled::new("cannot listen for new work on PostgreSQL; retrying");
+    loop {
+        let listening = async {
+            match &tls {
+                Tls::Off => listen_until_lost(&pg_config, NoTls, &work_added).await,
+                Tls::Verified(connector) => {
+                    listen_until_lost(&pg_config, connector.clone(), &work_added).await
+                }
+            }
+        };
+        tokio::select! {
+            result = listening => {
+                if let Err(error) = result {
+                    failures.warn(&error_text(&error));
+                }
+            }
+            () = stopping.cancelled() => return,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(LISTEN_RETRY) => {}
+            () = stopping.cancelled() => return,
+        }
+    }
+}
+
+/// One LISTEN connection, until it is lost: each notification wakes the worker, and so does
+/// the start (notifications sent while no connection listened are lost).
+async fn listen_until_lost<T>(
+    pg_config: &tokio_postgres::Config,
+    tls: T,
+    work_added: &Arc<Notify>,
+) -> Result<(), tokio_postgres::Error>
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, mut connection) = pg_config.connect(tls).await?;
+    let wake = work_added.clone();
+    let messages = tokio::spawn(async move {
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
+                Ok(_) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    });
+    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+    work_added.notify_one();
+    let ended = messages.await;
+    drop(client);
+    ended.unwrap_or(Ok(()))
+}
+
+/// How connections to PostgreSQL are made: in the clear, or over TLS when the URL asks for it
+/// (`sslmode=require`), the server's certificate and host name verified against the system's
+/// CA certificates and `database.ca_file`.
+#[derive(Clone)]
+pub(super) enum Tls {
+    Off,
+    Verified(MakeRustlsConnect),
+}
+
+impl Tls {
+    pub(super) fn new(url: &PostgresUrl, ca_file: Option<&std::path::Path>) -> anyhow::Result<Tls> {
+        let config = url.config(CONNECT_TIMEOUT);
+        if config.get_ssl_mode() != SslMode::Require {
+            if !url.is_local() {
+                tracing::warn!(ledger = %url.location(), "the connection to PostgreSQL is not encrypted: add sslmode=require to database.url");
+            }
+            return Ok(Tls::Off);
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        let native = rustls_native_certs::load_native_certs();
+        roots.add_parsable_certificates(native.certs);
+        if let Some(file) = ca_file {
+            use rustls::pki_types::pem::PemObject;
+            let certificates = rustls::pki_types::CertificateDer::pem_file_iter(file)
+                .and_then(|certificates| certificates.collect::<Result<Vec<_>, _>>())
+                .with_context(|| {
+                    format!(
+                        "database.ca_file: cannot read PEM certificates from {}",
+                        file.display()
+                    )
+                })?;
+            if certificates.is_empty() {
+                bail!("database.ca_file: no certificate in {}", file.display());
+            }
+            for certificate in certificates {
+                roots.add(certificate).with_context(|| {
+                    format!(
+                        "database.ca_file: a certificate in {} is not usable",
+                        file.display()
+                    )
+                })?;
+            }
+        }
+        if roots.is_empty() {
+            bail!("sslmode=require, but there is no CA certificate to verify PostgreSQL's with: install the system's (ca-certificates) or set database.ca_file");
+        }
+        let client = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Tls::Verified(MakeRustlsConnect::new(client)))
+    }
+
+    /// Connects; the connection runs on a task of its own until the client is dropped.
+    pub(super) async fn connect(
+        &self,
+        config: &tokio_postgres::Config,
+    ) -> Result<Client, tokio_postgres::Error> {
+        async fn spawned<T>(
+            config: &tokio_postgres::Config,
+            tls: T,
+        ) -> Result<Client, tokio_postgres::Error>
+        where
+            T: MakeTlsConnect<Socket>,
+            T::Stream: Send + 'static,
+        {
+            let (client, connection) = config.connect(tls).await?;
+            tokio::spawn(connection);
+            Ok(client)
+        }
+        match self {
+            Tls::Off => spawned(config, NoTls).await,
+            Tls::Verified(connector) => spawned(config, connector.clone()).await,
+        }
+    }
+
+    pub(super) fn manager(&self, config: &tokio_postgres::Config) -> Manager {
+        let recycling = || ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        match self {
+            Tls::Off => {
+                Manager::from_connect(config.clone(), WatchingConnect { tls: NoTls }, recycling())
+            }
+            Tls::Verified(connector) => Manager::from_connect(
+                config.clone(),
+                WatchingConnect {
+                    tls: connector.clone(),
+                },
+                recycling(),
+            ),
+        }
+    }
+}
