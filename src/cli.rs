@@ -261,7 +261,7 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
             ledger.retry_job(job_id.as_str(), ledger::now_ms()).await?;
             if config.database.uses_postgres() {
                 println!("job {job_id} is queued to run again: the receivers were notified, and one picks it up as soon as a worker slot is free");
-            } else if crate::service_running(&config.database.path) {
+            } else if crate::instance_lock::service_running(&config.database.path) {
                 let within = humantime::format_duration(crate::worker::IDLE_LOOK);
                 println!("job {job_id} is queued to run again: the running service picks it up within {within} (or as soon as a worker slot is free)");
             } else {

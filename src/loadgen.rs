@@ -300,7 +300,7 @@ impl Run {
         if self.config.database.uses_postgres() {
             bail!("--sqlite-alone measures a SQLite ledger; this config names a PostgreSQL one (--postgres-alone)");
         }
-        let _lock = crate::InstanceLock::acquire(&self.config.database.path)?;
+        let _lock = crate::instance_lock::InstanceLock::acquire(&self.config.database.path)?;
         let writer = crate::ledger::WriterAlone::open(&self.config.database)?;
         let mut tally = Tally::default();
         let mut previous: Option<(Vec<usize>, Instant, PendingClaims)> = None;

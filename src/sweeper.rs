@@ -86,6 +86,6 @@ impl Sweeper {
     }
 
     pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
-        crate::repeat_every("sweeper", interval, &shutdown, || self.sweep_once()).await;
+        crate::repeat::repeat_every("sweeper", interval, &shutdown, || self.sweep_once()).await;
     }
 }

@@ -115,6 +115,7 @@ impl Vacuum {
     }
 
     pub async fn run(self, interval: Duration) {
-        crate::repeat_every("retention", interval, &self.shutdown, || self.vacuum_once()).await;
+        crate::repeat::repeat_every("retention", interval, &self.shutdown, || self.vacuum_once())
+            .await;
     }
 }

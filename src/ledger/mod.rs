@@ -1,10 +1,10 @@
 //! The ledger: every job and expectation, durable before any answer; SQLite or PostgreSQL.
 //!
-//! [`Ledger`] is what the rest of the service sees: the operations of the [`contract`] (claim,
+//! [`Ledger`] is what the rest of the service sees: the operations of the contract (`contract.rs`: claim,
 //! start and end an attempt, take back leases, due work, retention, reconciliation, counts,
 //! inspection), each backend implementing them in its own dialect: SQLite with one writer
 //! thread and group commit ([`sqlite`]), PostgreSQL with a pool, batched claims and row locks
-//! for N receivers ([`postgres`]). The domain types are in [`model`].
+//! for N receivers ([`postgres`]). The domain types are in `model.rs`.
 
 mod contract;
 mod model;

@@ -3,7 +3,7 @@
 //!
 //! - Claims from concurrent deliveries are grouped: one multi-row `INSERT ... ON CONFLICT
 //!   (job_id) DO NOTHING` per batch, in autocommit (one round trip, one commit), up to
-//!   [`CLAIM_BATCHES_IN_FLIGHT`] batches at once on pooled connections. A delivery is answered
+//!   `CLAIM_BATCHES_IN_FLIGHT` batches at once on pooled connections. A delivery is answered
 //!   only after its batch committed; an error, including a connection lost after the commit
 //!   was sent (outcome unknown), is a 503 and never a 2xx. Rows are inserted in job_id order so
 //!   that concurrent batches (from this receiver or another) cannot deadlock.

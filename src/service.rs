@@ -1,0 +1,237 @@
+//! The service: opens the ledger, starts the background tasks and the listeners, stops cleanly.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::Admin;
+use crate::config::Config;
+use crate::instance_lock::InstanceLock;
+use crate::ledger::{self, Ledger};
+use crate::reconcile::Reconciler;
+use crate::server::{self, App};
+use crate::sweeper::Sweeper;
+use crate::vacuum::Vacuum;
+use crate::worker::{self, Worker};
+use crate::{check, ingest, notify, process};
+
+/// Runs the receiver on `listener` until `shutdown` resolves, then shuts down gracefully.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    // Several receivers may share a PostgreSQL ledger; a SQLite file has one owner.
+    let _instance = if config.database.uses_postgres() {
+        None
+    } else {
+        Some(InstanceLock::acquire(&config.database.path)?)
+    };
+    // What check-config (the unit's ExecStartPre) refuses, serve refuses too: a handler that
+    // cannot run would acknowledge every delivery and then let it go dead.
+    check::check(&config).refuse_errors()?;
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
+    process::return_freed_memory();
+    match process::raise_open_files_limit() {
+        Ok(limit) => {
+            tracing::info!(
+                open_files = limit,
+                max_connections = config.server.max_connections,
+                "open files limit"
+            );
+            if (limit as usize) < config.server.max_connections + RESERVED_FILE_DESCRIPTORS {
+                tracing::warn!("the open files limit ({limit}) is below server.max_connections + {RESERVED_FILE_DESCRIPTORS}: raise LimitNOFILE or lower max_connections");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "cannot read or raise the open files limit"),
+    }
+    let ledger = Ledger::open(&config.database).await.with_context(|| {
+        if config.database.uses_postgres() {
+            "cannot open the PostgreSQL ledger".to_owned()
+        } else {
+            format!("cannot open the ledger {}", config.database.path.display())
+        }
+    })?;
+    run_on(config, ledger, listener, shutdown).await
+}
+
+/// Runs the receiver on an open `ledger` (see [`run`], which also opens it, and takes the
+/// instance lock of a SQLite ledger).
+/// Ends with an error, after a graceful stop, if the ledger's writer dies: systemd then
+/// restarts the service instead of leaving it to answer 503 forever.
+pub async fn run_on(
+    config: Config,
+    ledger: Arc<Ledger>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let secrets = config.signing_secrets()?;
+    ledger
+        .recount_finished()
+        .await
+        .context("cannot count the ledger's finished jobs")?;
+    let stop = CancellationToken::new();
+    let mut tasks = tokio::task::JoinSet::new();
+
+    let queue: Option<worker::Queue> = match &config.handler {
+        Some(handler) => {
+            let (worker, queue) =
+                Worker::new(ledger.clone(), handler.clone(), config.sweeper.stale_after)?;
+            let sweeper = Sweeper::new(ledger.clone(), queue.clone(), handler.max_attempts);
+            let recovered = sweeper
+                .recover()
+                .await
+                .context("cannot recover unfinished jobs")?;
+            tracing::info!(
+                interrupted = recovered.leases_expired,
+                "recovered unfinished jobs"
+            );
+            tasks.spawn(worker.run(stop.clone(), config.server.shutdown_grace));
+            tasks.spawn(sweeper.run(config.sweeper.interval, stop.clone()));
+            Some(queue)
+        }
+        None => {
+            tracing::warn!(
+                "no [handler] configured: claimed jobs stay `claimed` for an external consumer"
+            );
+            None
+        }
+    };
+
+    let vacuum = Vacuum::new(ledger.clone(), config.retention.clone(), stop.clone());
+    tasks.spawn(vacuum.run(config.retention.interval));
+    match &config.sume_api {
+        Some(api) => {
+            let reconciler = Reconciler::new(ledger.clone(), api.clone(), queue.clone())
+                .context("cannot start reconciliation")?;
+            tasks.spawn(reconciler.run(stop.clone()));
+            tracing::info!(base_url = %api.base_url, "reconciliation on: expected jobs without a webhook are polled");
+        }
+        None => tracing::warn!("no [sume_api] configured: reconciliation is off (a job whose webhook never arrives is not polled)"),
+    }
+    if let Some(admin) = start_admin(&config, &ledger, &stop).await? {
+        tasks.spawn(admin);
+    }
+
+    let app = Arc::new(App {
+        webhook_path: config.server.webhook_path.clone(),
+        ingest: ingest::Ingest::new(&config, secrets, ledger.clone(), queue),
+        ledger: ledger.clone(),
+        expose_metrics: config.server.expose_metrics,
+    });
+    tasks.spawn(reload_secrets_on_hangup(
+        config.clone(),
+        app.clone(),
+        stop.clone(),
+    ));
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        webhook_path = %config.server.webhook_path,
+        ledger = %ledger.location(),
+        "sume-receiver listening"
+    );
+    let server = tokio::spawn({
+        let stop = stop.clone();
+        let server_config = config.server.clone();
+        async move { server::serve(listener, app, &server_config, stop).await }
+    });
+
+    tasks.spawn(notify::watchdog(ledger.clone(), stop.clone()));
+    notify::ready();
+    let writer_failed = tokio::select! {
+        () = shutdown => false,
+        () = ledger.failed() => true,
+    };
+    notify::stopping();
+    if writer_failed {
+        tracing::error!("stopping: the ledger failed, so no delivery can be claimed");
+    } else {
+        tracing::info!("shutting down: no new deliveries; finishing in-flight work");
+    }
+    stop.cancel();
+    server.await?;
+    while tasks.join_next().await.is_some() {}
+    ledger.close().await;
+    if writer_failed {
+        if ledger.is_storage_lost() {
+            return Err(ledger::StorageLost {
+                location: ledger.location(),
+            }
+            .into());
+        }
+        anyhow::bail!("the ledger writer thread failed (see the log above); exiting so the service is restarted");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// File descriptors the service needs besides connections: the ledger's files and
+/// connections, handler pipes, the admin listener.
+const RESERVED_FILE_DESCRIPTORS: usize = 64;
+
+/// On SIGHUP: reads the signing secrets again (the config file's and `secrets_file`'s) and
+/// swaps them in between two deliveries. A bad file keeps the secrets in use.
+async fn reload_secrets_on_hangup(config: Config, app: Arc<App>, stop: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(error) => {
+            tracing::warn!(%error, "cannot handle SIGHUP: secrets reload only at restart");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = hangups.recv() => {}
+            () = stop.cancelled() => break,
+        }
+        match config.reload_signing_secrets() {
+            Ok(secrets) => {
+                let live = secrets.len();
+                app.ingest.replace_secrets(secrets);
+                tracing::info!(
+                    live,
+                    "SIGHUP: signing secrets reloaded (other settings change at restart)"
+                );
+            }
+            Err(error) => tracing::error!(
+                error = format!("{error:#}"),
+                live = app.ingest.secret_count(),
+                "SIGHUP: reload failed; the secrets in use stay live"
+            ),
+        }
+    }
+}
+
+/// Binds the admin listener when `[admin]` has a token; returns the server to spawn.
+async fn start_admin(
+    config: &Config,
+    ledger: &Arc<Ledger>,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<impl Future<Output = ()> + use<>>> {
+    let Some(admin) = &config.admin else {
+        return Ok(None);
+    };
+    let Some(token) = admin.token()? else {
+        return Ok(None);
+    };
+    let address = admin.listen;
+    let listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen on {address} (admin.listen)"))?;
+    let admin = Arc::new(Admin {
+        ledger: ledger.clone(),
+        token,
+        reconcile_after: config.reconcile_after(),
+    });
+    tracing::info!(listen = %address, "admin listener on");
+    let (server_config, stop) = (config.server.clone(), stop.clone());
+    Ok(Some(async move {
+        server::serve(listener, admin, &server_config, stop).await
+    }))
+}
