@@ -40,6 +40,9 @@ pub struct Config {
     pub source: Option<PathBuf>,
 }
 
+/// Paths the server answers itself; the webhook path may not take one of them.
+pub const RESERVED_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics"];
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -766,7 +769,7 @@ impl Config {
                 server.webhook_path
             );
         }
-        if crate::server::RESERVED_PATHS.contains(&server.webhook_path.as_str()) {
+        if RESERVED_PATHS.contains(&server.webhook_path.as_str()) {
             bail!("server.webhook_path {:?} is reserved", server.webhook_path);
         }
         if server.max_body_bytes == 0 {

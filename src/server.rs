@@ -31,9 +31,6 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// run and close it.
 const SHED_PAUSE: Duration = Duration::from_millis(1);
 
-/// Paths the server answers itself; the webhook path may not take one of them.
-pub const RESERVED_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics"];
-
 /// What every connection shares.
 pub struct App {
     pub webhook_path: String,

@@ -1,23 +1,21 @@
 //! The ledger contract: every operation declared once, implemented by each backend.
 //!
-//! [`contract!`] turns one list of operations into the [`Backend`] trait, which the SQLite and
-//! PostgreSQL ledgers implement (the compiler holds both to the same signatures), and into
-//! [`Ledger`]'s methods, which forward to whichever backend it is. An operation with a body
+//! [`operations!`] is the one list of operations. It becomes the [`Backend`] trait, which the
+//! SQLite and PostgreSQL ledgers implement (the compiler holds both to the same signatures),
+//! and [`Ledger`](super::Ledger)'s methods, which forward to whichever backend it is. An operation with a body
 //! (`= { ... }`) has that default for a backend that lacks it. Algorithms that are the same on
-//! both backends are written once on [`Ledger`] (`mod.rs`), from these operations.
+//! both backends are written once on `Ledger` (`mod.rs`), from these operations.
 
 use std::future::Future;
-use std::time::Duration;
 
+use super::error::StorageError;
 use super::model::{
     Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Expectation, JobDetail, JobStats,
     JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryError, State,
 };
-use super::{Ledger, StorageError};
-use crate::job_id::JobId;
-use crate::metrics::Snapshot;
 
-macro_rules! contract {
+/// Generates the [`Backend`] trait from [`operations!`].
+macro_rules! declare_backend {
     (
         async {
             $( $(#[$async_meta:meta])*
@@ -32,27 +30,10 @@ macro_rules! contract {
     ) => {
         /// What a ledger backend does; see the module's documentation.
         pub trait Backend: Send + Sync {
-            $( contract!(@async_item [$(#[$async_meta])*] $async_name
+            $( declare_backend!(@async_item [$(#[$async_meta])*] $async_name
                    ($($async_arg: $async_ty),*) -> $async_ret $(= $async_default)?); )*
-            $( contract!(@sync_item [$(#[$sync_meta])*] $sync_name
+            $( declare_backend!(@sync_item [$(#[$sync_meta])*] $sync_name
                    ($($sync_arg: $sync_ty),*) -> $sync_ret $(= $sync_default)?); )*
-        }
-
-        impl Ledger {
-            $( $(#[$async_meta])*
-               pub async fn $async_name(&self $(, $async_arg: $async_ty)*) -> $async_ret {
-                   match self {
-                       Ledger::Sqlite(backend) => backend.$async_name($($async_arg),*).await,
-                       Ledger::Postgres(backend) => backend.$async_name($($async_arg),*).await,
-                   }
-               } )*
-            $( $(#[$sync_meta])*
-               pub fn $sync_name(&self $(, $sync_arg: $sync_ty)*) -> $sync_ret {
-                   match self {
-                       Ledger::Sqlite(backend) => backend.$sync_name($($sync_arg),*),
-                       Ledger::Postgres(backend) => backend.$sync_name($($sync_arg),*),
-                   }
-               } )*
         }
     };
     (@async_item [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
@@ -77,7 +58,47 @@ macro_rules! contract {
     };
 }
 
-contract! {
+/// Generates [`Ledger`](super::Ledger)'s methods from [`operations!`]: each forwards to the
+/// backend the ledger is. Invoked where `Ledger` is defined.
+macro_rules! forward_to_backend {
+    (
+        async {
+            $( $(#[$async_meta:meta])*
+               fn $async_name:ident(&self $(, $async_arg:ident: $async_ty:ty)*) -> $async_ret:ty
+               $(= $async_default:block)?; )*
+        }
+        sync {
+            $( $(#[$sync_meta:meta])*
+               fn $sync_name:ident(&self $(, $sync_arg:ident: $sync_ty:ty)*) -> $sync_ret:ty
+               $(= $sync_default:block)?; )*
+        }
+    ) => {
+        impl Ledger {
+            $( $(#[$async_meta])*
+               pub async fn $async_name(&self $(, $async_arg: $async_ty)*) -> $async_ret {
+                   match self {
+                       Ledger::Sqlite(backend) => backend.$async_name($($async_arg),*).await,
+                       Ledger::Postgres(backend) => backend.$async_name($($async_arg),*).await,
+                   }
+               } )*
+            $( $(#[$sync_meta])*
+               pub fn $sync_name(&self $(, $sync_arg: $sync_ty)*) -> $sync_ret {
+                   match self {
+                       Ledger::Sqlite(backend) => backend.$sync_name($($sync_arg),*),
+                       Ledger::Postgres(backend) => backend.$sync_name($($sync_arg),*),
+                   }
+               } )*
+        }
+    };
+}
+pub(super) use forward_to_backend;
+
+/// The operations, handed to `$generate` (a macro taking the two lists below): declared once,
+/// with paths that resolve wherever they are generated,
+/// turned into [`Backend`] here and into [`Ledger`](super::Ledger)'s forwarding methods in
+/// `mod.rs`.
+macro_rules! operations {
+    ($generate:ident) => { $generate! {
     async {
         /// Records a delivery's claim unless its job_id is known (the one idempotency check);
         /// [`StorageError::Overloaded`] at once when too many claims wait for their commit.
@@ -86,7 +107,7 @@ contract! {
         /// Moves a due job to `running` under a lease and counts the attempt. `None` when the
         /// job is not waiting to run (running, finished, unknown, or being started by another
         /// receiver), so a job is never started twice.
-        fn start_attempt(&self, job_id: &JobId, now: i64, lease_expires_at: i64)
+        fn start_attempt(&self, job_id: &crate::job_id::JobId, now: i64, lease_expires_at: i64)
             -> Result<Option<Attempt>, StorageError>;
 
         /// Records how a running attempt ended; the job's new state, or `None` if the attempt
@@ -134,7 +155,7 @@ contract! {
         fn release_free_pages(&self, pages: usize) -> Result<bool, StorageError> = { Ok(false) };
 
         /// Registers a job to expect; `false` if it was registered already.
-        fn expect_job(&self, job_id: &JobId, now: i64, first_poll_at: i64)
+        fn expect_job(&self, job_id: &crate::job_id::JobId, now: i64, first_poll_at: i64)
             -> Result<bool, StorageError>;
 
         /// Resolves due expectations whose webhook did arrive; how many.
@@ -142,7 +163,7 @@ contract! {
 
         /// Expectations due for a poll, at most `limit`. With several receivers each one is
         /// handed to one of them only (its next poll moves `lease` ahead while it is polled).
-        fn due_expectations(&self, now: i64, limit: usize, lease: Duration)
+        fn due_expectations(&self, now: i64, limit: usize, lease: std::time::Duration)
             -> Result<Vec<DueExpectation>, StorageError>;
 
         /// Records what a poll of a waiting expectation found.
@@ -150,7 +171,7 @@ contract! {
             -> Result<(), StorageError>;
 
         /// What `/metrics` shows of the ledger (read from partial indexes only).
-        fn metrics_snapshot(&self) -> Result<Snapshot, StorageError>;
+        fn metrics_snapshot(&self) -> Result<crate::metrics::Snapshot, StorageError>;
 
         /// How many jobs are done and dead (walks the index of finished jobs: for the start
         /// and retention runs, not for every scrape).
@@ -203,4 +224,8 @@ contract! {
         /// Whether the ledger failed because the disk did (see [`super::StorageLost`]).
         fn is_storage_lost(&self) -> bool = { false };
     }
+} };
 }
+pub(super) use operations;
+
+operations!(declare_backend);

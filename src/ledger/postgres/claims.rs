@@ -10,12 +10,19 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::connection::CANCELLED_STANDBY_WAITS;
-use super::{pool_error, sql, statement_error, ClaimRequest};
+use super::connection::{pool_error, statement_error, CANCELLED_STANDBY_WAITS};
+use super::sql;
 use crate::event_type::EventType;
+use crate::ledger::error::{Cause, StorageError};
+use crate::ledger::model::now_ms;
 use crate::ledger::model::{ClaimOutcome, NewClaim};
-use crate::ledger::{now_ms, Cause, StorageError};
 use crate::throttle::Throttled;
+
+/// A claim for the batcher, or (`None`) the watchdog's probe, answered with the next batch.
+pub(super) type ClaimRequest = (
+    Option<NewClaim>,
+    oneshot::Sender<Result<ClaimOutcome, StorageError>>,
+);
 
 /// Claim batches committing at once: while one waits for its commit the next fills up, and a
 /// round trip to a remote server overlaps another batch's. More only split the same claims into

@@ -16,9 +16,43 @@ use tokio_postgres::{AsyncMessage, Client, NoTls, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 
-use super::{error_text, CHANNEL, CONNECT_TIMEOUT};
 use crate::config::PostgresUrl;
+use crate::ledger::error::{Cause, StorageError};
 use crate::throttle::Throttled;
+
+/// The channel claims and `jobs retry` notify, and every receiver listens on.
+pub(super) const CHANNEL: &str = "sume_jobs";
+/// How long a connection attempt may take before the operation fails (503 for a claim).
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A failed statement. A server error means PostgreSQL rolled the statement back, and a client
+/// side error (a value that cannot be sent) means nothing was sent; but a connection lost
+/// during the statement may have been lost after its commit reached the server.
+pub(super) fn statement_error(error: tokio_postgres::Error) -> StorageError {
+    let connection_lost = error.is_closed()
+        || std::error::Error::source(&error).is_some_and(|cause| cause.is::<std::io::Error>());
+    if error.code().is_none() && connection_lost {
+        StorageError::OutcomeUnknown(Cause::new(error))
+    } else {
+        StorageError::Unavailable(Cause::new(error))
+    }
+}
+
+/// The error with its cause: tokio-postgres puts the server's message in the source.
+pub(super) fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+pub(super) fn pool_error(error: deadpool_postgres::PoolError) -> StorageError {
+    StorageError::Unavailable(Cause::new(error))
+}
 
 /// After a lost LISTEN connection, how long before connecting again.
 const LISTEN_RETRY: Duration = Duration::from_secs(1);

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use deadpool_postgres::{Pool, Runtime};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
@@ -34,62 +34,25 @@ mod connection;
 mod sql;
 mod start;
 
+use super::contract::Backend;
+use super::error::{Cause, StorageError};
+use super::model::{duration_ms, now_ms};
 use super::model::{
     expectation_counts, unfinished_counts, Attempt, AttemptEnd, ClaimOutcome, DueExpectation,
     DueJobs, Expectation, JobDetail, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim,
     PollResult, RetentionStep, RetryError, Source, State,
 };
-use super::{duration_ms, now_ms, Backend, Cause, StorageError};
 use crate::config::{DatabaseConfig, PostgresUrl};
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
-use claims::{insert_claims, run_batcher, through_batcher, ClaimsError};
-use connection::{listen, Tls};
+use claims::{insert_claims, run_batcher, through_batcher, ClaimRequest, ClaimsError};
+use connection::{error_text, listen, pool_error, statement_error, Tls, CHANNEL, CONNECT_TIMEOUT};
 use start::{check_durability, connect_at_start, migrate, MIGRATIONS};
 
-/// The channel claims and `jobs retry` notify, and every receiver listens on.
-const CHANNEL: &str = "sume_jobs";
 /// Connections per receiver: the claim batches in flight, the worker's transitions, reads.
 const POOL_SIZE: usize = 8;
 /// Claims waiting for their batch; past it a delivery is refused at once (503).
 const CLAIM_QUEUE_CAPACITY: usize = 1024;
-/// How long a connection attempt may take before the operation fails (503 for a claim).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// A failed statement. A server error means PostgreSQL rolled the statement back, and a client
-/// side error (a value that cannot be sent) means nothing was sent; but a connection lost
-/// during the statement may have been lost after its commit reached the server.
-fn statement_error(error: tokio_postgres::Error) -> StorageError {
-    let connection_lost = error.is_closed()
-        || std::error::Error::source(&error).is_some_and(|cause| cause.is::<std::io::Error>());
-    if error.code().is_none() && connection_lost {
-        StorageError::OutcomeUnknown(Cause::new(error))
-    } else {
-        StorageError::Unavailable(Cause::new(error))
-    }
-}
-
-/// The error with its cause: tokio-postgres puts the server's message in the source.
-fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
-fn pool_error(error: deadpool_postgres::PoolError) -> StorageError {
-    StorageError::Unavailable(Cause::new(error))
-}
-
-/// A claim for the batcher, or (`None`) the watchdog's probe, answered with the next batch.
-type ClaimRequest = (
-    Option<NewClaim>,
-    oneshot::Sender<Result<ClaimOutcome, StorageError>>,
-);
 
 /// The open PostgreSQL ledger of a running receiver.
 pub struct PostgresLedger {

@@ -5,8 +5,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use tokio_postgres::Client;
 
-use super::connection::Tls;
-use super::error_text;
+use super::connection::{error_text, Tls};
 
 /// Schema migrations, applied in order; the `sume_schema` table records how many have run.
 pub(super) const MIGRATIONS: &[&str] = &[

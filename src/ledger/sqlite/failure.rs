@@ -4,7 +4,7 @@ use std::sync::OnceLock;
 
 use tokio_util::sync::CancellationToken;
 
-use super::super::StorageError;
+use crate::ledger::error::StorageError;
 
 /// Why the ledger failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +40,7 @@ impl Failure {
     pub(super) fn check(&self) -> Result<(), StorageError> {
         match self.reason.get() {
             None => Ok(()),
-            Some((_, reason)) => Err(StorageError::Failed(crate::ledger::Cause::message(
+            Some((_, reason)) => Err(StorageError::Failed(crate::ledger::error::Cause::message(
                 reason.clone(),
             ))),
         }

@@ -17,11 +17,13 @@ use anyhow::Context;
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, OpenFlags};
 
+use super::contract::Backend;
+use super::error::{Cause, StorageError};
+use super::model::now_ms;
 use super::model::{
     Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Expectation, JobDetail, JobStats,
     JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryError, State,
 };
-use super::{now_ms, Backend, Cause, StorageError};
 use crate::config::DatabaseConfig;
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;

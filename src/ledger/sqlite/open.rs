@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use rusqlite::{Connection, OpenFlags};
 
-use super::checkpoint;
+use super::checkpoint::{self, WRITER_AUTOCHECKPOINT_PAGES};
 use super::wal_sync::WalFile;
 use super::writer::Durability;
 use crate::config::{CheckAtStart, DatabaseConfig, Synchronous};
@@ -16,12 +16,6 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0002_expected_jobs.sql"),
 ];
 
-/// The writer's own checkpoint threshold, in pages (128 MiB of WAL). The checkpointer thread
-/// copies frames long before (see checkpoint.rs); the writer's checkpoint only finishes the job
-/// and rewinds the WAL. Each of those stalls commits for one fsync of the database file, so
-/// they are kept rare: on a 1.4 GiB ledger a 2000-page threshold cost a 70 ms stall every 0.3 s
-/// (p99 65 ms); this one, a stall every few seconds (p99 8 ms).
-pub(super) const WRITER_AUTOCHECKPOINT_PAGES: u32 = 32768;
 /// The WAL file is truncated back to this size when it rewinds. Above the size it reaches in
 /// normal operation (the checkpoint threshold), so that each cycle overwrites space the file
 /// already has: a limit below it made every cycle append to newly allocated space, which cost

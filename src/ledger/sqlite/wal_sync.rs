@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
-use super::super::StorageError;
 use super::failure::{Cause, Failure};
+use crate::ledger::error::StorageError;
 
 /// Answers one caller with the outcome of its transaction.
 pub(super) type Completion = Box<dyn FnOnce(Result<(), StorageError>) + Send>;

@@ -18,10 +18,11 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
-use super::super::{now_ms, ClaimOutcome, NewClaim, StorageError};
 use super::failure::{self, Cause, Failure};
 use super::jobs::insert_claim;
 use super::wal_sync::{Completion, SyncWal, WalSyncer};
+use crate::ledger::error::StorageError;
+use crate::ledger::model::{now_ms, ClaimOutcome, NewClaim};
 use crate::throttle::Throttled;
 
 /// Changes waiting for the writer. Past this, claims are refused at once (see the module doc).
@@ -372,9 +373,11 @@ fn commit_batch(
                 completions.push(item(in_transaction.then_some(conn)));
             }
             let committed = if conn.is_autocommit() {
-                Err(StorageError::Unavailable(crate::ledger::Cause::message(
-                    "the transaction was rolled back by SQLite after an error",
-                )))
+                Err(StorageError::Unavailable(
+                    crate::ledger::error::Cause::message(
+                        "the transaction was rolled back by SQLite after an error",
+                    ),
+                ))
             } else {
                 let committed = conn
                     .prepare_cached("COMMIT")
@@ -418,7 +421,7 @@ mod tests {
     use super::*;
     use crate::config::DatabaseConfig;
     use crate::job_id::JobId;
-    use crate::ledger::Source;
+    use crate::ledger::model::Source;
 
     fn ledger(dir: &tempfile::TempDir) -> (Connection, Connection) {
         let config = DatabaseConfig {
