@@ -104,6 +104,8 @@ pub enum JobsCommand {
     },
     /// Run a `done` or `dead` job again from its stored body.
     Retry { job_id: JobId },
+    /// Run a `retrying` job now instead of at the end of its backoff.
+    RunNow { job_id: JobId },
     /// Counts by state, the oldest unfinished job, last hour's deliveries, dead in the last day.
     Stats {
         #[arg(long)]
@@ -259,14 +261,20 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
         }
         JobsCommand::Retry { job_id } => {
             ledger.retry_job(job_id.as_str(), ledger::now_ms()).await?;
-            if config.database.uses_postgres() {
-                println!("job {job_id} is queued to run again: the receivers were notified, and one picks it up as soon as a worker slot is free");
-            } else if crate::instance_lock::service_running(&config.database.path) {
-                let within = humantime::format_duration(crate::worker::IDLE_LOOK);
-                println!("job {job_id} is queued to run again: the running service picks it up within {within} (or as soon as a worker slot is free)");
-            } else {
-                println!("job {job_id} is queued to run again; no service is running on this ledger, so it runs at the next start");
+            println!("job {job_id} is queued to run again{}", who_runs_it(config));
+        }
+        JobsCommand::RunNow { job_id } => {
+            if !ledger.run_now(job_id.as_str(), ledger::now_ms()).await? {
+                let state = ledger
+                    .show_job(job_id.as_str())
+                    .await?
+                    .map(|job| job.summary.state);
+                match state {
+                    None => bail!("no job {job_id:?} in the ledger"),
+                    Some(state) => bail!("job {job_id:?} is {state}; only a retrying job can be run now (`jobs retry` runs a done or dead one again)"),
+                }
             }
+            println!("job {job_id} is due now{}", who_runs_it(config));
         }
         JobsCommand::Stats { json } => {
             let now = ledger::now_ms();
@@ -323,6 +331,19 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
         JobsCommand::Redeliver { .. } => unreachable!("answered without a ledger above"),
     }
     Ok(())
+}
+
+/// Who picks up a job made due from the command line, and when.
+fn who_runs_it(config: &Config) -> String {
+    if config.database.uses_postgres() {
+        ": the receivers were notified, and one picks it up as soon as a worker slot is free"
+            .to_owned()
+    } else if crate::instance_lock::service_running(&config.database.path) {
+        let within = humantime::format_duration(crate::worker::IDLE_LOOK);
+        format!(": the running service picks it up within {within} (or as soon as a worker slot is free)")
+    } else {
+        "; no service is running on this ledger, so it runs at the next start".to_owned()
+    }
 }
 
 /// A row as JSON for people and scripts: every `*_at` time (Unix ms) gets a `*_at_utc` twin in

@@ -412,6 +412,29 @@ on_both_ledgers! {
         ledger.close().await;
     }
 
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_job_in_backoff_can_be_run_now_and_nothing_else_can() {
+        let (_dir, ledger) = fresh().await;
+        let now = ledger::now_ms();
+        claimed(&ledger, "backoff").await;
+        let attempt = started(&ledger, "backoff", i64::MAX).await;
+        ledger.finish_attempt(&attempt, &failed(Some(now + 3_600_000)), now).await.unwrap();
+        assert!(ledger.due_jobs(now, 10).await.unwrap().runnable.is_empty());
+        assert!(ledger.run_now("backoff", now).await.unwrap());
+        let due = ledger.due_jobs(now, 10).await.unwrap();
+        assert_eq!(due.runnable, [JobId::parse("backoff").unwrap()]);
+        let job = ledger.show_job("backoff").await.unwrap().unwrap();
+        assert_eq!((job.summary.state.as_str(), job.summary.attempts), ("retrying", 1));
+        // Only a job waiting for its retry: not a claimed, running, finished or unknown one.
+        claimed(&ledger, "waiting").await;
+        for job_id in ["waiting", "unknown"] {
+            assert!(!ledger.run_now(job_id, now).await.unwrap(), "{job_id}");
+        }
+        started(&ledger, "backoff", i64::MAX).await;
+        assert!(!ledger.run_now("backoff", now).await.unwrap(), "a running job");
+        ledger.close().await;
+    }
+
     /// The command line's ledger (no background tasks) sees the service's, and the service
     /// sees its changes.
     #[tokio::test(flavor = "multi_thread")]

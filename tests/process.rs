@@ -983,6 +983,14 @@ async fn cli_lists_shows_and_retries_jobs() {
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("no job \"nope\""));
     let unknown = cli(&config, &["jobs", "retry", "nope"]);
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("no job \"nope\""));
+    let unknown = cli(&config, &["jobs", "run-now", "nope"]);
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no job \"nope\""));
+    let not_retrying = cli(&config, &["jobs", "run-now", "job-cli"]);
+    assert!(!not_retrying.status.success());
+    assert!(
+        String::from_utf8_lossy(&not_retrying.stderr).contains("only a retrying job"),
+        "{not_retrying:?}"
+    );
     let bad_state = cli(&config, &["jobs", "list", "--state", "sleeping"]);
     assert!(String::from_utf8_lossy(&bad_state.stderr).contains("unknown state"));
 

@@ -197,6 +197,11 @@ macro_rules! operations {
         /// workers of every receiver).
         fn retry_job(&self, job_id: &str, now: i64) -> Result<(), RetryError>;
 
+        /// Makes a job waiting in backoff (`retrying`) due at `now`, skipping the rest of its
+        /// backoff (and wakes the workers of every receiver); `false` if it was not waiting
+        /// for a retry.
+        fn run_now(&self, job_id: &str, now: i64) -> Result<bool, StorageError>;
+
         /// The counts of `jobs stats` (a table scan: a command for people).
         fn job_stats(&self, now: i64) -> Result<JobStats, StorageError>;
 

@@ -528,6 +528,14 @@ impl Backend for PostgresLedger {
         ))
     }
 
+    async fn run_now(&self, job_id: &str, now: i64) -> Result<bool, StorageError> {
+        if self.execute(sql::RUN_NOW_SQL, &[&job_id, &now]).await? == 1 {
+            self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
     async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {
         let by_state = self.query(sql::COUNT_BY_STATE_SQL, &[]).await?;
         let (hour_ago, day_ago) = JobStats::since(now);

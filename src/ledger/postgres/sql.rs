@@ -68,6 +68,9 @@ pub const RETRY_JOB_SQL: &str =
     "UPDATE jobs SET state = 'claimed', attempts = 0, next_attempt_at = $2, finished_at = NULL,
                      updated_at = $2
      WHERE job_id = $1 AND state IN ('done', 'dead') AND body IS NOT NULL";
+/// Parameters: job_id, now.
+pub const RUN_NOW_SQL: &str =
+    "UPDATE jobs SET next_attempt_at = $2, updated_at = $2 WHERE job_id = $1 AND state = 'retrying'";
 /// job_ids matching a LIKE pattern (the load generator's check of its run).
 pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE $1";
 /// why [`RETRY_JOB_SQL`] changed nothing.

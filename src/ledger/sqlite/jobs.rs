@@ -88,6 +88,9 @@ pub const RETRY_JOB_SQL: &str =
     "UPDATE jobs SET state = 'claimed', attempts = 0, next_attempt_at = ?2, finished_at = NULL,
                      updated_at = ?2
      WHERE job_id = ?1 AND state IN ('done', 'dead') AND body IS NOT NULL";
+/// Parameters: job_id, now.
+pub const RUN_NOW_SQL: &str =
+    "UPDATE jobs SET next_attempt_at = ?2, updated_at = ?2 WHERE job_id = ?1 AND state = 'retrying'";
 /// job_ids matching a LIKE pattern (the load generator's check of its run).
 pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE ?1";
 /// why [`RETRY_JOB_SQL`] changed nothing.
@@ -319,6 +322,10 @@ pub fn job_ids_like(conn: &Connection, pattern: &str) -> rusqlite::Result<Vec<St
     let mut statement = conn.prepare(JOB_IDS_LIKE_SQL)?;
     let rows = statement.query_map([pattern], |row| row.get(0))?;
     rows.collect()
+}
+
+pub fn run_now(conn: &Connection, job_id: &str, now: i64) -> rusqlite::Result<bool> {
+    Ok(conn.execute(RUN_NOW_SQL, params![job_id, now])? == 1)
 }
 
 /// Makes a `done` or `dead` job due again with a fresh set of attempts.

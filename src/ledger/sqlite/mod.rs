@@ -436,6 +436,12 @@ impl Backend for SqliteLedger {
             .await?
     }
 
+    async fn run_now(&self, job_id: &str, now: i64) -> Result<bool, StorageError> {
+        let job_id = job_id.to_owned();
+        self.write(move |conn| jobs::run_now(conn, &job_id, now))
+            .await
+    }
+
     async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {
         self.read(move |conn| jobs::job_stats(conn, now)).await
     }
