@@ -132,8 +132,8 @@ impl clap::builder::ValueParserFactory for State {
     }
 }
 
-/// Runs a command that is not `serve` (which needs the async runtime; see `main.rs`).
-pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
+/// Runs a command that is not `serve`, on the process's runtime (`main.rs`).
+pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
     match command {
         Command::Serve | Command::Generate(_) => unreachable!("started by main"),
         Command::CheckConfig => {
@@ -153,29 +153,24 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Jobs(jobs) => execute_jobs(jobs, config),
+        Command::Jobs(jobs) => execute_jobs(jobs, config).await,
         Command::Vacuum => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let report = runtime.block_on(async {
-                // Refuses a missing or unmigrated ledger before opening it as the service does.
-                Ledger::open_existing(&config.database).await?.close().await;
-                let ledger = Ledger::open(&config.database).await?;
-                // Ctrl-C stops it between batches, like a shutdown of the service.
-                let interrupted = tokio_util::sync::CancellationToken::new();
-                let on_ctrl_c = interrupted.clone();
-                tokio::spawn(async move {
-                    if tokio::signal::ctrl_c().await.is_ok() {
-                        on_ctrl_c.cancel();
-                    }
-                });
-                let report = Vacuum::new(ledger.clone(), config.retention.clone(), interrupted)
-                    .vacuum_once()
-                    .await;
-                ledger.close().await;
-                anyhow::Ok(report?)
-            })?;
+            // Refuses a missing or unmigrated ledger before opening it as the service does.
+            Ledger::open_existing(&config.database).await?.close().await;
+            let ledger = Ledger::open(&config.database).await?;
+            // Ctrl-C stops it between batches, like a shutdown of the service.
+            let interrupted = tokio_util::sync::CancellationToken::new();
+            let on_ctrl_c = interrupted.clone();
+            tokio::spawn(async move {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    on_ctrl_c.cancel();
+                }
+            });
+            let report = Vacuum::new(ledger.clone(), config.retention.clone(), interrupted)
+                .vacuum_once()
+                .await;
+            ledger.close().await;
+            let report = report?;
             println!(
                 "purged {} bodies, forgot {} jobs and {} expectations",
                 report.bodies_purged, report.jobs_forgotten, report.expectations_forgotten
@@ -184,7 +179,10 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
         }
         Command::Backup { path } => {
             let started = std::time::Instant::now();
-            let report = ledger::backup(&config.database, &path)?;
+            let database = config.database.clone();
+            let target = path.clone();
+            let report =
+                tokio::task::spawn_blocking(move || ledger::backup(&database, &target)).await??;
             println!(
                 "backed up {} jobs to {} ({:.1} MiB) in {:.1} s; integrity_check ok",
                 report.jobs,
@@ -195,16 +193,10 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Sign(args) => crate::send::sign(&args, config),
-        Command::SendTest(args) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?
-            .block_on(crate::send::send_test(&args, config)),
+        Command::SendTest(args) => crate::send::send_test(&args, config).await,
         Command::Loadgen(args) => {
             let json = args.json;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            let report = runtime.block_on(crate::loadgen::run(args, config.clone()))?;
+            let report = crate::loadgen::run(args, config.clone()).await?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
@@ -215,20 +207,15 @@ pub fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
     }
 }
 
-fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
+async fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
     // `redeliver` talks to Sume and needs no ledger.
     if let JobsCommand::Redeliver { job_id } = &command {
-        return redeliver(job_id, config);
+        return redeliver(job_id, config).await;
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let ledger = Ledger::open_existing(&config.database).await?;
-        let done = inspect(command, config, &ledger).await;
-        ledger.close().await;
-        done
-    })
+    let ledger = Ledger::open_existing(&config.database).await?;
+    let done = inspect(command, config, &ledger).await;
+    ledger.close().await;
+    done
 }
 
 /// Runs a `jobs` command on the command line's ledger.
@@ -494,25 +481,22 @@ fn table(header: &[&str], rows: &[Vec<String>], when_empty: &str) -> String {
 }
 
 /// Asks Sume to send a job's webhook again.
-fn redeliver(job_id: &JobId, config: &Config) -> anyhow::Result<()> {
+async fn redeliver(job_id: &JobId, config: &Config) -> anyhow::Result<()> {
     let api = config
         .sume_api
         .as_ref()
         .context("`jobs redeliver` needs a [sume_api] section (base_url, api_key_file)")?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let answer = runtime
-        .block_on(crate::reconcile::call_sume(
-            &crate::http_client::new_client(),
-            api,
-            &api.api_key()?,
-            job_id,
-            "webhook/redeliver",
-            hyper::Method::POST,
-        ))
-        .map_err(anyhow::Error::msg)
-        .with_context(|| format!("cannot reach Sume at {}", api.base_url))?;
+    let answer = crate::reconcile::call_sume(
+        &crate::http_client::new_client(),
+        api,
+        &api.api_key()?,
+        job_id,
+        "webhook/redeliver",
+        hyper::Method::POST,
+    )
+    .await
+    .map_err(anyhow::Error::msg)
+    .with_context(|| format!("cannot reach Sume at {}", api.base_url))?;
     let text = String::from_utf8_lossy(&answer.body);
     if !answer.status.is_success() {
         bail!(

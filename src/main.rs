@@ -31,26 +31,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let config = Config::load(&cli.config)?;
     let serving = matches!(cli.command, Command::Serve);
     logging::init(if serving { "info" } else { "warn" }, config.log.format);
-    match cli.command {
-        Command::Serve => serve(config),
-        command => cli::execute(command, &config),
-    }
-}
-
-fn serve(config: Config) -> anyhow::Result<()> {
+    // The process's one runtime: the service's, or a command's.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
-        // Installed before anything else: a SIGTERM during startup must still shut down cleanly.
-        let shutdown = shutdown_signal()?;
-        let listener = tokio::net::TcpListener::bind(config.server.listen)
-            .await
-            .with_context(|| {
-                format!("cannot listen on {} (server.listen)", config.server.listen)
-            })?;
-        sume_receiver::run(config, listener, shutdown).await
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Serve => serve(config).await,
+            command => cli::execute(command, &config).await,
+        }
     })
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    // Installed before anything else: a SIGTERM during startup must still shut down cleanly.
+    let shutdown = shutdown_signal()?;
+    let listener = tokio::net::TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (server.listen)", config.server.listen))?;
+    sume_receiver::run(config, listener, shutdown).await
 }
 
 /// Resolves on SIGTERM (systemd stop) or SIGINT (Ctrl-C). Also takes SIGHUP from its default
