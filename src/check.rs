@@ -45,7 +45,7 @@ pub fn check(config: &Config) -> Findings {
     } else if let Err(error) = ledger_directory_writable(&config.database.path) {
         findings.errors.push(error);
     }
-    if let Some(HandlerKind::Command(argv)) = config.handler.as_ref().map(|h| h.kind()) {
+    if let Some(HandlerKind::Command(argv)) = config.handler.as_ref().map(|h| &h.kind) {
         if let Err(error) = executable(&argv[0]) {
             findings.errors.push(format!("handler.command: {error}"));
         }

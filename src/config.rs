@@ -324,29 +324,9 @@ impl PostgresUrl {
         Ok(PostgresUrl(config))
     }
 
-    /// The connection settings, with a connect timeout unless the URL sets one, and a dead
-    /// connection noticed within seconds (a partition, a server that vanished without closing
-    /// it): data unacknowledged for 10 s aborts it (TCP_USER_TIMEOUT), and an idle one is
-    /// probed after 30 s (keepalives). Otherwise a statement could wait for the kernel's
-    /// retransmissions, about 15 minutes, while every claim behind it gets 503.
-    pub fn config(&self, connect_timeout: Duration) -> tokio_postgres::Config {
-        let mut config = self.0.clone();
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(connect_timeout);
-        }
-        if config.get_tcp_user_timeout().is_none() {
-            config.tcp_user_timeout(Duration::from_secs(10));
-        }
-        if config.get_keepalives_interval().is_none() {
-            config
-                .keepalives_idle(Duration::from_secs(30))
-                .keepalives_interval(Duration::from_secs(5))
-                .keepalives_retries(3);
-        }
-        if config.get_application_name().is_none() {
-            config.application_name("sume-receiver");
-        }
-        config
+    /// The settings as the URL gives them (the ledger adds its timeouts and keepalives).
+    pub fn settings(&self) -> &tokio_postgres::Config {
+        &self.0
     }
 
     /// Whether the server is on this machine (loopback or a Unix socket): no need to encrypt.
@@ -388,24 +368,37 @@ impl<'de> Deserialize<'de> for PostgresUrl {
     }
 }
 
+/// `[handler]`, resolved: what runs a job, and its limits.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawHandlerConfig")]
 pub struct HandlerConfig {
-    /// Program and arguments, run directly (no shell) with the stored body on stdin.
-    pub command: Option<Vec<String>>,
-    /// An `http://` URL the stored body is POSTed to.
-    pub url: Option<String>,
-    #[serde(default = "default_handler_timeout", deserialize_with = "duration")]
+    pub kind: HandlerKind,
     pub timeout: Duration,
-    #[serde(default = "default_concurrency")]
     pub concurrency: usize,
-    #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
     /// Delay before the first retry; doubles each attempt, with jitter, up to `max_backoff`.
-    #[serde(default = "default_backoff", deserialize_with = "duration")]
     pub backoff: Duration,
-    #[serde(default = "default_max_backoff", deserialize_with = "duration")]
     pub max_backoff: Duration,
+}
+
+/// `[handler]` as the file has it: exactly one of `command` and `url`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHandlerConfig {
+    /// Program and arguments, run directly (no shell) with the stored body on stdin.
+    command: Option<Vec<String>>,
+    /// An `http://` URL the stored body is POSTed to.
+    url: Option<String>,
+    #[serde(default = "default_handler_timeout", deserialize_with = "duration")]
+    timeout: Duration,
+    #[serde(default = "default_concurrency")]
+    concurrency: usize,
+    #[serde(default = "default_max_attempts")]
+    max_attempts: u32,
+    #[serde(default = "default_backoff", deserialize_with = "duration")]
+    backoff: Duration,
+    #[serde(default = "default_max_backoff", deserialize_with = "duration")]
+    max_backoff: Duration,
 }
 
 fn default_handler_timeout() -> Duration {
@@ -431,13 +424,41 @@ pub enum HandlerKind {
     Url(String),
 }
 
-impl HandlerConfig {
-    pub fn kind(&self) -> HandlerKind {
-        match (&self.command, &self.url) {
-            (Some(command), _) => HandlerKind::Command(command.clone()),
-            (None, Some(url)) => HandlerKind::Url(url.clone()),
-            (None, None) => unreachable!("validated at load: exactly one of command and url"),
-        }
+impl TryFrom<RawHandlerConfig> for HandlerConfig {
+    type Error = String;
+
+    fn try_from(raw: RawHandlerConfig) -> Result<Self, String> {
+        let kind = match (raw.command, raw.url) {
+            (Some(_), Some(_)) => {
+                return Err("handler: set exactly one of `command` and `url`, not both".into())
+            }
+            (None, None) => return Err("handler: set one of `command` or `url`".into()),
+            (Some(command), None) => {
+                if command.first().is_none_or(|program| program.is_empty()) {
+                    return Err("handler.command must name a program".into());
+                }
+                HandlerKind::Command(command)
+            }
+            (None, Some(url)) => {
+                let uri: hyper::Uri = url
+                    .parse()
+                    .map_err(|error| format!("handler.url: invalid URL {url:?}: {error}"))?;
+                if uri.scheme_str() != Some("http") || uri.host().is_none() {
+                    return Err(format!(
+                        "handler.url must be an http:// URL with a host, got {url:?}"
+                    ));
+                }
+                HandlerKind::Url(url)
+            }
+        };
+        Ok(HandlerConfig {
+            kind,
+            timeout: raw.timeout,
+            concurrency: raw.concurrency,
+            max_attempts: raw.max_attempts,
+            backoff: raw.backoff,
+            max_backoff: raw.max_backoff,
+        })
     }
 }
 
@@ -887,25 +908,6 @@ impl SumeApiConfig {
 
 impl HandlerConfig {
     fn validate(&self) -> anyhow::Result<()> {
-        match (&self.command, &self.url) {
-            (Some(_), Some(_)) => {
-                bail!("handler: set exactly one of `command` and `url`, not both")
-            }
-            (None, None) => bail!("handler: set one of `command` or `url`"),
-            (Some(command), None) => {
-                if command.first().is_none_or(|program| program.is_empty()) {
-                    bail!("handler.command must name a program");
-                }
-            }
-            (None, Some(url)) => {
-                let uri: hyper::Uri = url
-                    .parse()
-                    .with_context(|| format!("handler.url: invalid URL {url:?}"))?;
-                if uri.scheme_str() != Some("http") || uri.host().is_none() {
-                    bail!("handler.url must be an http:// URL with a host, got {url:?}");
-                }
-            }
-        }
         if self.timeout.is_zero() {
             bail!("handler.timeout must be greater than zero");
         }
@@ -1058,7 +1060,7 @@ mod tests {
         assert!(error(&https).contains("http:// URL"));
         let ok = parse(&format!("{MINIMAL}[handler]\ncommand = [\"true\"]\n")).unwrap();
         assert_eq!(
-            ok.handler.unwrap().kind(),
+            ok.handler.unwrap().kind,
             HandlerKind::Command(vec!["true".into()])
         );
     }

@@ -105,7 +105,7 @@ impl Worker {
         config: HandlerConfig,
         lease_slack: Duration,
     ) -> anyhow::Result<(Worker, Queue)> {
-        let handler = Arc::new(Handler::new(config.kind())?);
+        let handler = Arc::new(Handler::new(config.kind.clone())?);
         let (queue, receiver) = Queue::new();
         let worker = Worker {
             ledger,
@@ -384,11 +384,11 @@ fn backoff(config: &HandlerConfig, failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::HandlerKind;
 
     fn config() -> HandlerConfig {
         HandlerConfig {
-            command: Some(vec!["true".into()]),
-            url: None,
+            kind: HandlerKind::Command(vec!["true".into()]),
             timeout: Duration::from_secs(1),
             concurrency: 1,
             max_attempts: 5,

@@ -13,7 +13,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use sume_receiver::config::HandlerConfig;
+use sume_receiver::config::{HandlerConfig, HandlerKind};
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{self, NewClaim, Source};
 use sume_receiver::sweeper::{SweepReport, Sweeper};
@@ -264,8 +264,7 @@ async fn sweep_once_takes_back_expired_leases() {
     let dir = tempfile::tempdir().unwrap();
     let (config, ledger) = open_ledger(dir.path()).await;
     let handler = HandlerConfig {
-        command: Some(vec!["true".into()]),
-        url: None,
+        kind: HandlerKind::Command(vec!["true".into()]),
         timeout: Duration::from_secs(1),
         concurrency: 1,
         max_attempts: 2,

@@ -25,6 +25,31 @@ pub(super) const CHANNEL: &str = "sume_jobs";
 /// How long a connection attempt may take before the operation fails (503 for a claim).
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// The connection settings, with a connect timeout unless the URL sets one, and a dead
+/// connection noticed within seconds (a partition, a server that vanished without closing
+/// it): data unacknowledged for 10 s aborts it (TCP_USER_TIMEOUT), and an idle one is
+/// probed after 30 s (keepalives). Otherwise a statement could wait for the kernel's
+/// retransmissions, about 15 minutes, while every claim behind it gets 503.
+pub(super) fn settings(url: &PostgresUrl, connect_timeout: Duration) -> tokio_postgres::Config {
+    let mut config = url.settings().clone();
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(connect_timeout);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(Duration::from_secs(10));
+    }
+    if config.get_keepalives_interval().is_none() {
+        config
+            .keepalives_idle(Duration::from_secs(30))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3);
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("sume-receiver");
+    }
+    config
+}
+
 /// A failed statement. A server error means PostgreSQL rolled the statement back, and a client
 /// side error (a value that cannot be sent) means nothing was sent; but a connection lost
 /// during the statement may have been lost after its commit reached the server.
@@ -195,7 +220,7 @@ pub(super) enum Tls {
 
 impl Tls {
     pub(super) fn new(url: &PostgresUrl, ca_file: Option<&std::path::Path>) -> anyhow::Result<Tls> {
-        let config = url.config(CONNECT_TIMEOUT);
+        let config = settings(url, CONNECT_TIMEOUT);
         if config.get_ssl_mode() != SslMode::Require {
             if !url.is_local() {
                 tracing::warn!(ledger = %url.location(), "the connection to PostgreSQL is not encrypted: add sslmode=require to database.url");

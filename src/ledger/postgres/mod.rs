@@ -46,7 +46,9 @@ use crate::config::{DatabaseConfig, PostgresUrl};
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
 use claims::{insert_claims, run_batcher, through_batcher, ClaimRequest, ClaimsError};
-use connection::{error_text, listen, pool_error, statement_error, Tls, CHANNEL, CONNECT_TIMEOUT};
+use connection::{
+    error_text, listen, pool_error, settings, statement_error, Tls, CHANNEL, CONNECT_TIMEOUT,
+};
 use start::{check_durability, connect_at_start, migrate, MIGRATIONS};
 
 /// Connections per receiver: the claim batches in flight, the worker's transitions, reads.
@@ -75,7 +77,7 @@ impl PostgresLedger {
     /// Connects, checks the server's durability setting, migrates under the advisory lock, and
     /// starts the claim batcher and the LISTEN task.
     pub async fn open(url: &PostgresUrl, config: &DatabaseConfig) -> anyhow::Result<Self> {
-        let pg_config = url.config(CONNECT_TIMEOUT);
+        let pg_config = settings(url, CONNECT_TIMEOUT);
         let location = url.location();
         let tls = Tls::new(url, config.ca_file.as_deref())?;
         let mut client = connect_at_start(&tls, &pg_config, &location).await?;
@@ -173,7 +175,7 @@ impl PostgresLedger {
     pub async fn open_existing(url: &PostgresUrl, config: &DatabaseConfig) -> anyhow::Result<Self> {
         let location = url.location();
         let tls = Tls::new(url, config.ca_file.as_deref())?;
-        let pg_config = url.config(CONNECT_TIMEOUT);
+        let pg_config = settings(url, CONNECT_TIMEOUT);
         let client = tls
             .connect(&pg_config)
             .await
