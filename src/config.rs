@@ -667,8 +667,13 @@ impl Config {
             .map_err(|error| anyhow::anyhow!(describe_toml_error(text, &error)))?;
         config.resolve_paths(base_dir);
         config.database.receiver = format!("{}:{}", host_name(), config.server.listen.port());
-        config.validate()?;
-        Ok(config)
+        let mut problems = Vec::new();
+        config.validate(&mut problems);
+        match problems.len() {
+            0 => Ok(config),
+            1 => Err(anyhow::anyhow!(problems.remove(0))),
+            n => bail!("{n} problems:\n  {}", problems.join("\n  ")),
+        }
     }
 
     /// [`Config::signing_secrets`] from the file this config came from, read again (for a
@@ -772,35 +777,41 @@ impl Config {
         }
     }
 
-    fn validate(&self) -> anyhow::Result<()> {
+    fn validate(&self, problems: &mut Vec<String>) {
         if self.database.url.is_some() && self.database.url_file.is_some() {
-            bail!("database: set url or url_file, not both");
+            problems.push("database: set url or url_file, not both".to_owned());
         }
         let signature = &self.signature;
         if signature.secrets.is_empty() && signature.secrets_file.is_none() {
-            bail!("signature.secrets: no secret configured (set `secrets` or `secrets_file`)");
+            problems.push(
+                "signature.secrets: no secret configured (set `secrets` or `secrets_file`)"
+                    .to_owned(),
+            );
         }
         if signature.tolerance.is_zero() {
-            bail!("signature.tolerance must be greater than zero");
+            problems.push("signature.tolerance must be greater than zero".to_owned());
         }
         let server = &self.server;
         if !server.webhook_path.starts_with('/') || server.webhook_path.contains(['?', '#']) {
-            bail!(
+            problems.push(format!(
                 "server.webhook_path must be a path starting with '/', got {:?}",
                 server.webhook_path
-            );
+            ));
         }
         if RESERVED_PATHS.contains(&server.webhook_path.as_str()) {
-            bail!("server.webhook_path {:?} is reserved", server.webhook_path);
+            problems.push(format!(
+                "server.webhook_path {:?} is reserved",
+                server.webhook_path
+            ));
         }
         if server.max_body_bytes == 0 {
-            bail!("server.max_body_bytes must be greater than zero");
+            problems.push("server.max_body_bytes must be greater than zero".to_owned());
         }
         if server.max_headers == 0 {
-            bail!("server.max_headers must be greater than zero");
+            problems.push("server.max_headers must be greater than zero".to_owned());
         }
         if server.max_header_bytes < 8192 {
-            bail!("server.max_header_bytes must be at least 8192");
+            problems.push("server.max_header_bytes must be at least 8192".to_owned());
         }
         for (key, value) in [
             ("server.header_read_timeout", server.header_read_timeout),
@@ -811,48 +822,51 @@ impl Config {
             ("database.busy_timeout", self.database.busy_timeout),
         ] {
             if value.is_zero() {
-                bail!("{key} must be greater than zero");
+                problems.push(format!("{key} must be greater than zero"));
             }
         }
         if server.claim_timeout >= Duration::from_secs(10) {
-            bail!("server.claim_timeout must stay under Sume's 10 s delivery timeout");
-        }
-        if server.max_connections == 0 {
-            bail!("server.max_connections must be at least 1");
-        }
-        if server.max_inflight_body_bytes < server.max_body_bytes {
-            bail!(
-                "server.max_inflight_body_bytes ({}) must be at least server.max_body_bytes ({}): \
-                 a largest body could never be read",
-                server.max_inflight_body_bytes,
-                server.max_body_bytes
+            problems.push(
+                "server.claim_timeout must stay under Sume's 10 s delivery timeout".to_owned(),
             );
         }
+        if server.max_connections == 0 {
+            problems.push("server.max_connections must be at least 1".to_owned());
+        }
+        if server.max_inflight_body_bytes < server.max_body_bytes {
+            problems.push(format!(
+                "server.max_inflight_body_bytes ({}) must be at least server.max_body_bytes ({}): \
+                 a largest body could never be read",
+                server.max_inflight_body_bytes, server.max_body_bytes
+            ));
+        }
         if server.max_body_bytes > MAX_BODY_BYTES {
-            bail!("server.max_body_bytes must be at most {MAX_BODY_BYTES} (64 MiB)");
+            problems.push(format!(
+                "server.max_body_bytes must be at most {MAX_BODY_BYTES} (64 MiB)"
+            ));
         }
         if self.database.max_batch == 0 {
-            bail!("database.max_batch must be at least 1");
+            problems.push("database.max_batch must be at least 1".to_owned());
         }
         if let Some(handler) = &self.handler {
-            handler.validate()?;
+            handler.validate(problems);
         }
         let retention = &self.retention;
         if retention.ttl.is_zero() || retention.interval.is_zero() {
-            bail!("retention.ttl and retention.interval must be greater than zero");
+            problems
+                .push("retention.ttl and retention.interval must be greater than zero".to_owned());
         }
         if retention.dedupe_ttl < retention.ttl {
-            bail!(
+            problems.push(format!(
                 "retention.dedupe_ttl ({}) must be at least retention.ttl ({}): a job's body \
                  cannot outlive the memory of its job_id",
                 humantime::format_duration(retention.dedupe_ttl),
                 humantime::format_duration(retention.ttl)
-            );
+            ));
         }
         if let Some(api) = &self.sume_api {
-            api.validate()?;
+            api.validate(problems);
         }
-        Ok(())
     }
 }
 
@@ -862,38 +876,48 @@ impl SumeApiConfig {
         read_secret_file("sume_api.api_key_file", &self.api_key_file)
     }
 
-    fn validate(&self) -> anyhow::Result<()> {
-        let uri: hyper::Uri = self
-            .base_url
-            .parse()
-            .with_context(|| format!("sume_api.base_url: invalid URL {:?}", self.base_url))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-            bail!(
+    fn validate(&self, problems: &mut Vec<String>) {
+        let uri = self.base_url.parse::<hyper::Uri>();
+        if let Err(error) = &uri {
+            problems.push(format!(
+                "sume_api.base_url: invalid URL {:?}: {error}",
+                self.base_url
+            ));
+        }
+        let uri = uri.ok();
+        let usable = uri.as_ref().is_some_and(|uri| {
+            matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some()
+        });
+        if uri.is_some() && !usable {
+            problems.push(format!(
                 "sume_api.base_url must be an http(s):// URL with a host, got {:?}",
                 self.base_url
-            );
+            ));
         }
         if !(self.max_requests_per_second > 0.0 && self.max_requests_per_second.is_finite()) {
-            bail!("sume_api.max_requests_per_second must be a positive number");
+            problems.push("sume_api.max_requests_per_second must be a positive number".to_owned());
         }
         if self.terminal_statuses.is_empty() {
-            bail!("sume_api.terminal_statuses must list at least one status");
+            problems.push("sume_api.terminal_statuses must list at least one status".to_owned());
         }
         if self.give_up_after <= self.reconcile_after {
-            bail!("sume_api.give_up_after must be longer than sume_api.reconcile_after");
+            problems.push(
+                "sume_api.give_up_after must be longer than sume_api.reconcile_after".to_owned(),
+            );
         }
         for (key, value) in [
             ("sume_api.request_timeout", self.request_timeout),
             ("sume_api.poll_backoff", self.poll_backoff),
         ] {
             if value.is_zero() {
-                bail!("{key} must be greater than zero");
+                problems.push(format!("{key} must be greater than zero"));
             }
         }
         if self.max_poll_backoff < self.poll_backoff {
-            bail!("sume_api.max_poll_backoff must be at least sume_api.poll_backoff");
+            problems.push(
+                "sume_api.max_poll_backoff must be at least sume_api.poll_backoff".to_owned(),
+            );
         }
-        Ok(())
     }
 
     /// `{base_url}/v1/jobs/{job_id}/{action}`, with the job_id percent-encoded.
@@ -907,20 +931,22 @@ impl SumeApiConfig {
 }
 
 impl HandlerConfig {
-    fn validate(&self) -> anyhow::Result<()> {
+    fn validate(&self, problems: &mut Vec<String>) {
         if self.timeout.is_zero() {
-            bail!("handler.timeout must be greater than zero");
+            problems.push("handler.timeout must be greater than zero".to_owned());
         }
         if self.concurrency == 0 {
-            bail!("handler.concurrency must be at least 1");
+            problems.push("handler.concurrency must be at least 1".to_owned());
         }
         if self.max_attempts == 0 {
-            bail!("handler.max_attempts must be at least 1");
+            problems.push("handler.max_attempts must be at least 1".to_owned());
         }
         if self.backoff.is_zero() || self.max_backoff < self.backoff {
-            bail!("handler.backoff must be greater than zero and no more than handler.max_backoff");
+            problems.push(
+                "handler.backoff must be greater than zero and no more than handler.max_backoff"
+                    .to_owned(),
+            );
         }
-        Ok(())
     }
 }
 
@@ -937,6 +963,26 @@ mod tests {
     }
 
     const MINIMAL: &str = "[signature]\nsecrets = [\"whsec_a\"]\n";
+
+    /// Every problem the checks find is reported at once, not the first alone.
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let text = "[signature]\nsecrets = [\"whsec_0123456789abcdef\"]\n\
+                    [server]\nmax_connections = 0\nmax_body_bytes = 0\n\
+                    [handler]\ncommand = [\"true\"]\nconcurrency = 0\n";
+        let message = error(text);
+        for problem in [
+            "3 problems",
+            "server.max_connections must be at least 1",
+            "server.max_body_bytes must be greater than zero",
+            "handler.concurrency must be at least 1",
+        ] {
+            assert!(
+                message.contains(problem),
+                "{problem:?} missing from {message}"
+            );
+        }
+    }
 
     #[test]
     fn minimal_config_takes_defaults() {
