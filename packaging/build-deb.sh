@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 cargo build --release --locked
 generated=target/generated
 mkdir -p "$generated"
-bin=target/release/sume-receiver
+bin="${CARGO_TARGET_DIR:-target}/release/sume-receiver"
 "$bin" generate man > "$generated/sume-receiver.1"
 "$bin" generate completions bash > "$generated/sume-receiver.bash"
 "$bin" generate completions zsh > "$generated/_sume-receiver"

@@ -13,32 +13,50 @@ pub struct Findings {
     pub warnings: Vec<String>,
 }
 
+/// What a credential file this user cannot read is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreadable {
+    /// A warning: the check may run as another user than the service's (an operator, root).
+    Warning,
+    /// An error: the check runs as the service's user (`serve`, the unit's `check-config
+    /// --strict` before a start or a reload), so the service could not read it either.
+    Error,
+}
+
 /// Checks what parsing cannot: the credential files, the ledger's directory (SQLite) or its URL
 /// file (PostgreSQL), the handler.
-pub fn check(config: &Config) -> Findings {
+pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
     let mut findings = Findings {
         warnings: config.warnings(),
         ..Findings::default()
     };
     credential(
         &mut findings,
+        unreadable,
         "signing secrets",
         config.signing_secrets().map(drop),
     );
     if let Some(api) = &config.sume_api {
         credential(
             &mut findings,
+            unreadable,
             "sume_api.api_key_file",
             api.api_key().map(drop),
         );
     }
     if let Some(admin) = &config.admin {
-        credential(&mut findings, "admin.token_file", admin.token().map(drop));
+        credential(
+            &mut findings,
+            unreadable,
+            "admin.token_file",
+            admin.token().map(drop),
+        );
     }
     if config.database.uses_postgres() {
         // Not connected to here: `serve` says at start if the server cannot be reached.
         credential(
             &mut findings,
+            unreadable,
             "database.url_file",
             config.database.postgres_url().map(drop),
         );
@@ -67,18 +85,23 @@ impl Findings {
     }
 }
 
-/// A credential file this user cannot read is a warning, not an error: it may be readable by the
-/// service's user only, or be a systemd credential that exists only while the unit runs.
-/// Anything else wrong with it is an error.
-fn credential(findings: &mut Findings, what: &str, loaded: anyhow::Result<()>) {
+/// A credential file this user cannot read is, with [`Unreadable::Warning`], a warning: it may
+/// be readable by the service's user only, or be a systemd credential that exists only while
+/// the unit runs. Anything else wrong with it is an error.
+fn credential(
+    findings: &mut Findings,
+    unreadable: Unreadable,
+    what: &str,
+    loaded: anyhow::Result<()>,
+) {
     let Err(error) = loaded else {
         return;
     };
-    let unreadable = error
+    let cannot_read = error
         .root_cause()
         .downcast_ref::<std::io::Error>()
         .is_some();
-    if unreadable {
+    if cannot_read && unreadable == Unreadable::Warning {
         findings.warnings.push(format!(
             "{error:#} (not checked here: it may be readable by the service's user only, or be \
              a systemd credential that exists only while the unit runs; `serve` reads it)"
@@ -155,7 +178,10 @@ mod tests {
     #[test]
     fn a_good_config_has_no_findings() {
         let dir = tempfile::tempdir().unwrap();
-        let findings = check(&config(dir.path(), "[handler]\ncommand = [\"true\"]\n"));
+        let findings = check(
+            &config(dir.path(), "[handler]\ncommand = [\"true\"]\n"),
+            Unreadable::Error,
+        );
         assert!(findings.errors.is_empty(), "{findings:?}");
         assert!(findings.warnings.is_empty(), "{findings:?}");
     }
@@ -172,10 +198,13 @@ mod tests {
             "/nonexistent/handler",
             &not_executable,
         ] {
-            let findings = check(&config(
-                dir.path(),
-                &format!("[handler]\ncommand = [\"{program}\"]\n"),
-            ));
+            let findings = check(
+                &config(
+                    dir.path(),
+                    &format!("[handler]\ncommand = [\"{program}\"]\n"),
+                ),
+                Unreadable::Warning,
+            );
             assert!(
                 findings.errors[0].contains("handler.command")
                     && findings.errors[0].contains(program),
@@ -192,10 +221,17 @@ mod tests {
             dir.path(),
         )
         .unwrap();
-        let findings = check(&missing);
+        let findings = check(&missing, Unreadable::Warning);
         assert!(findings.errors.is_empty(), "{findings:?}");
         assert!(
             findings.warnings[0].contains("systemd credential"),
+            "{findings:?}"
+        );
+        // Run as the service's user (`check-config --strict`, `serve`): the service could not
+        // read it either.
+        let findings = check(&missing, Unreadable::Error);
+        assert!(
+            findings.errors[0].contains("/run/credentials/x/secrets"),
             "{findings:?}"
         );
 
@@ -205,7 +241,7 @@ mod tests {
             dir.path(),
         )
         .unwrap();
-        let findings = check(&example);
+        let findings = check(&example, Unreadable::Warning);
         assert!(
             findings.errors[0].contains("example secret"),
             "{findings:?}"

@@ -38,7 +38,12 @@ pub enum Command {
     /// Run the service: receive webhooks, claim them, run their handlers.
     Serve,
     /// Validate the configuration file and exit.
-    CheckConfig,
+    CheckConfig {
+        /// Run as the service's user (the unit's ExecStartPre= and ExecReload=): a credential
+        /// file it cannot read is an error, as it is for `serve`.
+        #[arg(long)]
+        strict: bool,
+    },
     /// Inspect and retry jobs in the ledger (works while the service runs).
     #[command(subcommand)]
     Jobs(JobsCommand),
@@ -136,8 +141,13 @@ impl clap::builder::ValueParserFactory for State {
 pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
     match command {
         Command::Serve | Command::Generate(_) => unreachable!("started by main"),
-        Command::CheckConfig => {
-            let findings = crate::check::check(config);
+        Command::CheckConfig { strict } => {
+            let unreadable = if strict {
+                crate::check::Unreadable::Error
+            } else {
+                crate::check::Unreadable::Warning
+            };
+            let findings = crate::check::check(config, unreadable);
             for warning in &findings.warnings {
                 println!("warning: {warning}");
             }

@@ -154,118 +154,118 @@ impl Metrics {
         let m = &metrics;
         registry.register(
             "sume_deliveries",
-            "Webhook deliveries by the answer they got (outcome).",
+            "Webhook deliveries by the answer they got (outcome)",
             m.deliveries.clone(),
         );
         registry.register(
             "sume_ledger_commits",
-            "Ledger transactions by result (committed, failed).",
+            "Ledger transactions by result (committed, failed)",
             m.commits.clone(),
         );
         registry.register(
             "sume_ledger_batch_size",
-            "Changes per group-commit transaction.",
+            "Changes per group-commit transaction",
             m.batch_size.clone(),
         );
         registry.register_with_unit(
             "sume_ledger_wal_sync",
-            "How long each fsync of the SQLite ledger's WAL took (synchronous = full).",
+            "How long each fsync of the SQLite ledger's WAL took (synchronous = full)",
             Unit::Seconds,
             m.wal_sync.clone(),
         );
         registry.register_with_unit(
             "sume_claim_commit",
-            "Time from a delivery's claim being queued to its answer: committed and on disk, or failed.",
+            "Time from a delivery's claim being queued to its answer: committed and on disk, or failed",
             Unit::Seconds,
             m.claim_commit.clone(),
         );
         registry.register(
             "sume_ledger_writer_queue_depth",
-            "Changes waiting for the ledger writer.",
+            "Changes waiting for the ledger writer",
             m.writer_queue_depth.clone(),
         );
         registry.register(
             "sume_attempts",
-            "Handler attempts by result (done, failed).",
+            "Handler attempts by result (done, failed)",
             m.attempts.clone(),
         );
         registry.register_with_unit(
             "sume_attempt_duration",
-            "How long handler attempts ran, by result (done, failed).",
+            "How long handler attempts ran, by result (done, failed)",
             Unit::Seconds,
             m.attempt_duration.clone(),
         );
         registry.register(
             "sume_jobs_dead",
-            "Jobs that used all their attempts.",
+            "Jobs that used all their attempts",
             m.jobs_dead.clone(),
         );
         registry.register(
             "sume_jobs_swept",
-            "Attempts whose lease the sweeper took back.",
+            "Attempts whose lease the sweeper took back",
             m.swept.clone(),
         );
         registry.register(
             "sume_jobs",
             "Jobs in the ledger by state (done and dead: as of the last start or retention \
-             run, plus what this process finished since).",
+             run, plus what this process finished since)",
             m.jobs.clone(),
         );
         registry.register_with_unit(
             "sume_oldest_unfinished_job_age",
-            "Age of the oldest job still claimed, running or retrying (0 when none).",
+            "Age of the oldest job still claimed, running or retrying (0 when none)",
             Unit::Seconds,
             m.oldest_unfinished.clone(),
         );
         registry.register_with_unit(
             "sume_ledger_file",
-            "Size of the ledger's files (file: db, wal).",
+            "Size of the ledger's files (file: db, wal)",
             Unit::Bytes,
             m.ledger_files.clone(),
         );
         registry.register(
             "sume_reconcile_polls",
-            "Calls to Sume's status endpoint by result (answered, failed).",
+            "Calls to Sume's status endpoint by result (answered, failed)",
             m.polls.clone(),
         );
         registry.register(
             "sume_reconcile_recovered",
-            "Jobs claimed by polling: their webhook never arrived.",
+            "Jobs claimed by polling: their webhook never arrived",
             m.recovered.clone(),
         );
         registry.register(
             "sume_connections_shed",
-            "Connections closed at the connection limit while they waited for a request head, to let a new one in.",
+            "Connections closed at the connection limit while they waited for a request head, to let a new one in",
             m.connections_shed.clone(),
         );
         registry.register(
             "sume_reconcile_given_up",
-            "Expected jobs given up on: no webhook and no terminal status within give_up_after.",
+            "Expected jobs given up on: no webhook and no terminal status within give_up_after",
             m.given_up.clone(),
         );
         registry.register(
             "sume_expected_jobs",
-            "Expected jobs by state (waiting, arrived, recovered, given_up).",
+            "Expected jobs by state (waiting, arrived, recovered, given_up)",
             m.expected.clone(),
         );
         registry.register(
             "sume_retention_bodies_purged",
-            "Bodies of finished jobs dropped by retention.",
+            "Bodies of finished jobs dropped by retention",
             m.bodies_purged.clone(),
         );
         registry.register(
             "sume_retention_jobs_forgotten",
-            "Finished jobs deleted by retention (after dedupe_ttl).",
+            "Finished jobs deleted by retention (after dedupe_ttl)",
             m.jobs_forgotten.clone(),
         );
         registry.register(
             "sume_retention_expectations_forgotten",
-            "Resolved expected jobs deleted by retention.",
+            "Resolved expected jobs deleted by retention",
             m.expectations_forgotten.clone(),
         );
         registry.register(
             "sume_receiver_build",
-            "The running build.",
+            "The running build",
             Info::new([
                 ("version", env!("CARGO_PKG_VERSION")),
                 ("commit", env!("SUME_RECEIVER_COMMIT")),
@@ -273,18 +273,18 @@ impl Metrics {
         );
         registry.register_with_unit(
             "process_resident_memory",
-            "Resident memory of this process.",
+            "Resident memory of this process",
             Unit::Bytes,
             m.process_memory.clone(),
         );
         registry.register(
             "process_open_fds",
-            "Open file descriptors of this process.",
+            "Open file descriptors of this process",
             m.process_fds.clone(),
         );
         registry.register_with_unit(
             "process_cpu",
-            "CPU time used by this process (user and system).",
+            "CPU time used by this process (user and system)",
             Unit::Seconds,
             m.process_cpu.clone(),
         );

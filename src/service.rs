@@ -32,7 +32,7 @@ pub async fn run(
     };
     // What check-config (the unit's ExecStartPre) refuses, serve refuses too: a handler that
     // cannot run would acknowledge every delivery and then let it go dead.
-    check::check(&config).refuse_errors()?;
+    check::check(&config, check::Unreadable::Error).refuse_errors()?;
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }

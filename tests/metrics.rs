@@ -74,6 +74,10 @@ async fn metrics_count_exactly_what_happened() {
         .unwrap();
     assert_eq!(scrape.status, 200);
     let text = String::from_utf8(scrape.body.to_vec()).unwrap();
+    // Regression: the registry adds the final period itself; every help text ended in "..".
+    for help in text.lines().filter(|line| line.starts_with("# HELP")) {
+        assert!(help.ends_with('.') && !help.ends_with(".."), "{help}");
+    }
     for (series, expected) in [
         (r#"sume_deliveries_total{outcome="claimed"}"#, 2.0),
         (r#"sume_deliveries_total{outcome="duplicate"}"#, 1.0),

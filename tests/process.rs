@@ -78,6 +78,32 @@ fn check_config_names_the_bad_key() {
     assert!(output.status.success(), "{output:?}");
 }
 
+/// Regression: the unit's `check-config` passed, with a warning, a secrets file the service
+/// could not read, and `serve` then failed (a restart loop); `systemctl reload` reported
+/// success for a reload that failed. `--strict`, which the unit runs as the service's user
+/// before a start and a reload, refuses it.
+#[test]
+fn check_config_strict_refuses_an_unreadable_secrets_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    let secrets = dir.path().join("secrets");
+    std::fs::write(
+        &config,
+        format!("[signature]\nsecrets_file = \"{}\"\n", secrets.display()),
+    )
+    .unwrap();
+    let lenient = cli(&config, &["check-config"]);
+    assert!(lenient.status.success(), "{lenient:?}");
+    assert!(String::from_utf8_lossy(&lenient.stdout).contains("warning"));
+    let strict = cli(&config, &["check-config", "--strict"]);
+    assert!(!strict.status.success(), "{strict:?}");
+    let said = String::from_utf8_lossy(&strict.stdout);
+    assert!(said.contains("error") && said.contains("secrets"), "{said}");
+    std::fs::write(&secrets, "whsec_rotated_0123456789\n").unwrap();
+    let strict = cli(&config, &["check-config", "--strict"]);
+    assert!(strict.status.success(), "{strict:?}");
+}
+
 /// Regression: the SIGTERM handler used to be installed only after startup, so a stop right
 /// after the port opened killed the process with the default action (exit by signal).
 #[tokio::test(flavor = "multi_thread")]
