@@ -16,8 +16,17 @@ pub fn init(default_level: &str, format: LogFormat) {
     let registry = tracing_subscriber::registry().with(filter);
     match resolve(format) {
         LogFormat::Journald => match tracing_journald::layer() {
-            // Fields become journal fields (JOB_ID=...), levels become priorities.
-            Ok(journald) => return registry.with(journald).init(),
+            // Fields become journal fields of our own prefix (SUME_JOB_ID=...: bare JOB_ID is
+            // systemd's own field), levels become priorities (INFO is 6, "info").
+            Ok(journald) => {
+                let journald = journald
+                    .with_field_prefix(Some("SUME".to_owned()))
+                    .with_priority_mappings(tracing_journald::PriorityMappings {
+                        info: tracing_journald::Priority::Informational,
+                        ..tracing_journald::PriorityMappings::new()
+                    });
+                return registry.with(journald).init();
+            }
             Err(error) => {
                 eprintln!("cannot write to journald ({error}); logging to stderr instead")
             }

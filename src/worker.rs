@@ -336,7 +336,12 @@ impl JobRun {
                         tracing::error!(job_id = %job_id, attempt = attempt.number, ?error, "job dead: out of attempts")
                     }
                     (AttemptEnd::Failed { error, .. }, _) => {
-                        tracing::warn!(job_id = %job_id, attempt = attempt.number, ?error, retry_in = ?retry_in, "attempt failed; will retry")
+                        // "8s 740ms", not Debug's "Some(8.74s)".
+                        let retry_in = retry_in.map_or_else(String::new, |delay| {
+                            let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                            humantime::format_duration(Duration::from_millis(millis)).to_string()
+                        });
+                        tracing::warn!(job_id = %job_id, attempt = attempt.number, ?error, %retry_in, "attempt failed; will retry")
                     }
                     _ => {}
                 }

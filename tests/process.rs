@@ -1172,3 +1172,93 @@ async fn out_of_descriptors_slow_heads_make_room_for_a_sender() {
     drop(slow);
     service.stop_cleanly().await;
 }
+
+/// Regression: under journald the fields were `F_JOB_ID` (the README's `JOB_ID=` found
+/// nothing: bare `JOB_ID` is systemd's own field) and INFO went out at priority 5. Run where no
+/// journald is (a socket of our own in its place); skipped where one runs or without root.
+#[tokio::test(flavor = "multi_thread")]
+async fn journald_fields_carry_our_prefix_and_info_is_priority_6() {
+    let test = "journald_fields_carry_our_prefix_and_info_is_priority_6";
+    let socket_path = Path::new("/run/systemd/journal/socket");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || socket_path.exists() {
+        return skip(
+            test,
+            "needs root, and /run/systemd/journal/socket free (no journald)",
+        );
+    }
+    std::fs::create_dir_all(socket_path.parent().unwrap()).unwrap();
+    let journal = std::os::unix::net::UnixDatagram::bind(socket_path).unwrap();
+    // Removed however the test ends: a socket left there would look like a journald.
+    struct Unbind<'a>(&'a Path);
+    impl Drop for Unbind<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(self.0);
+        }
+    }
+    let _unbind = Unbind(socket_path);
+    journal
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), port, "", "[log]\nformat = \"journald\"\n");
+    let service = Service::start(&config, port).await;
+    let client = sume_receiver::http_client::new_client();
+    let request = signed_delivery(port, SECRET, &job_body("job-journal"));
+    let answer = sume_receiver::http_client::send(&client, request, Duration::from_secs(5), 4096)
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200);
+    service.stop_cleanly().await;
+    let mut entries = Vec::new();
+    let mut buffer = vec![0u8; 65536];
+    while let Ok(n) = journal.recv(&mut buffer) {
+        entries.push(journal_fields(&buffer[..n]));
+    }
+    let field = |entry: &Vec<(String, String)>, name: &str| {
+        entry
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.clone())
+    };
+    let delivery = entries
+        .iter()
+        .find(|entry| field(entry, "SUME_JOB_ID").as_deref() == Some("job-journal"))
+        .unwrap_or_else(|| panic!("no entry with SUME_JOB_ID=job-journal in {entries:#?}"));
+    assert_eq!(
+        field(delivery, "PRIORITY").as_deref(),
+        Some("6"),
+        "{delivery:?}"
+    );
+    assert_eq!(field(delivery, "SUME_OUTCOME").as_deref(), Some("claimed"));
+    let unprefixed = entries
+        .iter()
+        .flatten()
+        .find(|(key, _)| key.starts_with("F_") || key == "JOB_ID");
+    assert!(unprefixed.is_none(), "{unprefixed:?}");
+}
+
+/// The fields of one datagram of journald's native protocol: `NAME=value\n`, or `NAME\n`, a
+/// little-endian 64-bit length, the value, `\n`.
+fn journal_fields(mut datagram: &[u8]) -> Vec<(String, String)> {
+    let mut fields = Vec::new();
+    while let Some(end) = datagram.iter().position(|&b| b == b'\n' || b == b'=') {
+        let name = String::from_utf8_lossy(&datagram[..end]).into_owned();
+        let value;
+        if datagram[end] == b'=' {
+            let rest = &datagram[end + 1..];
+            let stop = rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
+            value = String::from_utf8_lossy(&rest[..stop]).into_owned();
+            datagram = &rest[(stop + 1).min(rest.len())..];
+        } else {
+            let length = u64::from_le_bytes(datagram[end + 1..end + 9].try_into().unwrap());
+            let start = end + 9;
+            let stop = start + length as usize;
+            value = String::from_utf8_lossy(&datagram[start..stop]).into_owned();
+            datagram = &datagram[(stop + 1).min(datagram.len())..];
+        }
+        fields.push((name, value));
+    }
+    fields
+}
