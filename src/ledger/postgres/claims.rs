@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::connection::{pool_error, statement_error, CANCELLED_STANDBY_WAITS};
+use super::connection::{pool_error, statement_error, StandbyWarnings};
 use super::sql;
 use crate::event_type::EventType;
 use crate::ledger::error::{Cause, StorageError};
@@ -52,6 +52,7 @@ pub(super) async fn through_batcher(
 /// Groups queued claims into batches and commits them; answers each claim after its batch.
 pub(super) async fn run_batcher(
     pool: Pool,
+    warnings: StandbyWarnings,
     mut inbox: mpsc::Receiver<ClaimRequest>,
     max_batch: usize,
     stopping: CancellationToken,
@@ -83,9 +84,14 @@ pub(super) async fn run_batcher(
                 Err(_) => break,
             }
         }
-        let (pool, ok, failures) = (pool.clone(), last_commit_ok.clone(), failures.clone());
+        let (pool, warnings, ok, failures) = (
+            pool.clone(),
+            warnings.clone(),
+            last_commit_ok.clone(),
+            failures.clone(),
+        );
         batches.spawn(async move {
-            commit_batch(&pool, batch, &ok, &failures).await;
+            commit_batch(&pool, &warnings, batch, &ok, &failures).await;
             drop(permit);
         });
         while batches.try_join_next().is_some() {}
@@ -98,7 +104,7 @@ pub(super) async fn run_batcher(
     }
     while !rest.is_empty() {
         let batch: Vec<ClaimRequest> = rest.drain(..rest.len().min(max_batch.max(1))).collect();
-        commit_batch(&pool, batch, &last_commit_ok, &failures).await;
+        commit_batch(&pool, &warnings, batch, &last_commit_ok, &failures).await;
     }
     while batches.join_next().await.is_some() {}
     tracing::debug!("claim batcher stopped");
@@ -116,6 +122,7 @@ async fn probe(pool: &Pool, last_commit_ok: &AtomicBool) {
 
 async fn commit_batch(
     pool: &Pool,
+    warnings: &StandbyWarnings,
     batch: Vec<ClaimRequest>,
     last_commit_ok: &AtomicBool,
     failures: &Mutex<Throttled>,
@@ -131,7 +138,7 @@ async fn commit_batch(
         // Probes only: a statement on a pooled connection, as a batch's.
         select_one(pool).await
     } else {
-        insert_claims(pool, &ordered).await
+        insert_claims(pool, warnings, &ordered).await
     };
     // Claims PostgreSQL refused alone, with why.
     let mut refused = HashMap::new();
@@ -140,7 +147,7 @@ async fn commit_batch(
         // by one, so that only the bad one is refused.
         let mut claimed = HashSet::new();
         for claim in &ordered {
-            match insert_claims(pool, std::slice::from_ref(claim)).await {
+            match insert_claims(pool, warnings, std::slice::from_ref(claim)).await {
                 Ok(new) => claimed.extend(new),
                 Err(error) => {
                     refused.insert(claim.job_id.as_str().to_owned(), error.into_storage());
@@ -236,10 +243,11 @@ async fn select_one(pool: &Pool) -> Result<HashSet<String>, ClaimsError> {
 }
 
 /// Inserts the claims in one statement; returns the job_ids that were new. A wait for the
-/// synchronous standby cancelled meanwhile (see [`CANCELLED_STANDBY_WAITS`]) makes the outcome
+/// synchronous standby cancelled meanwhile (see [`StandbyWarnings`]) makes the outcome
 /// unknown, although PostgreSQL reported success.
 pub(super) async fn insert_claims(
     pool: &Pool,
+    warnings: &StandbyWarnings,
     claims: &[&NewClaim],
 ) -> Result<HashSet<String>, ClaimsError> {
     let client = pool.get().await.map_err(pool_error)?;
@@ -247,7 +255,7 @@ pub(super) async fn insert_claims(
         .prepare_cached(sql::INSERT_CLAIMS_SQL)
         .await
         .map_err(statement_error)?;
-    let cancelled_waits = CANCELLED_STANDBY_WAITS.load(Ordering::SeqCst);
+    let cancelled_waits = warnings.seen();
     let job_ids: Vec<&str> = claims.iter().map(|c| c.job_id.as_str()).collect();
     let sources: Vec<&str> = claims.iter().map(|c| c.source.as_str()).collect();
     let event_types: Vec<Option<&str>> = claims
@@ -262,7 +270,7 @@ pub(super) async fn insert_claims(
         )
         .await
         .map_err(claims_error)?;
-    if CANCELLED_STANDBY_WAITS.load(Ordering::SeqCst) != cancelled_waits {
+    if warnings.seen() != cancelled_waits {
         return Err(StorageError::OutcomeUnknown(Cause::message(
             "PostgreSQL cancelled the wait for the synchronous standby: committed locally, \
              perhaps not replicated",

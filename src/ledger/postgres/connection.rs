@@ -83,27 +83,38 @@ pub(super) fn pool_error(error: deadpool_postgres::PoolError) -> StorageError {
 const LISTEN_RETRY: Duration = Duration::from_secs(1);
 
 /// Waits for the synchronous standby that PostgreSQL cancelled (`pg_cancel_backend`, a "kill
-/// long queries" script) on any pooled connection. PostgreSQL then reports the commit as done,
-/// saying only in a WARNING that the standby may not have it; the notice reaches the
+/// long queries" script) on any connection of one pool. PostgreSQL then reports the commit as
+/// done, saying only in a WARNING that the standby may not have it; the notice reaches the
 /// connection's task before the statement's answer reaches the caller. Counted across the
 /// pool: another connection's cancel during a claim costs that claim a needless 503 (Sume
-/// retries), never a false 200.
-pub(super) static CANCELLED_STANDBY_WAITS: AtomicU64 = AtomicU64::new(0);
+/// retries), never a false 200. One count per pool, so that one ledger's warnings never touch
+/// another's claims (several ledgers in one process: the tests).
+#[derive(Clone, Default)]
+pub(super) struct StandbyWarnings(Arc<AtomicU64>);
 
-/// The cancel's WARNING has no SQLSTATE of its own (01000) and a translated text, so every
-/// warning counts; the termination's carries ADMIN_SHUTDOWN. A claim raises no other warning.
-fn note_notice(notice: &DbError) {
-    let warning = notice.parsed_severity() == Some(Severity::Warning)
-        || notice.code().code().starts_with("01");
-    if warning || notice.code() == &SqlState::ADMIN_SHUTDOWN {
-        CANCELLED_STANDBY_WAITS.fetch_add(1, Ordering::SeqCst);
-        tracing::warn!(notice = %notice, "PostgreSQL warned during a statement (a cancelled wait for the synchronous standby?): claims committed meanwhile are answered 503");
+impl StandbyWarnings {
+    /// How many so far: compared before and after a claim's statement.
+    pub(super) fn seen(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// The cancel's WARNING has no SQLSTATE of its own (01000) and a translated text, so every
+    /// warning counts; the termination's carries ADMIN_SHUTDOWN. A claim raises no other
+    /// warning.
+    fn note(&self, notice: &DbError) {
+        let warning = notice.parsed_severity() == Some(Severity::Warning)
+            || notice.code().code().starts_with("01");
+        if warning || notice.code() == &SqlState::ADMIN_SHUTDOWN {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            tracing::warn!(notice = %notice, "PostgreSQL warned during a statement (a cancelled wait for the synchronous standby?): claims committed meanwhile are answered 503");
+        }
     }
 }
 
 /// How the pool connects: as deadpool does, but the connection's task reads its notices.
 struct WatchingConnect<T> {
     tls: T,
+    warnings: StandbyWarnings,
 }
 
 impl<T> deadpool_postgres::Connect for WatchingConnect<T>
@@ -125,6 +136,7 @@ where
         >,
     > {
         let (tls, pg_config) = (self.tls.clone(), pg_config.clone());
+        let warnings = self.warnings.clone();
         Box::pin(async move {
             let (client, mut connection) = pg_config.connect(tls).await?;
             let task = tokio::spawn(async move {
@@ -132,7 +144,7 @@ where
                     std::future::poll_fn(|cx| connection.poll_message(cx)).await
                 {
                     match message {
-                        Ok(AsyncMessage::Notice(notice)) => note_notice(&notice),
+                        Ok(AsyncMessage::Notice(notice)) => warnings.note(&notice),
                         Ok(_) => {}
                         Err(error) => {
                             tracing::debug!(%error, "PostgreSQL connection ended");
@@ -284,18 +296,29 @@ impl Tls {
         }
     }
 
-    pub(super) fn manager(&self, config: &tokio_postgres::Config) -> Manager {
+    /// A pool manager whose connections count their notices in `warnings`.
+    pub(super) fn manager(
+        &self,
+        config: &tokio_postgres::Config,
+        warnings: StandbyWarnings,
+    ) -> Manager {
         let recycling = || ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
         match self {
-            Tls::Off => {
-                Manager::from_connect(config.clone(), WatchingConnect { tls: NoTls }, recycling())
-            }
+            Tls::Off => Manager::from_connect(
+                config.clone(),
+                WatchingConnect {
+                    tls: NoTls,
+                    warnings,
+                },
+                recycling(),
+            ),
             Tls::Verified(connector) => Manager::from_connect(
                 config.clone(),
                 WatchingConnect {
                     tls: connector.clone(),
+                    warnings,
                 },
                 recycling(),
             ),

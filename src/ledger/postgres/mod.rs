@@ -47,7 +47,8 @@ use crate::job_id::JobId;
 use crate::metrics::Snapshot;
 use claims::{insert_claims, run_batcher, through_batcher, ClaimRequest, ClaimsError};
 use connection::{
-    error_text, listen, pool_error, settings, statement_error, Tls, CHANNEL, CONNECT_TIMEOUT,
+    error_text, listen, pool_error, settings, statement_error, StandbyWarnings, Tls, CHANNEL,
+    CONNECT_TIMEOUT,
 };
 use start::{check_durability, connect_at_start, migrate, MIGRATIONS};
 
@@ -59,6 +60,8 @@ const CLAIM_QUEUE_CAPACITY: usize = 1024;
 /// The open PostgreSQL ledger of a running receiver.
 pub struct PostgresLedger {
     pool: Pool,
+    /// The pool's count of warnings that make a claim's outcome unknown.
+    warnings: StandbyWarnings,
     /// The claim batcher's queue; `None` on the command line, which claims in place.
     claims: Option<mpsc::Sender<ClaimRequest>>,
     /// The claim batcher and the LISTEN task; awaited at close.
@@ -90,7 +93,8 @@ impl PostgresLedger {
         let options = pg_config.get_options().unwrap_or_default();
         pg_config.options(format!("{options} -c synchronous_commit={synchronous_commit}").trim());
 
-        let pool = Pool::builder(tls.manager(&pg_config))
+        let warnings = StandbyWarnings::default();
+        let pool = Pool::builder(tls.manager(&pg_config, warnings.clone()))
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)
             .create_timeout(Some(CONNECT_TIMEOUT))
@@ -106,6 +110,7 @@ impl PostgresLedger {
         let mut tasks = JoinSet::new();
         let batcher = tokio::spawn(run_batcher(
             pool.clone(),
+            warnings.clone(),
             inbox,
             config.max_batch,
             stopping.clone(),
@@ -126,6 +131,7 @@ impl PostgresLedger {
         tracing::info!(ledger = %location, "PostgreSQL ledger open");
         Ok(PostgresLedger {
             pool,
+            warnings,
             claims: Some(claims),
             tasks: Mutex::new(Some(tasks)),
             stopping,
@@ -196,7 +202,8 @@ impl PostgresLedger {
             );
         }
         drop(client);
-        let pool = Pool::builder(tls.manager(&pg_config))
+        let warnings = StandbyWarnings::default();
+        let pool = Pool::builder(tls.manager(&pg_config, warnings.clone()))
             .max_size(1)
             .runtime(Runtime::Tokio1)
             .create_timeout(Some(CONNECT_TIMEOUT))
@@ -205,6 +212,7 @@ impl PostgresLedger {
             .context("cannot build the PostgreSQL connection pool")?;
         Ok(PostgresLedger {
             pool,
+            warnings,
             claims: None,
             tasks: Mutex::new(None),
             stopping: CancellationToken::new(),
@@ -222,7 +230,7 @@ impl Backend for PostgresLedger {
         let Some(claims) = &self.claims else {
             // The command line's ledger: a batch of one, in place.
             let job_id = claim.job_id.as_str().to_owned();
-            let claimed = insert_claims(&self.pool, &[&claim])
+            let claimed = insert_claims(&self.pool, &self.warnings, &[&claim])
                 .await
                 .map_err(ClaimsError::into_storage)?;
             return Ok(if claimed.contains(&job_id) {

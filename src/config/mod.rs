@@ -6,9 +6,19 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
-use crate::job_id::JobId;
+mod database;
+mod handler;
+mod parsing;
+mod secret;
+mod sume_api;
+
+pub use database::{CheckAtStart, DatabaseConfig, PostgresUrl, Synchronous};
+pub use handler::{HandlerConfig, HandlerKind};
+use parsing::{describe_toml_error, duration, DAY_SECS};
+pub use secret::Secret;
+pub use sume_api::{AdminConfig, SumeApiConfig};
 
 pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
 /// The secret of the example config and the README's quick start: public, so never live on a
@@ -123,68 +133,6 @@ impl fmt::Debug for SignatureConfig {
     }
 }
 
-/// A signing secret. Its Debug form never shows the value, so it cannot leak into a log line.
-#[derive(Clone, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// Compares in constant time, for bearer tokens.
-    pub fn matches(&self, candidate: &str) -> bool {
-        use sha2::Digest;
-        // Comparing digests keeps the time independent of where the strings first differ.
-        let (a, b) = (
-            sha2::Sha256::digest(&self.0),
-            sha2::Sha256::digest(candidate),
-        );
-        a.iter()
-            .zip(b.iter())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
-    }
-}
-
-/// Reads a file holding one secret (surrounding whitespace dropped); `key` names it in errors.
-fn read_secret_file(key: &str, path: &Path) -> anyhow::Result<Secret> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("{key}: cannot read {}", path.display()))?;
-    let value = text.trim();
-    if value.is_empty() {
-        bail!("{key}: {} is empty", path.display());
-    }
-    Ok(Secret::new(value))
-}
-
-impl AsRef<[u8]> for Secret {
-    fn as_ref(&self) -> &[u8] {
-        self.0.as_bytes()
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret([redacted])")
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Synchronous {
-    /// An acknowledged claim survives power loss: it is answered only after an fsync of the WAL
-    /// that began after its commit.
-    Full,
-    /// fsync only at checkpoints: survives a process crash, may lose the last commits on power loss.
-    Normal,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -209,256 +157,6 @@ impl Default for LogConfig {
             format: LogFormat::Auto,
             access: true,
         }
-    }
-}
-
-/// What the service checks of the ledger's pages before it serves from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CheckAtStart {
-    /// `PRAGMA quick_check`: every page's structure, without matching indexes to their tables.
-    Quick,
-    /// `PRAGMA integrity_check`: also that every index matches its table. Slower.
-    Full,
-    Off,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DatabaseConfig {
-    /// The SQLite ledger file (when no `url` is set).
-    pub path: PathBuf,
-    /// A PostgreSQL database instead of the SQLite file: `postgres://user:password@host/db`.
-    /// Several receivers may share it.
-    pub url: Option<PostgresUrl>,
-    /// A file holding that URL instead (keeps the password out of the config file); read when
-    /// the ledger is opened.
-    pub url_file: Option<PathBuf>,
-    /// CA certificates (PEM) that PostgreSQL's TLS certificate may chain to, besides the
-    /// system's (a managed provider's bundle); used with `sslmode=require`.
-    pub ca_file: Option<PathBuf>,
-    pub synchronous: Synchronous,
-    /// How long a write waits for a lock held by another process before it gives up (503).
-    #[serde(deserialize_with = "duration")]
-    pub busy_timeout: Duration,
-    /// Most claims and state changes committed in one transaction (group commit). 1 turns group
-    /// commit off, which only the benchmark has reason to do.
-    pub max_batch: usize,
-    pub check_at_start: CheckAtStart,
-    /// This receiver's name on the leases it takes in a shared (PostgreSQL) ledger: the host
-    /// name and the listen port, unique among receivers and the same after a restart. Set at
-    /// load, not configured.
-    #[serde(skip)]
-    pub receiver: String,
-}
-
-impl Default for DatabaseConfig {
-    fn default() -> Self {
-        Self {
-            path: PathBuf::from("/var/lib/sume-receiver/ledger.sqlite3"),
-            url: None,
-            url_file: None,
-            ca_file: None,
-            synchronous: Synchronous::Full,
-            busy_timeout: Duration::from_secs(2),
-            max_batch: 512,
-            check_at_start: CheckAtStart::Quick,
-            receiver: String::new(),
-        }
-    }
-}
-
-impl DatabaseConfig {
-    /// Whether the ledger is a PostgreSQL database (`url` or `url_file`) rather than the file.
-    pub fn uses_postgres(&self) -> bool {
-        self.url.is_some() || self.url_file.is_some()
-    }
-
-    /// The PostgreSQL URL, read from `url_file` if that is how it is given; `None` for SQLite.
-    pub fn postgres_url(&self) -> anyhow::Result<Option<PostgresUrl>> {
-        let Some(file) = &self.url_file else {
-            return Ok(self.url.clone());
-        };
-        let text = std::fs::read_to_string(file)
-            .with_context(|| format!("database.url_file: cannot read {}", file.display()))?;
-        PostgresUrl::parse(text.trim()).map(Some).map_err(|error| {
-            anyhow::anyhow!(
-                "{} (in {})",
-                error.replace("database.url", "database.url_file"),
-                file.display()
-            )
-        })
-    }
-}
-
-/// This machine's host name (gethostname), or "localhost" if it has none.
-fn host_name() -> String {
-    let mut buffer = [0u8; 256];
-    // SAFETY: gethostname writes at most `len` bytes into the buffer we own.
-    let failed = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) } != 0;
-    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
-    match std::str::from_utf8(&buffer[..end]) {
-        Ok(name) if !failed && !name.is_empty() => name.to_owned(),
-        _ => "localhost".to_owned(),
-    }
-}
-
-/// A PostgreSQL connection URL (or key=value string), checked at load. Its Debug and Display
-/// forms show host, port and database only: the password never reaches a log line.
-#[derive(Clone)]
-pub struct PostgresUrl(tokio_postgres::Config);
-
-impl PostgresUrl {
-    pub fn parse(text: &str) -> Result<PostgresUrl, String> {
-        let config: tokio_postgres::Config = text.parse().map_err(|error| {
-            format!(
-                "database.url is not a PostgreSQL connection string ({error}); expected \
-                 postgres://user:password@host:5432/database"
-            )
-        })?;
-        if config.get_dbname().is_none() {
-            return Err(
-                "database.url names no database: add it, as in postgres://user@host/sume".into(),
-            );
-        }
-        Ok(PostgresUrl(config))
-    }
-
-    /// The settings as the URL gives them (the ledger adds its timeouts and keepalives).
-    pub fn settings(&self) -> &tokio_postgres::Config {
-        &self.0
-    }
-
-    /// Whether the server is on this machine (loopback or a Unix socket): no need to encrypt.
-    pub fn is_local(&self) -> bool {
-        self.0.get_hosts().iter().all(|host| match host {
-            tokio_postgres::config::Host::Tcp(name) => {
-                name == "localhost"
-                    || name
-                        .parse::<std::net::IpAddr>()
-                        .is_ok_and(|ip| ip.is_loopback())
-            }
-            tokio_postgres::config::Host::Unix(_) => true,
-        })
-    }
-
-    /// host:port/database, for logs and messages.
-    pub fn location(&self) -> String {
-        let host = match self.0.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-            Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
-            None => "localhost".to_owned(),
-        };
-        let port = self.0.get_ports().first().copied().unwrap_or(5432);
-        let database = self.0.get_dbname().unwrap_or_default();
-        format!("postgres://{host}:{port}/{database}")
-    }
-}
-
-impl fmt::Debug for PostgresUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.location())
-    }
-}
-
-impl<'de> Deserialize<'de> for PostgresUrl {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        PostgresUrl::parse(&text).map_err(serde::de::Error::custom)
-    }
-}
-
-/// `[handler]`, resolved: what runs a job, and its limits.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(try_from = "RawHandlerConfig")]
-pub struct HandlerConfig {
-    pub kind: HandlerKind,
-    pub timeout: Duration,
-    pub concurrency: usize,
-    pub max_attempts: u32,
-    /// Delay before the first retry; doubles each attempt, with jitter, up to `max_backoff`.
-    pub backoff: Duration,
-    pub max_backoff: Duration,
-}
-
-/// `[handler]` as the file has it: exactly one of `command` and `url`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawHandlerConfig {
-    /// Program and arguments, run directly (no shell) with the stored body on stdin.
-    command: Option<Vec<String>>,
-    /// An `http://` URL the stored body is POSTed to.
-    url: Option<String>,
-    #[serde(default = "default_handler_timeout", deserialize_with = "duration")]
-    timeout: Duration,
-    #[serde(default = "default_concurrency")]
-    concurrency: usize,
-    #[serde(default = "default_max_attempts")]
-    max_attempts: u32,
-    #[serde(default = "default_backoff", deserialize_with = "duration")]
-    backoff: Duration,
-    #[serde(default = "default_max_backoff", deserialize_with = "duration")]
-    max_backoff: Duration,
-}
-
-fn default_handler_timeout() -> Duration {
-    Duration::from_secs(300)
-}
-fn default_concurrency() -> usize {
-    4
-}
-fn default_max_attempts() -> u32 {
-    5
-}
-fn default_backoff() -> Duration {
-    Duration::from_secs(10)
-}
-fn default_max_backoff() -> Duration {
-    Duration::from_secs(3600)
-}
-
-/// What a handler does with a job, once validated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HandlerKind {
-    Command(Vec<String>),
-    Url(String),
-}
-
-impl TryFrom<RawHandlerConfig> for HandlerConfig {
-    type Error = String;
-
-    fn try_from(raw: RawHandlerConfig) -> Result<Self, String> {
-        let kind = match (raw.command, raw.url) {
-            (Some(_), Some(_)) => {
-                return Err("handler: set exactly one of `command` and `url`, not both".into())
-            }
-            (None, None) => return Err("handler: set one of `command` or `url`".into()),
-            (Some(command), None) => {
-                if command.first().is_none_or(|program| program.is_empty()) {
-                    return Err("handler.command must name a program".into());
-                }
-                HandlerKind::Command(command)
-            }
-            (None, Some(url)) => {
-                let uri: hyper::Uri = url
-                    .parse()
-                    .map_err(|error| format!("handler.url: invalid URL {url:?}: {error}"))?;
-                if uri.scheme_str() != Some("http") || uri.host().is_none() {
-                    return Err(format!(
-                        "handler.url must be an http:// URL with a host, got {url:?}"
-                    ));
-                }
-                HandlerKind::Url(url)
-            }
-        };
-        Ok(HandlerConfig {
-            kind,
-            timeout: raw.timeout,
-            concurrency: raw.concurrency,
-            max_attempts: raw.max_attempts,
-            backoff: raw.backoff,
-            max_backoff: raw.max_backoff,
-        })
     }
 }
 
@@ -505,148 +203,8 @@ impl Default for RetentionConfig {
     }
 }
 
-const DAY_SECS: u64 = 86_400;
 /// Sume's deliveries are small JSON documents; a limit past this only serves a flood.
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SumeApiConfig {
-    pub base_url: String,
-    /// Read when Sume is called (the reconciler at start, `jobs redeliver`): see
-    /// [`SumeApiConfig::api_key`].
-    pub api_key_file: PathBuf,
-    /// Poll an expected job that has no claim this long after it was registered.
-    #[serde(default = "default_reconcile_after", deserialize_with = "duration")]
-    pub reconcile_after: Duration,
-    /// Stop polling a job this long after it was registered.
-    #[serde(default = "default_give_up_after", deserialize_with = "duration")]
-    pub give_up_after: Duration,
-    #[serde(default = "default_max_rps")]
-    pub max_requests_per_second: f64,
-    #[serde(default = "default_terminal_statuses")]
-    pub terminal_statuses: Vec<String>,
-    /// Deadline of one call to Sume's API.
-    #[serde(default = "default_request_timeout", deserialize_with = "duration")]
-    pub request_timeout: Duration,
-    /// Delay before polling a job again after a non-terminal answer; doubles up to the max.
-    #[serde(default = "default_poll_backoff", deserialize_with = "duration")]
-    pub poll_backoff: Duration,
-    #[serde(default = "default_max_poll_backoff", deserialize_with = "duration")]
-    pub max_poll_backoff: Duration,
-}
-
-impl SumeApiConfig {
-    pub const DEFAULT_RECONCILE_AFTER: Duration = Duration::from_secs(15 * 60);
-}
-
-fn default_reconcile_after() -> Duration {
-    SumeApiConfig::DEFAULT_RECONCILE_AFTER
-}
-fn default_give_up_after() -> Duration {
-    Duration::from_secs(7 * DAY_SECS)
-}
-fn default_max_rps() -> f64 {
-    5.0
-}
-fn default_terminal_statuses() -> Vec<String> {
-    ["completed", "failed", "canceled", "expired"]
-        .map(String::from)
-        .to_vec()
-}
-fn default_request_timeout() -> Duration {
-    Duration::from_secs(10)
-}
-fn default_poll_backoff() -> Duration {
-    Duration::from_secs(60)
-}
-fn default_max_poll_backoff() -> Duration {
-    Duration::from_secs(3600)
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdminConfig {
-    #[serde(default = "default_admin_listen")]
-    pub listen: SocketAddr,
-    /// The bearer token clients of the admin listener must send; no file, no listener.
-    /// Read when the service starts.
-    pub token_file: Option<PathBuf>,
-}
-
-impl AdminConfig {
-    /// The token from `token_file`, if one is configured.
-    pub fn token(&self) -> anyhow::Result<Option<Secret>> {
-        self.token_file
-            .as_deref()
-            .map(|file| read_secret_file("admin.token_file", file))
-            .transpose()
-    }
-}
-
-fn default_admin_listen() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 8081))
-}
-
-/// The longest duration any key takes: past it, time arithmetic on it could overflow, and no
-/// setting has a use for it.
-const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * DAY_SECS);
-
-/// Human durations: "300s", "5m", "30d", "1h 30m"; at most 100 years.
-fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(deserializer)?;
-    let parsed = humantime::parse_duration(&text).map_err(|e| {
-        serde::de::Error::custom(format!(
-            "invalid duration {text:?} ({e}); write it like \"300s\", \"5m\" or \"30d\""
-        ))
-    })?;
-    if parsed > MAX_DURATION {
-        return Err(serde::de::Error::custom(format!(
-            "duration {text:?} is longer than 100 years"
-        )));
-    }
-    Ok(parsed)
-}
-
-/// A TOML error without the source excerpt `toml` would print: the excerpt may be a secret
-/// (the journal keeps what we print). Says the line, the key and what is wrong; in the
-/// `[signature]` table, quoted values in the message are hidden too.
-fn describe_toml_error(text: &str, error: &toml::de::Error) -> String {
-    let Some(span) = error.span() else {
-        return error.message().to_owned();
-    };
-    let start = span.start.min(text.len());
-    let line_number = text[..start].matches('\n').count() + 1;
-    let line = text.lines().nth(line_number - 1).unwrap_or("");
-    let key = line
-        .split_once('=')
-        .map(|(key, _)| key.trim())
-        .filter(|key| !key.is_empty() && !key.contains(['"', '\'']))
-        .map(|key| format!(" (key `{key}`)"))
-        .unwrap_or_default();
-    let table = text[..start]
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|line| line.starts_with('['))
-        .unwrap_or("");
-    let mut message = error.message().trim().to_owned();
-    if table.trim_matches(['[', ']', ' ']) == "signature" {
-        message = hide_quoted(&message);
-    }
-    format!("TOML error on line {line_number}{key}: {message}")
-}
-
-/// Replaces every `"..."` in `text` by `"(hidden)"`.
-fn hide_quoted(text: &str) -> String {
-    let mut parts = text.split('"');
-    let mut out = parts.next().unwrap_or("").to_owned();
-    for (index, part) in parts.enumerate() {
-        out.push('"');
-        out.push_str(if index % 2 == 0 { "(hidden)" } else { part });
-    }
-    out
-}
 
 impl Config {
     /// Reads, parses and validates the file; the error names the offending key.
@@ -666,7 +224,8 @@ impl Config {
         let mut config: Config = toml::from_str(text)
             .map_err(|error| anyhow::anyhow!(describe_toml_error(text, &error)))?;
         config.resolve_paths(base_dir);
-        config.database.receiver = format!("{}:{}", host_name(), config.server.listen.port());
+        config.database.receiver =
+            format!("{}:{}", database::host_name(), config.server.listen.port());
         let mut problems = Vec::new();
         config.validate(&mut problems);
         match problems.len() {
@@ -704,12 +263,14 @@ impl Config {
         if secrets.is_empty() {
             bail!("signature.secrets: no secret configured (set `secrets` or `secrets_file`)");
         }
-        if let Some(i) = secrets.iter().position(|s| s.0.trim().is_empty()) {
+        if let Some(i) = secrets.iter().position(|s| s.expose().trim().is_empty()) {
             bail!(
                 "signature.secrets[{i}] is empty: an empty secret would accept forged deliveries"
             );
         }
-        if secrets.iter().any(|s| s.0 == EXAMPLE_SECRET) && !self.server.listen.ip().is_loopback() {
+        if secrets.iter().any(|s| s.expose() == EXAMPLE_SECRET)
+            && !self.server.listen.ip().is_loopback()
+        {
             bail!(
                 "signature: the example secret {EXAMPLE_SECRET:?} is published in the README; \
                  refusing it on {} (not loopback). Set your Sume endpoint's signing secret",
@@ -741,7 +302,7 @@ impl Config {
             .signature
             .secrets
             .iter()
-            .any(|secret| secret.0 == EXAMPLE_SECRET)
+            .any(|secret| secret.expose() == EXAMPLE_SECRET)
         {
             warnings.push(format!(
                 "signature.secrets holds the example secret {EXAMPLE_SECRET:?}, published in the \
@@ -866,86 +427,6 @@ impl Config {
         }
         if let Some(api) = &self.sume_api {
             api.validate(problems);
-        }
-    }
-}
-
-impl SumeApiConfig {
-    /// The API key from `api_key_file`.
-    pub fn api_key(&self) -> anyhow::Result<Secret> {
-        read_secret_file("sume_api.api_key_file", &self.api_key_file)
-    }
-
-    fn validate(&self, problems: &mut Vec<String>) {
-        let uri = self.base_url.parse::<hyper::Uri>();
-        if let Err(error) = &uri {
-            problems.push(format!(
-                "sume_api.base_url: invalid URL {:?}: {error}",
-                self.base_url
-            ));
-        }
-        let uri = uri.ok();
-        let usable = uri.as_ref().is_some_and(|uri| {
-            matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some()
-        });
-        if uri.is_some() && !usable {
-            problems.push(format!(
-                "sume_api.base_url must be an http(s):// URL with a host, got {:?}",
-                self.base_url
-            ));
-        }
-        if !(self.max_requests_per_second > 0.0 && self.max_requests_per_second.is_finite()) {
-            problems.push("sume_api.max_requests_per_second must be a positive number".to_owned());
-        }
-        if self.terminal_statuses.is_empty() {
-            problems.push("sume_api.terminal_statuses must list at least one status".to_owned());
-        }
-        if self.give_up_after <= self.reconcile_after {
-            problems.push(
-                "sume_api.give_up_after must be longer than sume_api.reconcile_after".to_owned(),
-            );
-        }
-        for (key, value) in [
-            ("sume_api.request_timeout", self.request_timeout),
-            ("sume_api.poll_backoff", self.poll_backoff),
-        ] {
-            if value.is_zero() {
-                problems.push(format!("{key} must be greater than zero"));
-            }
-        }
-        if self.max_poll_backoff < self.poll_backoff {
-            problems.push(
-                "sume_api.max_poll_backoff must be at least sume_api.poll_backoff".to_owned(),
-            );
-        }
-    }
-
-    /// `{base_url}/v1/jobs/{job_id}/{action}`, with the job_id percent-encoded.
-    pub fn job_url(&self, job_id: &JobId, action: &str) -> String {
-        format!(
-            "{}/v1/jobs/{}/{action}",
-            self.base_url.trim_end_matches('/'),
-            job_id.url_segment()
-        )
-    }
-}
-
-impl HandlerConfig {
-    fn validate(&self, problems: &mut Vec<String>) {
-        if self.timeout.is_zero() {
-            problems.push("handler.timeout must be greater than zero".to_owned());
-        }
-        if self.concurrency == 0 {
-            problems.push("handler.concurrency must be at least 1".to_owned());
-        }
-        if self.max_attempts == 0 {
-            problems.push("handler.max_attempts must be at least 1".to_owned());
-        }
-        if self.backoff.is_zero() || self.max_backoff < self.backoff {
-            problems.push(
-                "handler.backoff must be greater than zero and no more than handler.max_backoff"
-                    .to_owned(),
-            );
         }
     }
 }
@@ -1145,7 +626,7 @@ mod tests {
         let api = config.sume_api.unwrap();
         assert_eq!(api.api_key().unwrap().expose(), "sk_live_123");
         assert_eq!(
-            api.job_url(&JobId::parse("job 1/x").unwrap(), "status"),
+            api.job_url(&crate::job_id::JobId::parse("job 1/x").unwrap(), "status"),
             "https://api.sume.example/v1/jobs/job%201%2Fx/status"
         );
         let e = format!(
@@ -1218,7 +699,7 @@ mod tests {
 
     #[test]
     fn example_config_is_valid() {
-        let text = include_str!("../config.example.toml");
+        let text = include_str!("../../config.example.toml");
         Config::parse(text, Path::new("/base")).unwrap();
     }
 }

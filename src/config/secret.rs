@@ -1,0 +1,59 @@
+//! `Secret`: a credential held so that it never reaches a log line, compared in constant time.
+
+use std::fmt;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+/// A signing secret. Its Debug form never shows the value, so it cannot leak into a log line.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Compares in constant time, for bearer tokens.
+    pub fn matches(&self, candidate: &str) -> bool {
+        use sha2::Digest;
+        // Comparing digests keeps the time independent of where the strings first differ.
+        let (a, b) = (
+            sha2::Sha256::digest(&self.0),
+            sha2::Sha256::digest(candidate),
+        );
+        a.iter()
+            .zip(b.iter())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+    }
+}
+
+/// Reads a file holding one secret (surrounding whitespace dropped); `key` names it in errors.
+pub(super) fn read_secret_file(key: &str, path: &Path) -> anyhow::Result<Secret> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{key}: cannot read {}", path.display()))?;
+    let value = text.trim();
+    if value.is_empty() {
+        bail!("{key}: {} is empty", path.display());
+    }
+    Ok(Secret::new(value))
+}
+
+impl AsRef<[u8]> for Secret {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
+}
