@@ -65,6 +65,16 @@ pub enum AttemptResult {
     Dead,
 }
 
+/// What one call to Sume's status endpoint came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollCall {
+    Answered,
+    /// 401 or 403: Sume refused our API key (something to alert on).
+    Refused,
+    /// No answer (connection, timeout).
+    Failed,
+}
+
 /// What the ledger and the process look like at scrape time.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -225,7 +235,7 @@ impl Metrics {
         );
         registry.register(
             "sume_reconcile_polls",
-            "Calls to Sume's status endpoint by result (answered, failed)",
+            "Calls to Sume's status endpoint by result (answered; refused: 401 or 403, our API key; failed: no answer)",
             m.polls.clone(),
         );
         registry.register(
@@ -294,9 +304,9 @@ impl Metrics {
             drop(m.deliveries.get_or_create(&[("outcome", outcome.label())]));
         }
         for (family, results) in [
-            (&m.commits, ["committed", "failed"]),
-            (&m.attempts, ["done", "failed"]),
-            (&m.polls, ["answered", "failed"]),
+            (&m.commits, &["committed", "failed"][..]),
+            (&m.attempts, &["done", "failed"]),
+            (&m.polls, &["answered", "refused", "failed"]),
         ] {
             for result in results {
                 drop(family.get_or_create(&[("result", result)]));
@@ -386,9 +396,13 @@ impl Metrics {
         self.expectations_forgotten.inc_by(expectations as u64);
     }
 
-    /// One call to Sume's status endpoint, and whether it got an answer.
-    pub fn record_poll(&self, answered: bool) {
-        let result = if answered { "answered" } else { "failed" };
+    /// One call to Sume's status endpoint, by what came of it.
+    pub fn record_poll(&self, call: PollCall) {
+        let result = match call {
+            PollCall::Answered => "answered",
+            PollCall::Refused => "refused",
+            PollCall::Failed => "failed",
+        };
         self.polls.get_or_create(&[("result", result)]).inc();
     }
 

@@ -25,7 +25,7 @@ use crate::job_id::JobId;
 use crate::ledger::{
     duration_ms, now_ms, ClaimOutcome, Ledger, NewClaim, PollResult, Source, StorageError,
 };
-use crate::metrics::METRICS;
+use crate::metrics::{PollCall, METRICS};
 use crate::worker::Queue;
 
 /// Largest status answer kept (it becomes the job's stored body).
@@ -160,13 +160,18 @@ impl Reconciler {
             Ok(answer) => answer,
             Err(error) => {
                 tracing::warn!(job_id = %job_id, error = ?error, "polling Sume failed; will retry");
-                METRICS.record_poll(false);
+                METRICS.record_poll(PollCall::Failed);
                 return Ok(again(None, Some(error)));
             }
         };
-        METRICS.record_poll(true);
         let status = answer.status;
-        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+        let refused = status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN;
+        METRICS.record_poll(if refused {
+            PollCall::Refused
+        } else {
+            PollCall::Answered
+        });
+        if refused {
             self.auth_refused(status);
             return Ok(again(None, Some(format!("Sume answered {status}"))));
         }

@@ -347,6 +347,17 @@ async fn a_refused_api_key_pauses_polling_without_crashing() {
     let calls = sume.status_calls("job-auth").len();
     assert!((1..=8).contains(&calls), "{calls} calls");
     assert_eq!(server.get_status("/healthz").await, 200);
+    // Regression: a refused key was counted as `answered`: nothing to alert on.
+    let metrics = server
+        .request(Method::GET, "/metrics", &[], "")
+        .await
+        .unwrap();
+    let text = String::from_utf8(metrics.body.to_vec()).unwrap();
+    let refused = text
+        .lines()
+        .find_map(|line| line.strip_prefix(r#"sume_reconcile_polls_total{result="refused"} "#))
+        .and_then(|value| value.parse::<f64>().ok());
+    assert!(refused.is_some_and(|n| n >= 1.0), "{text}");
     // Once the key is accepted again, polling resumes and recovers the job.
     sume.set_accepted_key(API_KEY);
     wait_done(&server, "job-auth").await;
