@@ -220,15 +220,7 @@ async fn connections_past_max_connections_wait_until_one_closes() {
 async fn at_the_connection_limit_slow_heads_make_room_for_a_sender() {
     let server =
         TestServer::start("[server]\nmax_connections = 8\nheader_read_timeout = \"60s\"\n").await;
-    let mut slow = Vec::new();
-    for _ in 0..40 {
-        let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-        stream
-            .write_all(b"POST /sume/webhook HTTP/1.1\r\nhost: x\r\nx-slow: a")
-            .await
-            .unwrap();
-        slow.push(stream);
-    }
+    let mut slow = slow_heads(server.addr, 40).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     for i in 0..5 {
         // Well before the 60 s the slow heads could otherwise hold their slots.

@@ -199,6 +199,19 @@ impl Rig {
         lost
     }
 
+    /// How many acknowledged jobs are lost now; says which when there are any.
+    fn lost_in_round(&self, round: usize) -> usize {
+        let lost = self.lost();
+        if !lost.is_empty() {
+            eprintln!(
+                "round {round}: {} acknowledged jobs lost, e.g. {:?}",
+                lost.len(),
+                &lost[..lost.len().min(3)]
+            );
+        }
+        lost.len()
+    }
+
     fn acknowledged(&self) -> usize {
         self.acknowledged.lock().unwrap().len()
     }
@@ -293,15 +306,7 @@ async fn cut_rounds(rig: &Rig, rounds: usize, also: &[Also]) -> (usize, usize) {
         for sender in senders {
             sender.await.unwrap();
         }
-        let lost_now = rig.lost();
-        if !lost_now.is_empty() {
-            eprintln!(
-                "round {round}: {} acknowledged jobs lost, e.g. {:?}",
-                lost_now.len(),
-                &lost_now[..lost_now.len().min(3)]
-            );
-        }
-        lost = lost_now.len();
+        lost = rig.lost_in_round(round);
     }
     (lost, cuts_that_dropped_writes)
 }
@@ -740,15 +745,7 @@ async fn no_acknowledged_job_is_lost_when_postgres_loses_power() {
             checkpointer.join().unwrap();
         }
         cluster.start();
-        let lost_now = rig.lost();
-        if !lost_now.is_empty() {
-            eprintln!(
-                "round {round}: {} acknowledged jobs lost, e.g. {:?}",
-                lost_now.len(),
-                &lost_now[..lost_now.len().min(3)]
-            );
-        }
-        lost = lost_now.len();
+        lost = rig.lost_in_round(round);
     }
 
     // The control, on the same server: asynchronous commits, then the power goes.

@@ -1128,7 +1128,6 @@ async fn another_process_reading_the_live_ledger_leaves_its_wal_alone() {
 /// connection limit.
 #[tokio::test(flavor = "multi_thread")]
 async fn out_of_descriptors_slow_heads_make_room_for_a_sender() {
-    use tokio::io::AsyncWriteExt;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let config = write_config(dir.path(), port, "header_read_timeout = \"60s\"", "");
@@ -1147,17 +1146,7 @@ async fn out_of_descriptors_slow_heads_make_room_for_a_sender() {
         )
     };
     assert_eq!(set, 0, "prlimit: {}", std::io::Error::last_os_error());
-    let mut slow = Vec::new();
-    for _ in 0..100 {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .unwrap();
-        stream
-            .write_all(b"POST /sume/webhook HTTP/1.1\r\nhost: x\r\nx-slow: a")
-            .await
-            .unwrap();
-        slow.push(stream);
-    }
+    let slow = slow_heads(("127.0.0.1", port), 100).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let client = sume_receiver::http_client::new_client();
     for i in 0..5 {

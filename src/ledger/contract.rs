@@ -2,9 +2,10 @@
 //!
 //! [`operations!`] is the one list of operations. It becomes the [`Backend`] trait, which the
 //! SQLite and PostgreSQL ledgers implement (the compiler holds both to the same signatures),
-//! and [`Ledger`](super::Ledger)'s methods, which forward to whichever backend it is. An operation with a body
-//! (`= { ... }`) has that default for a backend that lacks it. Algorithms that are the same on
-//! both backends are written once on `Ledger` (`mod.rs`), from these operations.
+//! and [`Ledger`](super::Ledger)'s methods, which forward to whichever backend it is. An
+//! operation with a body (`= { ... }`) has that default for a backend that lacks it.
+//! Algorithms that are the same on both backends are written once on `Ledger` (`mod.rs`), from
+//! these operations.
 
 use std::future::Future;
 
@@ -226,7 +227,7 @@ macro_rules! operations {
         /// Whether a delivery sent now would be claimed; the reason when not.
         fn readiness(&self) -> Result<(), &'static str>;
 
-        /// Whether the ledger failed because the disk did (see [`super::StorageLost`]).
+        /// Whether the ledger failed because the disk did (see [`StorageLost`](crate::ledger::StorageLost)).
         fn is_storage_lost(&self) -> bool = { false };
     }
 } };

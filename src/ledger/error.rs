@@ -41,10 +41,6 @@ impl Cause {
         let error: Box<dyn std::error::Error + Send + Sync> = text.into().into();
         Cause(error.into())
     }
-
-    pub fn error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        &*self.0
-    }
 }
 
 /// The error and its sources (drivers put the server's message in a source).

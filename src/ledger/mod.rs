@@ -69,7 +69,8 @@ impl Ledger {
         })
     }
 
-    /// The SQLite backend, for what only it has (its file).
+    /// The SQLite backend, for the tests of its writer ([`SqliteLedger::write_for_test`]).
+    #[cfg(feature = "testing")]
     pub fn sqlite(&self) -> Option<&SqliteLedger> {
         match self {
             Ledger::Sqlite(ledger) => Some(ledger),

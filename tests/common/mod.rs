@@ -506,6 +506,25 @@ fn config_dir(config: &Config) -> &Path {
     config.database.path.parent().unwrap()
 }
 
+/// `count` connections that each send part of a request head and then nothing (a slow
+/// client holding its slot until `header_read_timeout`).
+pub async fn slow_heads(
+    address: impl tokio::net::ToSocketAddrs + Copy,
+    count: usize,
+) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut slow = Vec::with_capacity(count);
+    for _ in 0..count {
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        stream
+            .write_all(b"POST /sume/webhook HTTP/1.1\r\nhost: x\r\nx-slow: a")
+            .await
+            .unwrap();
+        slow.push(stream);
+    }
+    slow
+}
+
 /// A port nothing listens on right now (for a server the test starts later).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -9,7 +9,7 @@ mod open;
 mod wal_sync;
 mod writer;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ use crate::metrics::Snapshot;
 pub use backup::{backup, BackupReport};
 use checkpoint::Checkpointer;
 pub use expected::{DELETE_RESOLVED_SQL, DUE_EXPECTATIONS_SQL};
-pub use failure::Cause as FailureCause;
+use failure::Cause as FailureCause;
 use failure::Failure;
 pub use jobs::{
     insert_claim, DELETE_FINISHED_SQL, DUE_JOBS_SQL, EXPIRED_LEASES_SQL, NEXT_DUE_SQL,
@@ -121,10 +121,6 @@ impl SqliteLedger {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Runs `op` inside a transaction: the service's on the writer thread (group commit),
     /// resolved once committed and durable.
     async fn write<T, F>(&self, op: F) -> Result<T, StorageError>
@@ -200,7 +196,7 @@ impl SqliteLedger {
     }
 
     /// Why the ledger failed, once it has.
-    pub fn failure_cause(&self) -> Option<FailureCause> {
+    fn failure_cause(&self) -> Option<FailureCause> {
         self.writer()?.failure().cause()
     }
 
