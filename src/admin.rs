@@ -38,6 +38,20 @@ pub async fn expect(
     ledger.expect_job(&job_id, now, first_poll).await
 }
 
+/// Whether `candidate` is the token, compared in constant time.
+fn bearer_matches(token: &Secret, candidate: &str) -> bool {
+    use sha2::Digest;
+    // Comparing digests keeps the time independent of where the strings first differ.
+    let (a, b) = (
+        sha2::Sha256::digest(token.expose()),
+        sha2::Sha256::digest(candidate),
+    );
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
 impl Router for Admin {
     async fn route(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
         // Read-only and on loopback by default: Prometheus and health checks need no token.
@@ -51,7 +65,7 @@ impl Router for Admin {
             .and_then(|value| value.trim().split_once(' '))
             // RFC 9110: the scheme is case-insensitive.
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .is_some_and(|(_, token)| self.token.matches(token.trim()));
+            .is_some_and(|(_, token)| bearer_matches(&self.token, token.trim()));
         if !authorized {
             return error_response(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
         }
@@ -89,6 +103,20 @@ impl Router for Admin {
                     "storage unavailable, retry later",
                 )
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bearer_token_matches_only_itself() {
+        let token = Secret::new("t0ken");
+        assert!(bearer_matches(&token, "t0ken"));
+        for other in ["t0ke", "t0ken ", ""] {
+            assert!(!bearer_matches(&token, other), "{other:?}");
         }
     }
 }

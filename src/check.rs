@@ -4,7 +4,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::config::{Config, HandlerKind};
+use crate::config::{Config, HandlerKind, LedgerConfig};
 
 /// What the check found: errors stop `serve` (non-zero exit), warnings do not.
 #[derive(Debug, Default)]
@@ -52,16 +52,19 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
             admin.token().map(drop),
         );
     }
-    if config.database.uses_postgres() {
+    match &config.database {
         // Not connected to here: `serve` says at start if the server cannot be reached.
-        credential(
+        LedgerConfig::Postgres(postgres) => credential(
             &mut findings,
             unreadable,
             "database.url_file",
-            config.database.postgres_url().map(drop),
-        );
-    } else if let Err(error) = ledger_directory_writable(&config.database.path) {
-        findings.errors.push(error);
+            postgres.url().map(drop),
+        ),
+        LedgerConfig::Sqlite(sqlite) => {
+            if let Err(error) = ledger_directory_writable(&sqlite.path) {
+                findings.errors.push(error);
+            }
+        }
     }
     if let Some(HandlerKind::Command(argv)) = config.handler.as_ref().map(|h| &h.kind) {
         if let Err(error) = executable(&argv[0]) {

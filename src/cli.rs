@@ -6,7 +6,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
-use crate::config::{self, Config};
+use crate::config::{self, Config, LedgerConfig};
 use crate::job_id::JobId;
 use crate::ledger::{self, JobDetail, JobSummary, Ledger, State};
 use crate::vacuum::Vacuum;
@@ -189,7 +189,13 @@ pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
         }
         Command::Backup { path } => {
             let started = std::time::Instant::now();
-            let database = config.database.clone();
+            let LedgerConfig::Sqlite(database) = config.database.clone() else {
+                bail!(
+                    "backup copies a SQLite ledger; this ledger is PostgreSQL (database.url): \
+                     back it up with pg_dump or your provider's backups (the jobs and \
+                     expected_jobs tables)"
+                );
+            };
             let target = path.clone();
             let report =
                 tokio::task::spawn_blocking(move || ledger::backup(&database, &target)).await??;
@@ -332,10 +338,12 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
 
 /// Who picks up a job made due from the command line, and when.
 fn who_runs_it(config: &Config) -> String {
-    if config.database.uses_postgres() {
-        ": the receivers were notified, and one picks it up as soon as a worker slot is free"
-            .to_owned()
-    } else if crate::instance_lock::service_running(&config.database.path) {
+    let Some(path) = config.database.sqlite_path() else {
+        return ": the receivers were notified, and one picks it up as soon as a worker slot is \
+                free"
+            .to_owned();
+    };
+    if crate::instance_lock::service_running(path) {
         let within = humantime::format_duration(crate::worker::IDLE_LOOK);
         format!(": the running service picks it up within {within} (or as soon as a worker slot is free)")
     } else {

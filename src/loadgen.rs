@@ -18,7 +18,7 @@ use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 
-use crate::config::{Config, Secret};
+use crate::config::{Config, LedgerConfig, Secret};
 use crate::event_type::EventType;
 use crate::ingest::{SIGNATURE_HEADER, TIMESTAMP_HEADER};
 use crate::job_id::JobId;
@@ -297,11 +297,11 @@ impl Run {
     /// thread commits them while claims keep coming: each batch commits while the previous
     /// one's WAL sync runs. A claim's latency: from its batch's start to its answer.
     fn claim_without_service(&self) -> anyhow::Result<Tally> {
-        if self.config.database.uses_postgres() {
+        let LedgerConfig::Sqlite(sqlite) = &self.config.database else {
             bail!("--sqlite-alone measures a SQLite ledger; this config names a PostgreSQL one (--postgres-alone)");
-        }
-        let _lock = crate::instance_lock::InstanceLock::acquire(&self.config.database.path)?;
-        let writer = crate::ledger::WriterAlone::open(&self.config.database)?;
+        };
+        let _lock = crate::instance_lock::InstanceLock::acquire(&sqlite.path)?;
+        let writer = crate::ledger::WriterAlone::open(sqlite)?;
         let mut tally = Tally::default();
         let mut previous: Option<(Vec<usize>, Instant, PendingClaims)> = None;
         loop {
@@ -332,7 +332,7 @@ impl Run {
     /// The `--postgres-alone` run: --connections tasks, each claiming one delivery at a time
     /// through the ledger (its batcher groups them), each claim's latency its own wait.
     async fn claim_through_postgres(self: Arc<Self>) -> anyhow::Result<Tally> {
-        if !self.config.database.uses_postgres() {
+        if self.config.database.sqlite_path().is_some() {
             bail!("--postgres-alone needs database.url in the config");
         }
         let ledger = crate::ledger::Ledger::open(&self.config.database).await?;

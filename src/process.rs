@@ -1,4 +1,5 @@
-//! Process-wide settings made at start: the open-files limit and how memory goes back to the OS.
+//! Process-wide facts and settings made at start: the host name, the open-files limit and how
+//! memory goes back to the OS.
 
 /// Raises the soft limit on open files to the hard limit (systemd starts services with soft
 /// 1024, hard 524288): each connection is a descriptor, and the ledger needs a few more.
@@ -45,5 +46,17 @@ pub fn return_freed_memory() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, OWN_PAGES_FROM_BYTES);
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         libc::mallopt(libc::M_ARENA_MAX, i32::try_from(cores).unwrap_or(8));
+    }
+}
+
+/// This machine's host name (gethostname), or "localhost" if it has none.
+pub fn host_name() -> String {
+    let mut buffer = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer we own.
+    let failed = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) } != 0;
+    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+    match std::str::from_utf8(&buffer[..end]) {
+        Ok(name) if !failed && !name.is_empty() => name.to_owned(),
+        _ => "localhost".to_owned(),
     }
 }

@@ -288,12 +288,21 @@ pub async fn call_sume(
 ) -> Result<Answer, String> {
     let request = Request::builder()
         .method(method)
-        .uri(api.job_url(job_id, action))
+        .uri(job_url(&api.base_url, job_id, action))
         .header(AUTHORIZATION, format!("Bearer {}", api_key.expose()))
         .header("accept", "application/json")
         .body(Full::new(Bytes::new()))
         .map_err(|e| format!("cannot build the request: {e}"))?;
     http_client::send(client, request, api.request_timeout, MAX_ANSWER_BYTES).await
+}
+
+/// `{base_url}/v1/jobs/{job_id}/{action}`, with the job_id percent-encoded.
+fn job_url(base_url: &str, job_id: &JobId, action: &str) -> String {
+    format!(
+        "{}/v1/jobs/{}/{action}",
+        base_url.trim_end_matches('/'),
+        job_id.url_segment()
+    )
 }
 
 /// `Retry-After` in seconds (the HTTP-date form is rare for APIs and falls back to the backoff).
@@ -323,6 +332,17 @@ fn parse_status(body: &[u8]) -> Option<(String, Option<String>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_urls_encode_the_job_id_under_the_base_url() {
+        let job_id = JobId::parse("job 1/x").unwrap();
+        for base_url in ["https://api.sume.example", "https://api.sume.example/"] {
+            assert_eq!(
+                job_url(base_url, &job_id, "status"),
+                "https://api.sume.example/v1/jobs/job%201%2Fx/status"
+            );
+        }
+    }
 
     #[test]
     fn status_answers_are_read_leniently_but_need_a_status() {

@@ -25,10 +25,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     // Several receivers may share a PostgreSQL ledger; a SQLite file has one owner.
-    let _instance = if config.database.uses_postgres() {
-        None
-    } else {
-        Some(InstanceLock::acquire(&config.database.path)?)
+    let _instance = match config.database.sqlite_path() {
+        Some(path) => Some(InstanceLock::acquire(path)?),
+        None => None,
     };
     // What check-config (the unit's ExecStartPre) refuses, serve refuses too: a handler that
     // cannot run would acknowledge every delivery and then let it go dead.
@@ -51,10 +50,9 @@ pub async fn run(
         Err(error) => tracing::warn!(%error, "cannot read or raise the open files limit"),
     }
     let ledger = Ledger::open(&config.database).await.with_context(|| {
-        if config.database.uses_postgres() {
-            "cannot open the PostgreSQL ledger".to_owned()
-        } else {
-            format!("cannot open the ledger {}", config.database.path.display())
+        match config.database.sqlite_path() {
+            Some(path) => format!("cannot open the ledger {}", path.display()),
+            None => "cannot open the PostgreSQL ledger".to_owned(),
         }
     })?;
     run_on(config, ledger, listener, shutdown).await

@@ -54,7 +54,10 @@ async fn a_second_receiver_reaching_the_ledger_through_a_symlink_is_refused() {
     let link = elsewhere.path().join("ledger.sqlite3");
     std::os::unix::fs::symlink(server.db_path(), &link).unwrap();
     let mut config = server.config.clone();
-    config.database.path = link;
+    let sume_receiver::config::LedgerConfig::Sqlite(sqlite) = &mut config.database else {
+        panic!("a test of the SQLite ledger");
+    };
+    sqlite.path = link;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let second = sume_receiver::run(config, listener, std::future::pending());
     let error = tokio::time::timeout(Duration::from_secs(5), second)

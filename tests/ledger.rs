@@ -57,7 +57,7 @@ async fn concurrent_claims_share_commits_and_the_wal_is_checkpointed_off_the_wri
     // automatic checkpoint threshold).
     tokio::time::sleep(Duration::from_millis(300)).await;
     ledger.claim(claim("after-burst".into())).await.unwrap();
-    let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+    let conn = rusqlite::Connection::open(sqlite_path(&config)).unwrap();
     let wal_frames: i64 = conn
         .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| row.get(1))
         .unwrap();
@@ -86,7 +86,7 @@ async fn a_batch_with_a_failing_item_commits_the_others() {
         "a NOT NULL violation is reported to its caller"
     );
     assert_eq!(good.unwrap(), ClaimOutcome::Claimed);
-    let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+    let conn = rusqlite::Connection::open(sqlite_path(&config)).unwrap();
     let rows: i64 = conn
         .query_row("SELECT count(*) FROM jobs", [], |row| row.get(0))
         .unwrap();
@@ -117,7 +117,7 @@ async fn claims_past_a_full_writer_queue_are_refused_at_once() {
     )
     .unwrap();
     let ledger = Ledger::open(&config.database).await.unwrap();
-    let lock = hold_write_lock(&config.database.path);
+    let lock = hold_write_lock(sqlite_path(&config));
     let mut claims = tokio::task::JoinSet::new();
     for i in 0..ledger::sqlite::QUEUE_CAPACITY + 50 {
         let ledger = ledger.clone();
@@ -208,7 +208,7 @@ async fn nothing_of_a_batch_commits_after_sqlite_rolled_it_back() {
     for claim in batch {
         outcomes.push(claim.await.unwrap());
     }
-    let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+    let conn = rusqlite::Connection::open(sqlite_path(&config)).unwrap();
     let rows: i64 = conn
         .query_row("SELECT count(*) FROM jobs", [], |row| row.get(0))
         .unwrap();
@@ -263,7 +263,7 @@ async fn release_free_pages_gives_back_up_to_the_asked_number_at_once() {
         conn.query_row("PRAGMA freelist_count", [], |row| row.get(0))
             .unwrap()
     };
-    let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+    let conn = rusqlite::Connection::open(sqlite_path(&config)).unwrap();
     let freed = free(&conn);
     assert!(freed > 60, "{freed} free pages");
     assert!(
@@ -284,7 +284,7 @@ async fn background_statements_read_only_their_partial_indexes() {
     let dir = tempfile::tempdir().unwrap();
     let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
     Ledger::open(&config.database).await.unwrap().close().await;
-    let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+    let conn = rusqlite::Connection::open(sqlite_path(&config)).unwrap();
     for (sql, index) in [
         (ledger::sqlite::DUE_JOBS_SQL, "jobs_due"),
         (ledger::sqlite::NEXT_DUE_SQL, "jobs_due"),

@@ -13,7 +13,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use sume_receiver::config::{HandlerConfig, HandlerKind};
+use sume_receiver::config::{HandlerConfig, HandlerKind, LedgerConfig};
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{self, NewClaim, Source};
 use sume_receiver::sweeper::{SweepReport, Sweeper};
@@ -340,10 +340,13 @@ async fn sweep_once_takes_back_expired_leases() {
         assert_eq!(state("live-lease"), "running");
         // The same lease under this receiver's own name: its attempt was cut short by the
         // stop, so the restart takes it back at once.
+        let LedgerConfig::Postgres(postgres) = &config.database else {
+            panic!("a test of the PostgreSQL ledger");
+        };
         ledger_execute(
             &config,
             "UPDATE jobs SET leased_by = ?1 WHERE job_id = 'live-lease'",
-            &[&config.database.receiver],
+            &[&postgres.receiver],
         );
         assert_eq!(sweeper.recover().await.unwrap().leases_expired, 1);
         assert_eq!(state("live-lease"), "retrying");

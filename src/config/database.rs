@@ -1,7 +1,7 @@
 //! `[database]`: the SQLite file or the PostgreSQL URL, and how the ledger commits.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -30,36 +30,22 @@ pub enum CheckAtStart {
     Off,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `[database]` as the file writes it; resolved into a [`LedgerConfig`] at load.
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct DatabaseConfig {
-    /// The SQLite ledger file (when no `url` is set).
-    pub path: PathBuf,
-    /// A PostgreSQL database instead of the SQLite file: `postgres://user:password@host/db`.
-    /// Several receivers may share it.
-    pub url: Option<PostgresUrl>,
-    /// A file holding that URL instead (keeps the password out of the config file); read when
-    /// the ledger is opened.
-    pub url_file: Option<PathBuf>,
-    /// CA certificates (PEM) that PostgreSQL's TLS certificate may chain to, besides the
-    /// system's (a managed provider's bundle); used with `sslmode=require`.
-    pub ca_file: Option<PathBuf>,
-    pub synchronous: Synchronous,
-    /// How long a write waits for a lock held by another process before it gives up (503).
+struct RawDatabaseConfig {
+    path: PathBuf,
+    url: Option<PostgresUrl>,
+    url_file: Option<PathBuf>,
+    ca_file: Option<PathBuf>,
+    synchronous: Synchronous,
     #[serde(deserialize_with = "duration")]
-    pub busy_timeout: Duration,
-    /// Most claims and state changes committed in one transaction (group commit). 1 turns group
-    /// commit off, which only the benchmark has reason to do.
-    pub max_batch: usize,
-    pub check_at_start: CheckAtStart,
-    /// This receiver's name on the leases it takes in a shared (PostgreSQL) ledger: the host
-    /// name and the listen port, unique among receivers and the same after a restart. Set at
-    /// load, not configured.
-    #[serde(skip)]
-    pub receiver: String,
+    busy_timeout: Duration,
+    max_batch: usize,
+    check_at_start: CheckAtStart,
 }
 
-impl Default for DatabaseConfig {
+impl Default for RawDatabaseConfig {
     fn default() -> Self {
         Self {
             path: PathBuf::from("/var/lib/sume-receiver/ledger.sqlite3"),
@@ -70,25 +56,141 @@ impl Default for DatabaseConfig {
             busy_timeout: Duration::from_secs(2),
             max_batch: 512,
             check_at_start: CheckAtStart::Quick,
-            receiver: String::new(),
         }
     }
 }
 
-impl DatabaseConfig {
-    /// Whether the ledger is a PostgreSQL database (`url` or `url_file`) rather than the file.
-    pub fn uses_postgres(&self) -> bool {
-        self.url.is_some() || self.url_file.is_some()
+/// Which ledger, decided once at load: `database.url` or `url_file` names a PostgreSQL
+/// database, otherwise the ledger is the SQLite file at `database.path`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "RawDatabaseConfig")]
+pub enum LedgerConfig {
+    Sqlite(SqliteConfig),
+    Postgres(PostgresConfig),
+}
+
+#[derive(Debug, Clone)]
+pub struct SqliteConfig {
+    pub path: PathBuf,
+    pub synchronous: Synchronous,
+    /// How long a write waits for a lock held by another process before it gives up (503).
+    pub busy_timeout: Duration,
+    /// Most claims and state changes committed in one transaction (group commit). 1 turns group
+    /// commit off, which only the benchmark has reason to do.
+    pub max_batch: usize,
+    pub check_at_start: CheckAtStart,
+}
+
+impl Default for SqliteConfig {
+    fn default() -> Self {
+        let raw = RawDatabaseConfig::default();
+        Self {
+            path: raw.path,
+            synchronous: raw.synchronous,
+            busy_timeout: raw.busy_timeout,
+            max_batch: raw.max_batch,
+            check_at_start: raw.check_at_start,
+        }
+    }
+}
+
+/// A PostgreSQL database that several receivers may share.
+#[derive(Debug, Clone)]
+pub struct PostgresConfig {
+    pub url: PostgresUrlSource,
+    /// CA certificates (PEM) that PostgreSQL's TLS certificate may chain to, besides the
+    /// system's (a managed provider's bundle); used with `sslmode=require`.
+    pub ca_file: Option<PathBuf>,
+    /// Most claims committed in one transaction (group commit).
+    pub max_batch: usize,
+    /// This receiver's name on the leases it takes: the host name and the listen port, unique
+    /// among receivers and the same after a restart. Set at load from `server.listen`.
+    pub receiver: String,
+}
+
+/// Where the URL comes from: the config file, or a file of its own that keeps the password out
+/// of the config file and is read when the ledger is opened.
+#[derive(Debug, Clone)]
+pub enum PostgresUrlSource {
+    Given(PostgresUrl),
+    File(PathBuf),
+}
+
+impl TryFrom<RawDatabaseConfig> for LedgerConfig {
+    type Error = String;
+
+    fn try_from(raw: RawDatabaseConfig) -> Result<Self, String> {
+        let url = match (raw.url, raw.url_file) {
+            (Some(_), Some(_)) => return Err("database: set url or url_file, not both".into()),
+            (Some(url), None) => PostgresUrlSource::Given(url),
+            (None, Some(file)) => PostgresUrlSource::File(file),
+            (None, None) => {
+                return Ok(LedgerConfig::Sqlite(SqliteConfig {
+                    path: raw.path,
+                    synchronous: raw.synchronous,
+                    busy_timeout: raw.busy_timeout,
+                    max_batch: raw.max_batch,
+                    check_at_start: raw.check_at_start,
+                }))
+            }
+        };
+        Ok(LedgerConfig::Postgres(PostgresConfig {
+            url,
+            ca_file: raw.ca_file,
+            max_batch: raw.max_batch,
+            receiver: String::new(),
+        }))
+    }
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        LedgerConfig::Sqlite(SqliteConfig::default())
+    }
+}
+
+impl LedgerConfig {
+    /// The SQLite file, if that is the ledger.
+    pub fn sqlite_path(&self) -> Option<&Path> {
+        match self {
+            LedgerConfig::Sqlite(sqlite) => Some(&sqlite.path),
+            LedgerConfig::Postgres(_) => None,
+        }
     }
 
-    /// The PostgreSQL URL, read from `url_file` if that is how it is given; `None` for SQLite.
-    pub fn postgres_url(&self) -> anyhow::Result<Option<PostgresUrl>> {
-        let Some(file) = &self.url_file else {
-            return Ok(self.url.clone());
+    pub(super) fn max_batch(&self) -> usize {
+        match self {
+            LedgerConfig::Sqlite(sqlite) => sqlite.max_batch,
+            LedgerConfig::Postgres(postgres) => postgres.max_batch,
+        }
+    }
+
+    /// Takes the relative paths in it from `base_dir`.
+    pub(super) fn resolve_paths(&mut self, base_dir: &Path) {
+        match self {
+            LedgerConfig::Sqlite(sqlite) => sqlite.path = base_dir.join(&sqlite.path),
+            LedgerConfig::Postgres(postgres) => {
+                if let PostgresUrlSource::File(file) = &mut postgres.url {
+                    *file = base_dir.join(&*file);
+                }
+                if let Some(file) = &mut postgres.ca_file {
+                    *file = base_dir.join(&*file);
+                }
+            }
+        }
+    }
+}
+
+impl PostgresConfig {
+    /// The URL, read from its file if that is how it is given.
+    pub fn url(&self) -> anyhow::Result<PostgresUrl> {
+        let file = match &self.url {
+            PostgresUrlSource::Given(url) => return Ok(url.clone()),
+            PostgresUrlSource::File(file) => file,
         };
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("database.url_file: cannot read {}", file.display()))?;
-        PostgresUrl::parse(text.trim()).map(Some).map_err(|error| {
+        PostgresUrl::parse(text.trim()).map_err(|error| {
             anyhow::anyhow!(
                 "{} (in {})",
                 error.replace("database.url", "database.url_file"),
@@ -98,22 +200,10 @@ impl DatabaseConfig {
     }
 }
 
-/// This machine's host name (gethostname), or "localhost" if it has none.
-pub(super) fn host_name() -> String {
-    let mut buffer = [0u8; 256];
-    // SAFETY: gethostname writes at most `len` bytes into the buffer we own.
-    let failed = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) } != 0;
-    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
-    match std::str::from_utf8(&buffer[..end]) {
-        Ok(name) if !failed && !name.is_empty() => name.to_owned(),
-        _ => "localhost".to_owned(),
-    }
-}
-
 /// A PostgreSQL connection URL (or key=value string), checked at load. Its Debug and Display
 /// forms show host, port and database only: the password never reaches a log line.
 #[derive(Clone)]
-pub struct PostgresUrl(tokio_postgres::Config);
+pub struct PostgresUrl(Box<tokio_postgres::Config>);
 
 impl PostgresUrl {
     pub fn parse(text: &str) -> Result<PostgresUrl, String> {
@@ -128,7 +218,7 @@ impl PostgresUrl {
                 "database.url names no database: add it, as in postgres://user@host/sume".into(),
             );
         }
-        Ok(PostgresUrl(config))
+        Ok(PostgresUrl(Box::new(config)))
     }
 
     /// The settings as the URL gives them (the ledger adds its timeouts and keepalives).

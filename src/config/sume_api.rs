@@ -9,7 +9,6 @@ use serde::Deserialize;
 
 use super::parsing::{duration, DAY_SECS};
 use super::secret::{read_secret_file, Secret};
-use crate::job_id::JobId;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -138,14 +137,5 @@ impl SumeApiConfig {
                 "sume_api.max_poll_backoff must be at least sume_api.poll_backoff".to_owned(),
             );
         }
-    }
-
-    /// `{base_url}/v1/jobs/{job_id}/{action}`, with the job_id percent-encoded.
-    pub fn job_url(&self, job_id: &JobId, action: &str) -> String {
-        format!(
-            "{}/v1/jobs/{}/{action}",
-            self.base_url.trim_end_matches('/'),
-            job_id.url_segment()
-        )
     }
 }

@@ -15,7 +15,7 @@ pub mod sqlite;
 
 use std::sync::Arc;
 
-use crate::config::DatabaseConfig;
+use crate::config::LedgerConfig;
 use crate::metrics::{AttemptResult, METRICS};
 
 pub use contract::Backend;
@@ -38,13 +38,13 @@ pub enum Ledger {
 }
 
 impl Ledger {
-    /// Opens the configured backend for the service: `database.url` names a PostgreSQL
-    /// database, otherwise the SQLite file at `database.path`. Creates and migrates the schema
-    /// as needed.
-    pub async fn open(config: &DatabaseConfig) -> anyhow::Result<Arc<Ledger>> {
-        let ledger = match config.postgres_url()? {
-            Some(url) => Ledger::Postgres(PostgresLedger::open(&url, config).await?),
-            None => {
+    /// Opens the configured backend for the service. Creates and migrates the schema as needed.
+    pub async fn open(config: &LedgerConfig) -> anyhow::Result<Arc<Ledger>> {
+        let ledger = match config {
+            LedgerConfig::Postgres(config) => {
+                Ledger::Postgres(PostgresLedger::open(&config.url()?, config).await?)
+            }
+            LedgerConfig::Sqlite(config) => {
                 let config = config.clone();
                 Ledger::Sqlite(
                     tokio::task::spawn_blocking(move || SqliteLedger::open(&config)).await??,
@@ -56,10 +56,12 @@ impl Ledger {
 
     /// Opens the ledger for the command line: reads and single changes, no background tasks.
     /// Refuses a ledger that does not exist or is not migrated (only the service migrates).
-    pub async fn open_existing(config: &DatabaseConfig) -> anyhow::Result<Ledger> {
-        Ok(match config.postgres_url()? {
-            Some(url) => Ledger::Postgres(PostgresLedger::open_existing(&url, config).await?),
-            None => {
+    pub async fn open_existing(config: &LedgerConfig) -> anyhow::Result<Ledger> {
+        Ok(match config {
+            LedgerConfig::Postgres(config) => {
+                Ledger::Postgres(PostgresLedger::open_existing(&config.url()?, config).await?)
+            }
+            LedgerConfig::Sqlite(config) => {
                 let config = config.clone();
                 Ledger::Sqlite(
                     tokio::task::spawn_blocking(move || SqliteLedger::open_existing(&config))

@@ -381,7 +381,7 @@ pub enum Leases {
     ExpiredBefore(i64),
     /// At start: those this receiver held when it stopped (its attempts were cut short), at
     /// once. On SQLite every running row; on PostgreSQL those leased under this receiver's
-    /// name (`database.receiver`), while other receivers' leases wait for their expiry.
+    /// name (`PostgresConfig::receiver`), while other receivers' leases wait for their expiry.
     HeldBeforeThisStart,
 }
 

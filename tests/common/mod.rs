@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request};
-use sume_receiver::config::Config;
+use sume_receiver::config::{Config, LedgerConfig, PostgresConfig};
 use sume_receiver::http_client::{self, Answer, HttpClient};
 use sume_receiver::ingest::{SIGNATURE_HEADER, TIMESTAMP_HEADER};
 use sume_receiver::signature;
@@ -376,9 +376,9 @@ pub async fn open_ledger(dir: &Path) -> (Config, std::sync::Arc<sume_receiver::l
 /// See [`TestServer::rows`].
 pub fn ledger_rows(config: &Config, sql: &str, params: &[&str]) -> Vec<Vec<serde_json::Value>> {
     use serde_json::Value;
-    match &config.database.url {
-        None => {
-            let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+    match &config.database {
+        LedgerConfig::Sqlite(sqlite) => {
+            let conn = rusqlite::Connection::open(&sqlite.path).unwrap();
             conn.busy_timeout(Duration::from_secs(5)).unwrap();
             let mut statement = conn.prepare(sql).unwrap();
             let columns = statement.column_count();
@@ -401,9 +401,9 @@ pub fn ledger_rows(config: &Config, sql: &str, params: &[&str]) -> Vec<Vec<serde
                 .unwrap();
             rows.collect::<Result<_, _>>().unwrap()
         }
-        Some(_) => {
+        LedgerConfig::Postgres(postgres) => {
             let sql = postgres_form(sql);
-            with_postgres(&postgres_url_of(config_dir(config)), |client| {
+            with_postgres(&url_of(postgres), |client| {
                 let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
                     params.iter().map(|p| p as _).collect();
                 let rows = client
@@ -450,16 +450,16 @@ fn postgres_form(sql: &str) -> String {
 
 /// See [`TestServer::execute`].
 pub fn ledger_execute(config: &Config, sql: &str, params: &[&str]) -> u64 {
-    match &config.database.url {
-        None => {
-            let conn = rusqlite::Connection::open(&config.database.path).unwrap();
+    match &config.database {
+        LedgerConfig::Sqlite(sqlite) => {
+            let conn = rusqlite::Connection::open(&sqlite.path).unwrap();
             conn.busy_timeout(Duration::from_secs(5)).unwrap();
             conn.execute(sql, rusqlite::params_from_iter(params))
                 .unwrap() as u64
         }
-        Some(_) => {
+        LedgerConfig::Postgres(postgres) => {
             let sql = postgres_form(sql);
-            with_postgres(&postgres_url_of(config_dir(config)), |client| {
+            with_postgres(&url_of(postgres), |client| {
                 let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
                     params.iter().map(|p| p as _).collect();
                 client.execute(&sql, &params).unwrap()
@@ -501,9 +501,17 @@ pub fn insert_jobs(
     );
 }
 
-/// The test directory a config was made for (where its ledger lives).
-fn config_dir(config: &Config) -> &Path {
-    config.database.path.parent().unwrap()
+/// The URL of a test's PostgreSQL ledger.
+fn url_of(config: &PostgresConfig) -> String {
+    postgres_url(&config.url().unwrap().settings().clone().into())
+}
+
+/// The SQLite file of a test's ledger; panics on PostgreSQL.
+pub fn sqlite_path(config: &Config) -> &Path {
+    config
+        .database
+        .sqlite_path()
+        .expect("a test of the SQLite ledger")
 }
 
 /// `count` connections that each send part of a request head and then nothing (a slow

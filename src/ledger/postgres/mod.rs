@@ -42,7 +42,7 @@ use super::model::{
     DueJobs, Expectation, JobDetail, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim,
     PollResult, RetentionStep, RetryError, Source, State,
 };
-use crate::config::{DatabaseConfig, PostgresUrl};
+use crate::config::{PostgresConfig, PostgresUrl};
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
 use claims::{insert_claims, run_batcher, through_batcher, ClaimRequest, ClaimsError};
@@ -72,14 +72,14 @@ pub struct PostgresLedger {
     failed: CancellationToken,
     work_added: Arc<Notify>,
     location: String,
-    /// This receiver's name on its leases (`database.receiver`).
+    /// This receiver's name on its leases ([`PostgresConfig::receiver`]).
     receiver: String,
 }
 
 impl PostgresLedger {
     /// Connects, checks the server's durability setting, migrates under the advisory lock, and
     /// starts the claim batcher and the LISTEN task.
-    pub async fn open(url: &PostgresUrl, config: &DatabaseConfig) -> anyhow::Result<Self> {
+    pub async fn open(url: &PostgresUrl, config: &PostgresConfig) -> anyhow::Result<Self> {
         let pg_config = settings(url, CONNECT_TIMEOUT);
         let location = url.location();
         let tls = Tls::new(url, config.ca_file.as_deref())?;
@@ -178,7 +178,7 @@ impl PostgresLedger {
 
     /// Connects for the command line and checks that the schema is the one this binary knows
     /// (the service migrates it; the command line never does). No claim batcher, no LISTEN.
-    pub async fn open_existing(url: &PostgresUrl, config: &DatabaseConfig) -> anyhow::Result<Self> {
+    pub async fn open_existing(url: &PostgresUrl, config: &PostgresConfig) -> anyhow::Result<Self> {
         let location = url.location();
         let tls = Tls::new(url, config.ca_file.as_deref())?;
         let pg_config = settings(url, CONNECT_TIMEOUT);

@@ -6,7 +6,7 @@ use anyhow::{bail, Context};
 use rusqlite::{Connection, OpenFlags};
 
 use super::open::{create_private_file, open_existing_connection};
-use crate::config::DatabaseConfig;
+use crate::config::SqliteConfig;
 
 /// What `backup` made.
 #[derive(Debug, Clone)]
@@ -18,13 +18,7 @@ pub struct BackupReport {
 /// Writes a consistent copy of the ledger to `target` while the service may be running
 /// (`VACUUM INTO`: one read transaction, so writers go on), private to its owner, then runs
 /// `PRAGMA integrity_check` on the copy. Refuses to overwrite anything.
-pub fn backup(config: &DatabaseConfig, target: &Path) -> anyhow::Result<BackupReport> {
-    if config.uses_postgres() {
-        bail!(
-            "backup copies a SQLite ledger; this ledger is PostgreSQL (database.url): back it \
-             up with pg_dump or your provider's backups (the jobs and expected_jobs tables)"
-        );
-    }
+pub fn backup(config: &SqliteConfig, target: &Path) -> anyhow::Result<BackupReport> {
     let conn = open_existing_connection(config)?;
     if std::fs::symlink_metadata(target).is_ok() {
         bail!(

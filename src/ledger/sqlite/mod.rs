@@ -24,7 +24,7 @@ use super::model::{
     Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Expectation, JobDetail, JobStats,
     JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryError, State,
 };
-use crate::config::DatabaseConfig;
+use crate::config::SqliteConfig;
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
 
@@ -83,7 +83,7 @@ enum Connections {
 impl SqliteLedger {
     /// Creates the file if needed, checks that it is ours and whole, migrates it, and starts
     /// the writer thread.
-    pub fn open(config: &DatabaseConfig) -> anyhow::Result<SqliteLedger> {
+    pub fn open(config: &SqliteConfig) -> anyhow::Result<SqliteLedger> {
         let (conn, durability) = open_for_writing(config)?;
         let settings = config.clone();
         let readers = r2d2::Pool::builder()
@@ -112,7 +112,7 @@ impl SqliteLedger {
 
     /// Opens an existing, migrated ledger for the command line; refuses to create one or to use
     /// one that is not migrated.
-    pub fn open_existing(config: &DatabaseConfig) -> anyhow::Result<SqliteLedger> {
+    pub fn open_existing(config: &SqliteConfig) -> anyhow::Result<SqliteLedger> {
         Ok(SqliteLedger {
             connections: Connections::Direct(Arc::new(Mutex::new(open_existing_connection(
                 config,
@@ -507,7 +507,7 @@ impl PendingClaims {
 
 impl WriterAlone {
     /// Opens the ledger as the service does (checks, migrations, the writer's settings).
-    pub fn open(config: &DatabaseConfig) -> anyhow::Result<WriterAlone> {
+    pub fn open(config: &SqliteConfig) -> anyhow::Result<WriterAlone> {
         let (conn, durability) = open_for_writing(config)?;
         let failure = Arc::new(Failure::default());
         let answering = Answering::start(durability, failure.clone())?;

@@ -8,7 +8,7 @@ use rusqlite::{Connection, OpenFlags};
 use super::checkpoint::{self, WRITER_AUTOCHECKPOINT_PAGES};
 use super::wal_sync::WalFile;
 use super::writer::Durability;
-use crate::config::{CheckAtStart, DatabaseConfig, Synchronous};
+use crate::config::{CheckAtStart, SqliteConfig, Synchronous};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` counts how many have run.
 const MIGRATIONS: &[&str] = &[
@@ -25,9 +25,7 @@ const WAL_SIZE_LIMIT_BYTES: u64 = 2 * WRITER_AUTOCHECKPOINT_PAGES as u64 * 4096;
 
 /// The writer's connection: the file created if needed, checked to be ours and whole, migrated,
 /// and tuned for the writer; and how its commits become durable.
-pub(super) fn open_for_writing(
-    config: &DatabaseConfig,
-) -> anyhow::Result<(Connection, Durability)> {
+pub(super) fn open_for_writing(config: &SqliteConfig) -> anyhow::Result<(Connection, Durability)> {
     if let Some(dir) = config
         .path
         .parent()
@@ -68,7 +66,7 @@ pub(super) fn open_for_writing(
 }
 
 /// Opens an existing ledger for the CLI; refuses to create one or to use an unmigrated one.
-pub(super) fn open_existing_connection(config: &DatabaseConfig) -> anyhow::Result<Connection> {
+pub(super) fn open_existing_connection(config: &SqliteConfig) -> anyhow::Result<Connection> {
     let path = &config.path;
     if !path.exists() {
         bail!(
@@ -113,7 +111,7 @@ pub(super) fn create_private_file(path: &Path) -> anyhow::Result<()> {
 /// would change the file (WAL mode is recorded in its header).
 fn open_unconfigured(
     path: &Path,
-    config: &DatabaseConfig,
+    config: &SqliteConfig,
     flags: OpenFlags,
 ) -> anyhow::Result<Connection> {
     let flags = flags | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
@@ -125,7 +123,7 @@ fn open_unconfigured(
 
 pub(super) fn open_connection(
     path: &Path,
-    config: &DatabaseConfig,
+    config: &SqliteConfig,
     flags: OpenFlags,
 ) -> anyhow::Result<Connection> {
     let conn = open_unconfigured(path, config, flags)?;
@@ -206,7 +204,7 @@ fn check_integrity(conn: &Connection, path: &Path, check: CheckAtStart) -> anyho
 }
 
 /// Pragmas every connection gets at open; none of them persist in the file except WAL mode.
-pub(super) fn apply_pragmas(conn: &Connection, config: &DatabaseConfig) -> rusqlite::Result<()> {
+pub(super) fn apply_pragmas(conn: &Connection, config: &SqliteConfig) -> rusqlite::Result<()> {
     conn.busy_timeout(config.busy_timeout)?;
     let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
@@ -248,10 +246,10 @@ mod tests {
     use super::super::SqliteLedger;
     use super::*;
 
-    fn test_config(dir: &Path) -> DatabaseConfig {
-        DatabaseConfig {
+    fn test_config(dir: &Path) -> SqliteConfig {
+        SqliteConfig {
             path: dir.join("ledger.sqlite3"),
-            ..DatabaseConfig::default()
+            ..SqliteConfig::default()
         }
     }
 
@@ -262,7 +260,7 @@ mod tests {
 
     /// A database of someone else's at the ledger's path, made with a plain connection
     /// (rollback journal, as SQLite creates files by default).
-    fn foreign_database(config: &DatabaseConfig, sql: &str) -> Vec<u8> {
+    fn foreign_database(config: &SqliteConfig, sql: &str) -> Vec<u8> {
         let conn = Connection::open(&config.path).unwrap();
         conn.execute_batch(sql).unwrap();
         drop(conn);
@@ -372,7 +370,7 @@ mod tests {
         let error = format!("{:#}", SqliteLedger::open(&config).err().unwrap());
         assert!(error.contains("is damaged"), "{error}");
         assert!(error.contains(".recover"), "{error}");
-        let unchecked = DatabaseConfig {
+        let unchecked = SqliteConfig {
             check_at_start: CheckAtStart::Off,
             ..config
         };

@@ -419,14 +419,14 @@ mod tests {
 
     use super::super::wal_sync::held_sync;
     use super::*;
-    use crate::config::DatabaseConfig;
+    use crate::config::SqliteConfig;
     use crate::job_id::JobId;
     use crate::ledger::model::Source;
 
     fn ledger(dir: &tempfile::TempDir) -> (Connection, Connection) {
-        let config = DatabaseConfig {
+        let config = SqliteConfig {
             path: dir.path().join("ledger.sqlite3"),
-            ..DatabaseConfig::default()
+            ..SqliteConfig::default()
         };
         let (conn, _) = super::super::open_for_writing(&config).unwrap();
         (conn, Connection::open(&config.path).unwrap())
