@@ -2,7 +2,7 @@
 # Sourced, not run. Sets BIN, work, port; defines write_config, start_receiver, stop_receiver.
 
 if [ -z "${BIN:-}" ]; then
-  cargo build --release --locked --quiet
+  cargo build --release --locked --quiet --features bench
   BIN=target/release/sume-receiver
 fi
 command -v sqlite3 >/dev/null || { echo "the benchmark needs sqlite3 (apt-get install sqlite3)" >&2; exit 1; }

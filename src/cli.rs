@@ -61,6 +61,7 @@ pub enum Command {
     /// Print the two signature headers for a body, and a ready curl line.
     Sign(crate::send::SignArgs),
     /// Benchmark a running receiver: send signed deliveries, report, check its ledger.
+    #[cfg(feature = "bench")]
     Loadgen(crate::loadgen::LoadgenArgs),
     /// Print the man page or shell completions (for packagers); needs no config.
     #[command(subcommand)]
@@ -210,6 +211,7 @@ pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
         }
         Command::Sign(args) => crate::send::sign(&args, config),
         Command::SendTest(args) => crate::send::send_test(&args, config).await,
+        #[cfg(feature = "bench")]
         Command::Loadgen(args) => {
             let json = args.json;
             let report = crate::loadgen::run(args, config.clone()).await?;

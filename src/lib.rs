@@ -6,7 +6,7 @@
 //! Background tasks keep it whole: [`sweeper`] re-runs lost work, [`vacuum`] applies retention,
 //! `reconcile` polls Sume for expected jobs whose webhook never arrived (registered through
 //! `admin` or the CLI). [`config`] reads the TOML file, `metrics` counts, [`cli`] is the
-//! command line, `loadgen` the benchmark client; `service` puts it all together ([`run`]).
+//! command line, `loadgen` the benchmark client (the `bench` feature); `service` puts it all together ([`run`]).
 
 // Public: what main.rs, the integration tests and the fuzz target use.
 mod admin;
@@ -20,6 +20,7 @@ pub mod ingest;
 mod instance_lock;
 pub mod job_id;
 pub mod ledger;
+#[cfg(feature = "bench")]
 mod loadgen;
 pub mod logging;
 mod metrics;

@@ -26,7 +26,9 @@ pub use model::{
     RetryError, Source, State,
 };
 use postgres::PostgresLedger;
-pub use sqlite::{backup, BackupReport, PendingClaims, SqliteLedger, WriterAlone};
+pub use sqlite::{backup, BackupReport, SqliteLedger};
+#[cfg(feature = "bench")]
+pub use sqlite::{PendingClaims, WriterAlone};
 
 use contract::forward_to_backend;
 contract::operations!(forward_to_backend);

@@ -8,6 +8,8 @@ mod jobs;
 mod open;
 mod wal_sync;
 mod writer;
+#[cfg(feature = "bench")]
+mod writer_alone;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -38,8 +40,10 @@ pub use jobs::{
     PURGE_BODIES_SQL,
 };
 use open::{apply_pragmas, open_connection, open_existing_connection, open_for_writing};
+use writer::Writer;
 pub use writer::QUEUE_CAPACITY;
-use writer::{Answering, Writer};
+#[cfg(feature = "bench")]
+pub use writer_alone::{PendingClaims, WriterAlone};
 
 const READER_POOL_SIZE: u32 = 4;
 
@@ -480,63 +484,5 @@ impl Backend for SqliteLedger {
 
     fn is_storage_lost(&self) -> bool {
         self.failure_cause() == Some(FailureCause::StorageLost)
-    }
-}
-
-/// The ledger's writer connection, WAL syncer and checkpointer with no queue, no runtime and no
-/// HTTP in front: batches of claims go straight through the writer's commit on the caller's
-/// thread. The limit the request path is measured against (`loadgen --sqlite-alone`).
-pub struct WriterAlone {
-    conn: Connection,
-    answering: Option<Answering>,
-    checkpointer: Option<Checkpointer>,
-}
-
-/// The claims of one committed batch, answered once durable.
-pub struct PendingClaims(Vec<tokio::sync::oneshot::Receiver<Result<ClaimOutcome, StorageError>>>);
-
-impl PendingClaims {
-    /// Blocks until every claim of the batch is answered.
-    pub fn wait(self) -> Result<Vec<ClaimOutcome>, StorageError> {
-        self.0
-            .into_iter()
-            .map(|answer| answer.blocking_recv().map_err(|_| StorageError::Closed)?)
-            .collect()
-    }
-}
-
-impl WriterAlone {
-    /// Opens the ledger as the service does (checks, migrations, the writer's settings).
-    pub fn open(config: &SqliteConfig) -> anyhow::Result<WriterAlone> {
-        let (conn, durability) = open_for_writing(config)?;
-        let failure = Arc::new(Failure::default());
-        let answering = Answering::start(durability, failure.clone())?;
-        let checkpointer = Checkpointer::start(
-            open_connection(&config.path, config, OpenFlags::default())?,
-            failure,
-        )?;
-        Ok(WriterAlone {
-            conn,
-            answering: Some(answering),
-            checkpointer: Some(checkpointer),
-        })
-    }
-
-    /// Commits `claims` in one transaction, as the writer thread does with claims that arrived
-    /// together; the next batch may be committed before this one is answered.
-    pub fn claim(&self, claims: Vec<NewClaim>) -> PendingClaims {
-        let answering = self.answering.as_ref().expect("only taken on drop");
-        PendingClaims(writer::commit_claims(&self.conn, claims, answering))
-    }
-}
-
-impl Drop for WriterAlone {
-    fn drop(&mut self) {
-        if let Some(answering) = self.answering.take() {
-            answering.finish();
-        }
-        if let Some(checkpointer) = self.checkpointer.take() {
-            checkpointer.stop();
-        }
     }
 }

@@ -265,6 +265,7 @@ impl Answering {
 
 /// The callers of `claims`, committed as the writer thread would commit them had they arrived
 /// together, waiting for their answers.
+#[cfg(feature = "bench")]
 pub(super) fn commit_claims(
     conn: &Connection,
     claims: Vec<NewClaim>,
