@@ -4,6 +4,7 @@
 //! for reconciliation; registering twice is harmless. Off unless `[admin] token_file` is set.
 //! It also serves `/healthz`, `/readyz` and `/metrics` (no token: read-only, loopback).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,7 +54,7 @@ fn bearer_matches(token: &Secret, candidate: &str) -> bool {
 }
 
 impl Router for Admin {
-    async fn route(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn route(&self, request: Request<Incoming>, _peer: SocketAddr) -> Response<Full<Bytes>> {
         // Read-only and on loopback by default: Prometheus and health checks need no token.
         if let Some(response) = crate::server::operational(&self.ledger, &request).await {
             return response;

@@ -30,6 +30,15 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
         warnings: config.warnings(),
         ..Findings::default()
     };
+    // SAFETY: geteuid has no preconditions.
+    if unreadable == Unreadable::Warning && unsafe { libc::geteuid() } == 0 {
+        findings.warnings.push(
+            "checked as root, who may read and write anything: a file or directory the \
+             service's user cannot reach passes here. The unit runs `check-config --strict` as \
+             that user before each start and reload"
+                .to_owned(),
+        );
+    }
     credential(
         &mut findings,
         unreadable,

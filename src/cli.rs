@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use crate::config::{self, Config, LedgerConfig};
 use crate::job_id::JobId;
 use crate::ledger::{self, JobDetail, JobSummary, Ledger, State};
+use crate::logging::Escaped;
 use crate::vacuum::Vacuum;
 
 /// `--version`: the crate version and the git commit it was built from.
@@ -76,15 +77,116 @@ pub enum Generate {
     Completions { shell: clap_complete::Shell },
 }
 
+/// sume-receiver(1): clap_mangen's sections from the command-line definitions, then every
+/// command in this one page (clap_mangen would point at a page per subcommand, which nobody
+/// ships) and the sections an operator looks for: files, signals, exit status, examples.
+fn man_page(command: clap::Command, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    use roff::{bold, roman, Roff};
+    let man = clap_mangen::Man::new(command.clone());
+    man.render_title(out)?;
+    man.render_name_section(out)?;
+    man.render_synopsis_section(out)?;
+    man.render_description_section(out)?;
+    man.render_options_section(out)?;
+    let mut page = Roff::new();
+    page.control("SH", ["COMMANDS"]);
+    list_commands(&mut page, "sume-receiver", &command);
+    for (heading, paragraphs) in MAN_SECTIONS {
+        page.control("SH", [*heading]);
+        for paragraph in *paragraphs {
+            match paragraph.split_once('\t') {
+                Some((term, text)) => {
+                    page.control("TP", []);
+                    page.text([bold(term)]);
+                    page.text([roman(text)]);
+                }
+                None => {
+                    page.control("PP", []);
+                    page.text([roman(*paragraph)]);
+                }
+            }
+        }
+    }
+    page.to_writer(out)?;
+    man.render_version_section(out)
+}
+
+/// Each command below `parent` as a tagged paragraph (its name, then its summary), each followed
+/// by its own commands.
+fn list_commands(page: &mut roff::Roff, path: &str, parent: &clap::Command) {
+    for child in parent.get_subcommands().filter(|c| c.get_name() != "help") {
+        let name = format!("{path} {}", child.get_name());
+        page.control("TP", []);
+        page.text([roff::bold(name.as_str())]);
+        if let Some(about) = child.get_about() {
+            page.text([roff::roman(about.to_string())]);
+        }
+        list_commands(page, &name, child);
+    }
+}
+
+/// The man page's own sections: a heading, then paragraphs (`term\ttext` for a tagged one).
+const MAN_SECTIONS: &[(&str, &[&str])] = &[
+    (
+        "FILES",
+        &[
+            "/etc/sume-receiver/config.toml\tThe configuration (the package's template, a conffile). Every key and its default: /usr/share/doc/sume-receiver/config.example.toml.",
+            "/etc/sume-receiver/secrets\tThe signing secrets, one a line, newest first; mode 0640 root:sume-receiver.",
+            "/var/lib/sume-receiver/ledger.sqlite3\tThe ledger (with its -wal, -shm and .lock files beside it), unless database.url names PostgreSQL.",
+            "/usr/lib/systemd/system/sume-receiver.service\tThe systemd unit.",
+        ],
+    ),
+    (
+        "SIGNALS",
+        &[
+            "SIGHUP\tRe-read the signing secrets (systemctl reload); the other settings change at a restart.",
+            "SIGTERM, SIGINT\tStop accepting, finish in-flight requests, let running handlers finish for server.shutdown_grace; an attempt the stop interrupts does not count.",
+        ],
+    ),
+    (
+        "EXIT STATUS",
+        &[
+            "0\tSuccess; serve stopped cleanly.",
+            "1\tAn error: a bad configuration, a ledger that cannot be opened, a failed command.",
+            "2\tThe command line could not be parsed.",
+            "74\tThe disk failed under the ledger (a failed fsync or I/O error): the unit does not restart it; check the disk and reboot first.",
+        ],
+    ),
+    (
+        "EXAMPLES",
+        &[
+            "sume-receiver check-config\tValidate the configuration; errors exit non-zero, warnings do not.",
+            "sume-receiver send-test\tSign a test delivery with the newest secret and send it to the running service.",
+            "sume-receiver jobs list --state dead\tThe jobs whose attempts ran out.",
+            "sume-receiver jobs retry JOB_ID\tRun a done or dead job again from its stored body.",
+            "journalctl -u sume-receiver SUME_JOB_ID=JOB_ID\tEverything the service logged about one job.",
+        ],
+    ),
+    (
+        "SEE ALSO",
+        &["systemctl(1), journalctl(1), sqlite3(1); /usr/share/doc/sume-receiver/README.md"],
+    ),
+];
+
 /// Writes what `generate` asks for to stdout.
 pub fn generate(what: Generate) -> anyhow::Result<()> {
     use clap::CommandFactory;
+    use std::io::Write;
     let mut command = Cli::command();
     let mut out = std::io::stdout().lock();
     match what {
-        Generate::Man => clap_mangen::Man::new(command).render(&mut out)?,
+        Generate::Man => man_page(command, &mut out)?,
         Generate::Completions { shell } => {
-            clap_complete::generate(shell, &mut command, "sume-receiver", &mut out)
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "sume-receiver", &mut script);
+            let mut script = String::from_utf8(script)?;
+            if shell == clap_complete::Shell::Bash {
+                // clap_complete 4.6 names the cases of a hyphenated binary's subcommands
+                // `sume__subcmd__receiver__...` but moves to `sume__receiver__...`: no case
+                // matched, so nothing completed below the first word.
+                script = script.replace("sume__subcmd__receiver__", "sume__receiver__");
+            }
+            out.write_all(script.as_bytes())?;
         }
     }
     Ok(())
@@ -94,8 +196,10 @@ pub fn generate(what: Generate) -> anyhow::Result<()> {
 pub enum JobsCommand {
     /// List the most recently received jobs.
     List {
+        /// Only jobs in this state: claimed, running, retrying, done or dead.
         #[arg(long)]
         state: Option<State>,
+        /// At most this many jobs, the most recently received first.
         #[arg(long, default_value_t = 50)]
         limit: usize,
         /// One JSON array instead of a table.
@@ -104,31 +208,48 @@ pub enum JobsCommand {
     },
     /// Show one job: state, attempts, times, last error and body.
     Show {
+        /// The job's id, as Sume sends it (`job_id` in the delivery).
         job_id: JobId,
+        /// One JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Run a `done` or `dead` job again from its stored body.
-    Retry { job_id: JobId },
+    Retry {
+        /// The job's id, as Sume sends it (`job_id` in the delivery).
+        job_id: JobId,
+    },
     /// Run a `retrying` job now instead of at the end of its backoff.
-    RunNow { job_id: JobId },
+    RunNow {
+        /// The job's id, as Sume sends it (`job_id` in the delivery).
+        job_id: JobId,
+    },
     /// Counts by state, the oldest unfinished job, last hour's deliveries, dead in the last day.
     Stats {
+        /// One JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Register a job the application submitted to Sume: if its webhook never arrives, the
     /// service polls Sume for it. Idempotent.
-    Expect { job_id: JobId },
+    Expect {
+        /// The job's id, as Sume sends it (`job_id` in the delivery).
+        job_id: JobId,
+    },
     /// List registered expected jobs and what polling found.
     Expected {
+        /// At most this many, the most recently registered first.
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        /// One JSON array instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Ask Sume to send the job's webhook again (POST /v1/jobs/{job_id}/webhook/redeliver).
-    Redeliver { job_id: JobId },
+    Redeliver {
+        /// The job's id, as Sume sends it (`job_id` in the delivery).
+        job_id: JobId,
+    },
 }
 
 impl clap::builder::ValueParserFactory for State {
@@ -427,20 +548,6 @@ fn jobs_table(jobs: &[JobSummary]) -> String {
     table(&header, &rows, "(no jobs)")
 }
 
-/// `text` with every control character escaped (`\n`, `\u{1b}`): what the ledger holds (ids
-/// written by older versions, handler errors, bodies) must not drive the operator's terminal.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
 fn stats_table(stats: &ledger::JobStats, now: i64) -> String {
     let mut rows: Vec<Vec<String>> = stats
         .by_state
@@ -469,12 +576,13 @@ fn stats_table(stats: &ledger::JobStats, now: i64) -> String {
     table(&["STATE", "JOBS"], &rows, "")
 }
 
-/// Left-aligned columns, two spaces apart, sized to their widest cell.
+/// Left-aligned columns, two spaces apart, sized to their widest cell. Cells are escaped: what
+/// the ledger holds (ids written by older versions, handler errors) must not drive the terminal.
 fn table(header: &[&str], rows: &[Vec<String>], when_empty: &str) -> String {
     let header: Vec<String> = header.iter().map(|cell| (*cell).to_owned()).collect();
     let rows: Vec<Vec<String>> = rows
         .iter()
-        .map(|row| row.iter().map(|cell| printable(cell)).collect())
+        .map(|row| row.iter().map(|cell| Escaped(cell).to_string()).collect())
         .collect();
     let rows = rows.as_slice();
     let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
@@ -522,7 +630,7 @@ async fn redeliver(job_id: &JobId, config: &Config) -> anyhow::Result<()> {
         bail!(
             "Sume refused the redelivery of {job_id}: {} {}",
             answer.status,
-            printable(text.trim())
+            Escaped(text.trim())
         );
     }
     println!(
@@ -561,7 +669,7 @@ fn job_details(job: &JobDetail) -> String {
     ];
     fields
         .iter()
-        .map(|(name, value)| format!("{name:<17}{}\n", printable(value)))
+        .map(|(name, value)| format!("{name:<17}{}\n", Escaped(value)))
         .collect()
 }
 

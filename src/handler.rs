@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::HandlerKind;
 use crate::http_client::{self, HttpClient};
 use crate::ledger::Attempt;
+use crate::logging::Escaped;
 
 /// How much of a failing handler's stderr (or HTTP answer) is kept as the job's last error.
 const ERROR_TAIL_BYTES: usize = 2048;
@@ -141,7 +142,7 @@ async fn run_command(
         Ok(()) => {
             if !tail.is_empty() {
                 // What a successful handler says on stderr belongs in the service's log.
-                tracing::info!(job_id = %attempt.job_id, output = ?tail, "handler stderr");
+                tracing::info!(job_id = %attempt.job_id, output = %Escaped(&tail), "handler stderr");
             }
             Ok(())
         }

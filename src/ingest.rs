@@ -1,6 +1,7 @@
 //! The webhook request path: cheap header checks -> body (bounded) -> signature -> job_id ->
 //! durable claim -> answer.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -16,6 +17,7 @@ use crate::config::{Config, Secret};
 use crate::event_type::EventType;
 use crate::job_id::JobId;
 use crate::ledger::{ClaimOutcome, Ledger, NewClaim, Source, StorageError};
+use crate::logging::Escaped;
 use crate::metrics::{DeliveryOutcome, METRICS};
 use crate::signature::{self, SignatureError, SignedHeaders};
 use crate::worker::Queue;
@@ -270,7 +272,11 @@ impl Ingest {
     }
 
     /// Answers one delivery; logs it (the access log) with its outcome, status and latency.
-    pub async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    pub async fn handle(
+        &self,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<Full<Bytes>> {
         let started = std::time::Instant::now();
         match self.ingest(request).await {
             Ok((job_id, outcome)) => {
@@ -298,10 +304,11 @@ impl Ingest {
             Err(error) => {
                 METRICS.record_delivery(error.outcome());
                 tracing::warn!(
+                    %peer,
                     outcome = error.outcome().label(),
                     status = error.status().as_u16(),
                     latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-                    error = ?error.to_string(),
+                    error = %Escaped(&error),
                     "delivery refused"
                 );
                 error.into_response()

@@ -25,6 +25,7 @@ use crate::job_id::JobId;
 use crate::ledger::{
     duration_ms, now_ms, ClaimOutcome, Ledger, NewClaim, PollResult, Source, StorageError,
 };
+use crate::logging::Escaped;
 use crate::metrics::{PollCall, METRICS};
 use crate::worker::Queue;
 
@@ -114,7 +115,7 @@ impl Reconciler {
             let result = match JobId::parse(&expectation.job_id) {
                 // Registered before ids were checked: it cannot be put in a URL.
                 Err(error) => {
-                    tracing::warn!(job_id = ?expectation.job_id, %error, "giving up on an expected job whose stored job_id is invalid");
+                    tracing::warn!(job_id = %Escaped(&expectation.job_id), %error, "giving up on an expected job whose stored job_id is invalid");
                     METRICS.record_given_up();
                     PollResult::GivenUp {
                         error: Some(error.to_string()),
@@ -159,7 +160,7 @@ impl Reconciler {
         let answer = match self.call(job_id, "status", hyper::Method::GET).await {
             Ok(answer) => answer,
             Err(error) => {
-                tracing::warn!(job_id = %job_id, error = ?error, "polling Sume failed; will retry");
+                tracing::warn!(job_id = %job_id, error = %Escaped(&error), "polling Sume failed; will retry");
                 METRICS.record_poll(PollCall::Failed);
                 return Ok(again(None, Some(error)));
             }
@@ -212,7 +213,7 @@ impl Reconciler {
         };
         Ok(match METRICS.time_claim(self.ledger.claim(claim)).await? {
             ClaimOutcome::Claimed => {
-                tracing::info!(job_id = %job_id, status = ?job_status, "job recovered by polling: its webhook never arrived");
+                tracing::info!(job_id = %job_id, status = %Escaped(&job_status), "job recovered by polling: its webhook never arrived");
                 METRICS.record_recovered();
                 if let Some(queue) = &self.queue {
                     queue.enqueue(job_id);

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,18 +43,20 @@ pub struct App {
 
 /// Answers the requests of one listener.
 pub trait Router: Send + Sync + 'static {
+    /// `peer`: the address the connection came from (behind a proxy, the proxy's).
     fn route(
         &self,
         request: Request<Incoming>,
+        peer: SocketAddr,
     ) -> impl std::future::Future<Output = Response<Full<Bytes>>> + Send;
 }
 
 impl Router for App {
-    async fn route(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn route(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
         let path = request.uri().path();
         if path == self.webhook_path {
             return if request.method() == Method::POST {
-                self.ingest.handle(request).await
+                self.ingest.handle(request, peer).await
             } else {
                 let mut response = error_response(StatusCode::METHOD_NOT_ALLOWED, "use POST");
                 response
@@ -218,9 +221,9 @@ pub async fn serve<R: Router>(
     let idle = Arc::new(Idle::new());
     let mut accept_failures = Throttled::new("accept failed; backing off");
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) => {
                     accept_failures.warn(&error.to_string());
                     // Out of file descriptors (a hard limit below max_connections): the
@@ -259,7 +262,7 @@ pub async fn serve<R: Router>(
                 let (app, waiting) = (app.clone(), waiting.clone());
                 async move {
                     waiting.in_request();
-                    let response = app.route(request).await;
+                    let response = app.route(request, peer).await;
                     waiting.between_requests();
                     Ok::<_, Infallible>(response)
                 }

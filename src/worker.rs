@@ -18,6 +18,7 @@ use crate::config::HandlerConfig;
 use crate::handler::{AttemptError, Handler};
 use crate::job_id::JobId;
 use crate::ledger::{duration_ms, now_ms, Attempt, AttemptEnd, Ledger, State};
+use crate::logging::Escaped;
 use crate::metrics::{AttemptResult, METRICS};
 use crate::throttle::Throttled;
 
@@ -333,7 +334,7 @@ impl JobRun {
                         tracing::info!(job_id = %job_id, attempt = attempt.number, elapsed_ms, "job done")
                     }
                     (AttemptEnd::Failed { error, .. }, State::Dead) => {
-                        tracing::error!(job_id = %job_id, attempt = attempt.number, ?error, "job dead: out of attempts")
+                        tracing::error!(job_id = %job_id, attempt = attempt.number, error = %Escaped(error), "job dead: out of attempts")
                     }
                     (AttemptEnd::Failed { error, .. }, _) => {
                         // "8s 740ms", not Debug's "Some(8.74s)".
@@ -341,7 +342,7 @@ impl JobRun {
                             let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
                             humantime::format_duration(Duration::from_millis(millis)).to_string()
                         });
-                        tracing::warn!(job_id = %job_id, attempt = attempt.number, ?error, %retry_in, "attempt failed; will retry")
+                        tracing::warn!(job_id = %job_id, attempt = attempt.number, error = %Escaped(error), %retry_in, "attempt failed; will retry")
                     }
                     _ => {}
                 }

@@ -56,6 +56,97 @@ fn job_rows(dir: &Path) -> HashMap<String, (String, i64)> {
         .collect()
 }
 
+/// Regression: the packaged bash completion completed the first word only (`sume-receiver jobs
+/// <TAB>` offered nothing): clap_complete named the cases of a hyphenated binary apart from
+/// the states it moves to.
+#[test]
+fn bash_completes_below_the_first_word() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("sume-receiver.bash");
+    let generated = Command::new(BINARY)
+        .args(["generate", "completions", "bash"])
+        .output()
+        .unwrap();
+    assert!(generated.status.success());
+    std::fs::write(&script, generated.stdout).unwrap();
+    let complete = |words: &str| {
+        // What bash does on <TAB>: the words so far, the index of the one being completed.
+        let program = format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); \
+             _sume__receiver sume-receiver \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD - 1]}}\"; \
+             echo \"${{COMPREPLY[*]}}\"",
+            script.display()
+        );
+        let output = Command::new("bash")
+            .args(["-c", &program])
+            .output()
+            .unwrap();
+        String::from_utf8(output.stdout).unwrap()
+    };
+    assert!(complete("sume-receiver j").contains("jobs"));
+    let jobs = complete("sume-receiver jobs ''");
+    for subcommand in ["list", "show", "retry", "run-now", "stats"] {
+        assert!(
+            jobs.split_whitespace().any(|word| word == subcommand),
+            "{jobs}"
+        );
+    }
+    assert!(complete("sume-receiver jobs list --st").contains("--state"));
+}
+
+/// Regression: the man page pointed at a page per subcommand that nobody ships, and had no
+/// FILES, SIGNALS, EXIT STATUS or EXAMPLES.
+#[test]
+fn the_man_page_holds_every_command_and_the_operator_sections() {
+    let output = Command::new(BINARY)
+        .args(["generate", "man"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let page = String::from_utf8(output.stdout).unwrap();
+    for section in [
+        ".SH COMMANDS",
+        ".SH FILES",
+        ".SH SIGNALS",
+        ".SH \"EXIT STATUS\"",
+        ".SH EXAMPLES",
+    ] {
+        assert!(page.contains(section), "{section} missing");
+    }
+    assert!(page.contains("sume\\-receiver jobs run\\-now"), "{page}");
+    assert!(
+        !page.contains("(1)\n.TP") && !page.contains("jobs(1)"),
+        "{page}"
+    );
+}
+
+/// Regression: as root, check-config passed paths the service's user could not write, and said
+/// nothing of whose access it had checked with.
+#[test]
+fn check_config_as_root_says_whose_access_it_checked() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip(
+            "check_config_as_root_says_whose_access_it_checked",
+            "needs root",
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), free_port(), "", "");
+    let output = cli(&config, &["check-config"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(
+        format!("{stdout}{stderr}").contains("checked as root"),
+        "{stdout}{stderr}"
+    );
+    // As the unit runs it, as the service's user: no such warning.
+    let strict = cli(&config, &["check-config", "--strict"]);
+    assert!(!String::from_utf8_lossy(&strict.stderr).contains("checked as root"));
+    assert!(!String::from_utf8_lossy(&strict.stdout).contains("checked as root"));
+}
+
 #[test]
 fn check_config_names_the_bad_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -485,6 +576,15 @@ async fn json_logs_carry_one_line_per_delivery() {
     assert_eq!(
         (refused["status"].as_u64(), refused["level"].as_str()),
         (Some(401), Some("WARN"))
+    );
+    // Who sent it: the connection's address (here loopback, some ephemeral port).
+    let peer = refused["peer"]
+        .as_str()
+        .expect("the refusal names its peer");
+    assert!(
+        peer.parse::<std::net::SocketAddr>()
+            .is_ok_and(|peer| peer.ip().is_loopback()),
+        "{peer}"
     );
     assert!(!log.contains(SECRET), "a secret reached the log");
 }
@@ -1163,7 +1263,8 @@ async fn out_of_descriptors_slow_heads_make_room_for_a_sender() {
 }
 
 /// Regression: under journald the fields were `F_JOB_ID` (the README's `JOB_ID=` found
-/// nothing: bare `JOB_ID` is systemd's own field) and INFO went out at priority 5. Run where no
+/// nothing: bare `JOB_ID` is systemd's own field) and INFO went out at priority 5; the message
+/// held no field (`delivery refused`, no reason or peer) and values held Debug quotes. Run where no
 /// journald is (a socket of our own in its place); skipped where one runs or without root.
 #[tokio::test(flavor = "multi_thread")]
 async fn journald_fields_carry_our_prefix_and_info_is_priority_6() {
@@ -1187,8 +1288,25 @@ async fn journald_fields_carry_our_prefix_and_info_is_priority_6() {
     }
     let _unbind = Unbind(socket_path);
     journal
-        .set_read_timeout(Some(Duration::from_millis(200)))
+        .set_read_timeout(Some(Duration::from_millis(100)))
         .unwrap();
+    // Read as journald does, while the service runs (its queue holds only a few datagrams),
+    // until the service has stopped and nothing more comes.
+    let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = std::thread::spawn({
+        let stopped = stopped.clone();
+        move || {
+            let mut entries = Vec::new();
+            let mut buffer = vec![0u8; 65536];
+            loop {
+                match journal.recv(&mut buffer) {
+                    Ok(n) => entries.push(journal_fields(&buffer[..n])),
+                    Err(_) if stopped.load(std::sync::atomic::Ordering::SeqCst) => return entries,
+                    Err(_) => {}
+                }
+            }
+        }
+    });
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let config = write_config(dir.path(), port, "", "[log]\nformat = \"journald\"\n");
@@ -1199,12 +1317,10 @@ async fn journald_fields_carry_our_prefix_and_info_is_priority_6() {
         .await
         .unwrap();
     assert_eq!(answer.status, 200);
+    assert_eq!(deliver_once(port, "whsec_wrong", "job-forged").await, 401);
     service.stop_cleanly().await;
-    let mut entries = Vec::new();
-    let mut buffer = vec![0u8; 65536];
-    while let Ok(n) = journal.recv(&mut buffer) {
-        entries.push(journal_fields(&buffer[..n]));
-    }
+    stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+    let entries = reader.join().unwrap();
     let field = |entry: &Vec<(String, String)>, name: &str| {
         entry
             .iter()
@@ -1221,6 +1337,29 @@ async fn journald_fields_carry_our_prefix_and_info_is_priority_6() {
         "{delivery:?}"
     );
     assert_eq!(field(delivery, "SUME_OUTCOME").as_deref(), Some("claimed"));
+    // The default view of journalctl shows MESSAGE alone: the fields are in it too.
+    let message = field(delivery, "MESSAGE").unwrap();
+    assert!(
+        message.starts_with("delivery ")
+            && message.contains(" job_id=job-journal")
+            && message.contains(" outcome=claimed"),
+        "{message}"
+    );
+    let refused = entries
+        .iter()
+        .find(|entry| field(entry, "SUME_OUTCOME").as_deref() == Some("unauthorized"))
+        .unwrap_or_else(|| panic!("no refusal in {entries:#?}"));
+    let error = field(refused, "SUME_ERROR").unwrap();
+    assert!(
+        error.starts_with("bad signature") && !error.contains('"'),
+        "no Debug quotes in a field: {error}"
+    );
+    let message = field(refused, "MESSAGE").unwrap();
+    assert!(
+        message.contains(&format!(" error=\"{error}\"")) && message.contains(" peer=127.0.0.1:"),
+        "{message}"
+    );
+    assert_eq!(field(refused, "PRIORITY").as_deref(), Some("4"));
     let unprefixed = entries
         .iter()
         .flatten()

@@ -16,6 +16,7 @@ pub mod sqlite;
 use std::sync::Arc;
 
 use crate::config::LedgerConfig;
+use crate::logging::Escaped;
 use crate::metrics::{AttemptResult, METRICS};
 
 pub use contract::Backend;
@@ -112,7 +113,7 @@ impl Ledger {
             };
             if state == State::Dead {
                 METRICS.record_attempt_end(AttemptResult::Dead, None);
-                tracing::error!(job_id = ?lease.job_id, "job dead: its last attempt never finished");
+                tracing::error!(job_id = %Escaped(&lease.job_id), "job dead: its last attempt never finished");
             } else {
                 METRICS.record_attempt_end(AttemptResult::Failed, None);
             }
@@ -132,7 +133,7 @@ impl Ledger {
         for (job_id, reason) in &unrunnable {
             let error = format!("the stored job_id cannot run: {reason}");
             if self.give_up(job_id, &error, now).await? {
-                tracing::error!(job_id = ?job_id, reason, "job dead: its stored job_id cannot run");
+                tracing::error!(job_id = %Escaped(job_id), reason, "job dead: its stored job_id cannot run");
             }
         }
         Ok(())

@@ -1,6 +1,9 @@
 //! Where log lines go: journald (with priorities and fields) under systemd, JSON for log
 //! shippers, plain text on a terminal. `RUST_LOG` overrides the level.
 
+mod journal;
+
+use std::fmt::{self, Write as _};
 use std::io::IsTerminal;
 
 use tracing_subscriber::layer::SubscriberExt;
@@ -8,6 +11,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
+use journal::Journal;
 
 /// Installs the process's log subscriber; `default_level` applies unless `RUST_LOG` is set.
 pub fn init(default_level: &str, format: LogFormat) {
@@ -15,18 +19,8 @@ pub fn init(default_level: &str, format: LogFormat) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let registry = tracing_subscriber::registry().with(filter);
     match resolve(format) {
-        LogFormat::Journald => match tracing_journald::layer() {
-            // Fields become journal fields of our own prefix (SUME_JOB_ID=...: bare JOB_ID is
-            // systemd's own field), levels become priorities (INFO is 6, "info").
-            Ok(journald) => {
-                let journald = journald
-                    .with_field_prefix(Some("SUME".to_owned()))
-                    .with_priority_mappings(tracing_journald::PriorityMappings {
-                        info: tracing_journald::Priority::Informational,
-                        ..tracing_journald::PriorityMappings::new()
-                    });
-                return registry.with(journald).init();
-            }
+        LogFormat::Journald => match Journal::connect() {
+            Ok(journal) => return registry.with(journal).init(),
             Err(error) => {
                 eprintln!("cannot write to journald ({error}); logging to stderr instead")
             }
@@ -59,5 +53,46 @@ fn resolve(format: LogFormat) -> LogFormat {
         LogFormat::Auto if std::env::var_os("JOURNAL_STREAM").is_some() => LogFormat::Journald,
         LogFormat::Auto => LogFormat::Text,
         other => other,
+    }
+}
+
+/// A value with every control character escaped (`\n`, `\u{1b}`) and nothing else changed: a
+/// handler's output, an error or an id from the ledger can neither split a log line nor drive
+/// the terminal that shows it, and no Debug quotes end up in a journal or JSON field.
+pub struct Escaped<T>(pub T);
+
+impl<T: fmt::Display> fmt::Display for Escaped<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        struct EscapeControls<'a, 'b>(&'a mut fmt::Formatter<'b>);
+        impl fmt::Write for EscapeControls<'_, '_> {
+            fn write_str(&mut self, text: &str) -> fmt::Result {
+                for c in text.chars() {
+                    if c.is_control() {
+                        write!(self.0, "{}", c.escape_default())?;
+                    } else {
+                        self.0.write_char(c)?;
+                    }
+                }
+                Ok(())
+            }
+        }
+        write!(EscapeControls(f), "{}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaped_values_keep_their_text_and_lose_their_control_characters() {
+        assert_eq!(
+            Escaped("exited with status 143").to_string(),
+            "exited with status 143"
+        );
+        assert_eq!(
+            Escaped("line\nforged \u{1b}[31m\"x\"").to_string(),
+            "line\\nforged \\u{1b}[31m\"x\""
+        );
     }
 }
