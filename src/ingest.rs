@@ -292,7 +292,7 @@ impl Ingest {
                         job_id = %job_id,
                         outcome = outcome.label(),
                         status = 200,
-                        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+                        latency_ms = milliseconds(started.elapsed()),
                         "delivery"
                     );
                 }
@@ -307,7 +307,7 @@ impl Ingest {
                     %peer,
                     outcome = error.outcome().label(),
                     status = error.status().as_u16(),
-                    latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+                    latency_ms = milliseconds(started.elapsed()),
                     error = %Escaped(&error),
                     "delivery refused"
                 );
@@ -372,6 +372,12 @@ async fn read_body(
     Ok(bytes)
 }
 
+/// A duration in milliseconds to the microsecond, for log lines (`0.024`, not
+/// `0.024036000000000002`).
+fn milliseconds(duration: Duration) -> f64 {
+    (duration.as_secs_f64() * 1_000_000.0).round() / 1000.0
+}
+
 fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -408,6 +414,16 @@ mod tests {
     use super::*;
 
     const SECRET: &str = "whsec_unit";
+
+    #[test]
+    fn log_latencies_are_milliseconds_to_the_microsecond() {
+        assert_eq!(milliseconds(Duration::from_nanos(24_036)), 0.024);
+        assert_eq!(milliseconds(Duration::from_micros(1_500)), 1.5);
+        assert_eq!(
+            format!("{:?}", milliseconds(Duration::from_nanos(24_036))),
+            "0.024"
+        );
+    }
     const NOW: i64 = 1_767_225_600;
 
     fn parse(body: &str) -> Result<NewClaim, IngestError> {
