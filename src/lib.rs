@@ -5,30 +5,29 @@
 //! group commit) -> [`worker`] (leases, retries) -> `handler` (command or HTTP) -> `done`.
 //! Background tasks keep it whole: [`sweeper`] re-runs lost work, [`vacuum`] applies retention,
 //! `reconcile` polls Sume for expected jobs whose webhook never arrived (registered through
-//! `admin` or the CLI). [`config`] reads the TOML file, `metrics` counts, [`cli`] is the
-//! command line, `loadgen` the benchmark client (the `bench` feature); `service` puts it all together ([`run`]).
+//! `admin` or the CLI). [`config`] reads the TOML file, `metrics` counts, `loadgen` is the
+//! benchmark client (the `bench` feature); `service` puts it all together ([`run`]). The
+//! command line (its tree, man page, completions and tables) is the binary's: `src/cli/`.
 
 // Public: what main.rs, the integration tests and the fuzz target use.
 mod admin;
-mod check;
-pub mod cli;
+pub mod check;
 pub mod config;
 pub mod event_type;
 mod handler;
 pub mod http_client;
 pub mod ingest;
-mod instance_lock;
+pub mod instance_lock;
 pub mod job_id;
 pub mod ledger;
 #[cfg(feature = "bench")]
-mod loadgen;
+pub mod loadgen;
 pub mod logging;
 mod metrics;
 mod notify;
 mod process;
-mod reconcile;
+pub mod reconcile;
 mod repeat;
-mod send;
 mod server;
 mod service;
 pub mod signature;

@@ -2,9 +2,11 @@
 
 use std::process::ExitCode;
 
+mod cli;
+
 use anyhow::Context;
 use clap::Parser;
-use sume_receiver::cli::{self, Cli, Command};
+use cli::{Cli, Command};
 use sume_receiver::config::Config;
 use sume_receiver::ledger::{StorageLost, STORAGE_LOST_EXIT_STATUS};
 use sume_receiver::logging;

@@ -15,54 +15,60 @@ use super::model::{
     JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryError, State,
 };
 
-/// Generates the [`Backend`] trait from [`operations!`].
-macro_rules! declare_backend {
-    (
-        async {
-            $( $(#[$async_meta:meta])*
-               fn $async_name:ident(&self $(, $async_arg:ident: $async_ty:ty)*) -> $async_ret:ty
-               $(= $async_default:block)?; )*
-        }
-        sync {
-            $( $(#[$sync_meta:meta])*
-               fn $sync_name:ident(&self $(, $sync_arg:ident: $sync_ty:ty)*) -> $sync_ret:ty
-               $(= $sync_default:block)?; )*
-        }
-    ) => {
-        /// What a ledger backend does; see the module's documentation.
-        pub trait Backend: Send + Sync {
-            $( declare_backend!(@async_item [$(#[$async_meta])*] $async_name
-                   ($($async_arg: $async_ty),*) -> $async_ret $(= $async_default)?); )*
-            $( declare_backend!(@sync_item [$(#[$sync_meta])*] $sync_name
-                   ($($sync_arg: $sync_ty),*) -> $sync_ret $(= $sync_default)?); )*
-        }
-    };
-    (@async_item [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+/// One operation of the [`Backend`] trait, from [`operations!`].
+macro_rules! backend_method {
+    (@async [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
         $($meta)*
         fn $name(&self $(, $arg: $ty)*) -> impl Future<Output = $ret> + Send;
     };
-    (@async_item [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty = $default:block) => {
+    (@async [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty = $default:block) => {
         $($meta)*
         #[allow(unused_variables)]
         fn $name(&self $(, $arg: $ty)*) -> impl Future<Output = $ret> + Send {
             async move $default
         }
     };
-    (@sync_item [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+    (@sync [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
         $($meta)*
         fn $name(&self $(, $arg: $ty)*) -> $ret;
     };
-    (@sync_item [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty = $default:block) => {
+    (@sync [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty = $default:block) => {
         $($meta)*
         #[allow(unused_variables)]
         fn $name(&self $(, $arg: $ty)*) -> $ret $default
     };
 }
 
-/// Generates [`Ledger`](super::Ledger)'s methods from [`operations!`]: each forwards to the
-/// backend the ledger is. Invoked where `Ledger` is defined.
-macro_rules! forward_to_backend {
+/// One of [`Ledger`](super::Ledger)'s methods, from [`operations!`]: it forwards to the backend
+/// the ledger is (a default lives in the trait, so it is not needed here).
+macro_rules! forwarding_method {
+    (@async [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty $(= $default:block)?) => {
+        $($meta)*
+        pub async fn $name(&self $(, $arg: $ty)*) -> $ret {
+            match self {
+                Ledger::Sqlite(backend) => backend.$name($($arg),*).await,
+                Ledger::Postgres(backend) => backend.$name($($arg),*).await,
+            }
+        }
+    };
+    (@sync [$($meta:tt)*] $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty $(= $default:block)?) => {
+        $($meta)*
+        pub fn $name(&self $(, $arg: $ty)*) -> $ret {
+            match self {
+                Ledger::Sqlite(backend) => backend.$name($($arg),*),
+                Ledger::Postgres(backend) => backend.$name($($arg),*),
+            }
+        }
+    };
+}
+pub(super) use forwarding_method;
+
+/// Hands each operation of the two lists to `$method` (`@async` or `@sync`, its attributes,
+/// name, arguments, return type and default), in item position: inside the trait here, inside
+/// `impl Ledger` in `mod.rs`.
+macro_rules! each_operation {
     (
+        $method:ident
         async {
             $( $(#[$async_meta:meta])*
                fn $async_name:ident(&self $(, $async_arg:ident: $async_ty:ty)*) -> $async_ret:ty
@@ -74,32 +80,19 @@ macro_rules! forward_to_backend {
                $(= $sync_default:block)?; )*
         }
     ) => {
-        impl Ledger {
-            $( $(#[$async_meta])*
-               pub async fn $async_name(&self $(, $async_arg: $async_ty)*) -> $async_ret {
-                   match self {
-                       Ledger::Sqlite(backend) => backend.$async_name($($async_arg),*).await,
-                       Ledger::Postgres(backend) => backend.$async_name($($async_arg),*).await,
-                   }
-               } )*
-            $( $(#[$sync_meta])*
-               pub fn $sync_name(&self $(, $sync_arg: $sync_ty)*) -> $sync_ret {
-                   match self {
-                       Ledger::Sqlite(backend) => backend.$sync_name($($sync_arg),*),
-                       Ledger::Postgres(backend) => backend.$sync_name($($sync_arg),*),
-                   }
-               } )*
-        }
+        $( $method!(@async [$(#[$async_meta])*] $async_name
+               ($($async_arg: $async_ty),*) -> $async_ret $(= $async_default)?); )*
+        $( $method!(@sync [$(#[$sync_meta])*] $sync_name
+               ($($sync_arg: $sync_ty),*) -> $sync_ret $(= $sync_default)?); )*
     };
 }
-pub(super) use forward_to_backend;
+pub(super) use each_operation;
 
-/// The operations, handed to `$generate` (a macro taking the two lists below): declared once,
-/// with paths that resolve wherever they are generated,
-/// turned into [`Backend`] here and into [`Ledger`](super::Ledger)'s forwarding methods in
-/// `mod.rs`.
+/// The operations, declared once, with paths that resolve wherever they are generated; each is
+/// handed to `$method` (see [`each_operation!`]): [`backend_method!`] makes the [`Backend`]
+/// trait here, [`forwarding_method!`] [`Ledger`](super::Ledger)'s methods in `mod.rs`.
 macro_rules! operations {
-    ($generate:ident) => { $generate! {
+    ($method:ident) => { $crate::ledger::contract::each_operation! { $method
     async {
         /// Records a delivery's claim unless its job_id is known (the one idempotency check);
         /// [`StorageError::Overloaded`] at once when too many claims wait for their commit.
@@ -234,4 +227,7 @@ macro_rules! operations {
 }
 pub(super) use operations;
 
-operations!(declare_backend);
+/// What a ledger backend does; see the module's documentation.
+pub trait Backend: Send + Sync {
+    operations!(backend_method);
+}

@@ -10,6 +10,7 @@
 mod contract;
 mod error;
 mod model;
+mod portable_sql;
 pub mod postgres;
 pub mod sqlite;
 
@@ -19,6 +20,7 @@ use crate::config::LedgerConfig;
 use crate::logging::Escaped;
 use crate::metrics::{AttemptResult, METRICS};
 
+use contract::forwarding_method;
 pub use contract::Backend;
 pub use error::{Cause, StorageError, StorageLost, STORAGE_LOST_EXIT_STATUS};
 pub use model::{
@@ -31,9 +33,6 @@ pub use sqlite::{backup, BackupReport, SqliteLedger};
 #[cfg(feature = "bench")]
 pub use sqlite::{PendingClaims, WriterAlone};
 
-use contract::forward_to_backend;
-contract::operations!(forward_to_backend);
-
 /// The open ledger: a service's, or the command line's (opened without the background tasks).
 pub enum Ledger {
     Sqlite(SqliteLedger),
@@ -41,6 +40,8 @@ pub enum Ledger {
 }
 
 impl Ledger {
+    contract::operations!(forwarding_method);
+
     /// Opens the configured backend for the service. Creates and migrates the schema as needed.
     pub async fn open(config: &LedgerConfig) -> anyhow::Result<Arc<Ledger>> {
         let ledger = match config {

@@ -42,6 +42,7 @@ use super::model::{
     DueJobs, Expectation, JobDetail, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim,
     PollResult, RetentionStep, RetryError, Source, State,
 };
+use super::portable_sql;
 use crate::config::{PostgresConfig, PostgresUrl};
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
@@ -446,8 +447,8 @@ impl Backend for PostgresLedger {
     }
 
     async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
-        let unfinished = self.query(sql::COUNT_UNFINISHED_SQL, &[]).await?;
-        let oldest = self.query(sql::OLDEST_UNFINISHED_SQL, &[]).await?;
+        let unfinished = self.query(portable_sql::COUNT_UNFINISHED_SQL, &[]).await?;
+        let oldest = self.query(portable_sql::OLDEST_UNFINISHED_SQL, &[]).await?;
         let expected = self.query(sql::COUNT_EXPECTATIONS_SQL, &[]).await?;
         let size = self
             .query("SELECT pg_database_size(current_database())", &[])
@@ -470,7 +471,7 @@ impl Backend for PostgresLedger {
     }
 
     async fn count_finished(&self) -> Result<(u64, u64), StorageError> {
-        let rows = self.query(sql::COUNT_FINISHED_SQL, &[]).await?;
+        let rows = self.query(portable_sql::COUNT_FINISHED_SQL, &[]).await?;
         let row = rows
             .first()
             .ok_or_else(|| StorageError::Unavailable(Cause::message("count returned no row")))?;

@@ -42,20 +42,6 @@ pub const LIST_JOBS_SQL: &str = "SELECT job_id, state, source, event_type, attem
 pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
          next_attempt_at, finished_at, last_error, lease_expires_at, updated_at, body
      FROM jobs WHERE job_id = $1";
-/// Reads only the partial indexes of unfinished rows, so a scrape costs the same
-/// however much history the ledger holds.
-pub const COUNT_UNFINISHED_SQL: &str =
-    "SELECT state, count(*) FROM jobs WHERE state IN ('claimed', 'retrying') GROUP BY state
-     UNION ALL
-     SELECT 'running', count(*) FROM jobs WHERE state = 'running'";
-pub const OLDEST_UNFINISHED_SQL: &str = "SELECT min(received_at) FROM (
-         SELECT received_at FROM jobs WHERE state IN ('claimed', 'retrying')
-         UNION ALL SELECT received_at FROM jobs WHERE state = 'running') AS unfinished";
-/// Walks the index of finished jobs: for the start and the retention runs, not for
-/// every scrape.
-pub const COUNT_FINISHED_SQL: &str =
-    "SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'dead')
-     FROM jobs WHERE state IN ('done', 'dead')";
 /// the four counts of `jobs stats` (a table scan: a command for people). Parameters:
 /// an hour ago, a day ago.
 pub const STATS_SQL: &str = "SELECT

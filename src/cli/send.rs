@@ -10,10 +10,10 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::CONTENT_TYPE;
 
-use crate::config::Config;
-use crate::ingest::{SIGNATURE_HEADER, TIMESTAMP_HEADER};
-use crate::job_id::JobId;
-use crate::signature;
+use sume_receiver::config::Config;
+use sume_receiver::ingest::{SIGNATURE_HEADER, TIMESTAMP_HEADER};
+use sume_receiver::job_id::JobId;
+use sume_receiver::signature;
 
 /// How long `send-test` waits for the answer: Sume's own timeout.
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -93,8 +93,8 @@ pub async fn send_test(args: &SendTestArgs, config: &Config) -> anyhow::Result<(
         .body(Full::new(Bytes::from(body)))
         .with_context(|| format!("invalid --url {url:?}"))?;
     let started = Instant::now();
-    let answer = crate::http_client::send(
-        &crate::http_client::new_client(),
+    let answer = sume_receiver::http_client::send(
+        &sume_receiver::http_client::new_client(),
         request,
         DEADLINE,
         64 * 1024,

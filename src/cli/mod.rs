@@ -1,16 +1,22 @@
 //! The command line: `serve`, `check-config`, `vacuum`, `loadgen`, and `jobs ...` on the ledger.
+//! The binary's side of the house: the library serves, this parses and prints.
+
+mod generate;
+mod render;
+mod send;
 
 use std::path::PathBuf;
-use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
-use crate::config::{self, Config, LedgerConfig};
-use crate::job_id::JobId;
-use crate::ledger::{self, JobDetail, JobSummary, Ledger, State};
-use crate::logging::Escaped;
-use crate::vacuum::Vacuum;
+pub use generate::generate;
+use render::{format_time, job_details, jobs_table, readable_json, short, stats_table, table};
+use sume_receiver::config::{self, Config, LedgerConfig};
+use sume_receiver::job_id::JobId;
+use sume_receiver::ledger::{self, Ledger, State};
+use sume_receiver::logging::Escaped;
+use sume_receiver::vacuum::Vacuum;
 
 /// `--version`: the crate version and the git commit it was built from.
 const VERSION: &str = concat!(
@@ -58,12 +64,12 @@ pub enum Command {
     },
     /// Sign a test delivery with the newest secret and send it to the receiver; prints the
     /// status, the answer and the latency.
-    SendTest(crate::send::SendTestArgs),
+    SendTest(send::SendTestArgs),
     /// Print the two signature headers for a body, and a ready curl line.
-    Sign(crate::send::SignArgs),
+    Sign(send::SignArgs),
     /// Benchmark a running receiver: send signed deliveries, report, check its ledger.
     #[cfg(feature = "bench")]
-    Loadgen(crate::loadgen::LoadgenArgs),
+    Loadgen(sume_receiver::loadgen::LoadgenArgs),
     /// Print the man page or shell completions (for packagers); needs no config.
     #[command(subcommand)]
     Generate(Generate),
@@ -75,121 +81,6 @@ pub enum Generate {
     Man,
     /// Completions for a shell.
     Completions { shell: clap_complete::Shell },
-}
-
-/// sume-receiver(1): clap_mangen's sections from the command-line definitions, then every
-/// command in this one page (clap_mangen would point at a page per subcommand, which nobody
-/// ships) and the sections an operator looks for: files, signals, exit status, examples.
-fn man_page(command: clap::Command, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-    use roff::{bold, roman, Roff};
-    let man = clap_mangen::Man::new(command.clone());
-    man.render_title(out)?;
-    man.render_name_section(out)?;
-    man.render_synopsis_section(out)?;
-    man.render_description_section(out)?;
-    man.render_options_section(out)?;
-    let mut page = Roff::new();
-    page.control("SH", ["COMMANDS"]);
-    list_commands(&mut page, "sume-receiver", &command);
-    for (heading, paragraphs) in MAN_SECTIONS {
-        page.control("SH", [*heading]);
-        for paragraph in *paragraphs {
-            match paragraph.split_once('\t') {
-                Some((term, text)) => {
-                    page.control("TP", []);
-                    page.text([bold(term)]);
-                    page.text([roman(text)]);
-                }
-                None => {
-                    page.control("PP", []);
-                    page.text([roman(*paragraph)]);
-                }
-            }
-        }
-    }
-    page.to_writer(out)?;
-    man.render_version_section(out)
-}
-
-/// Each command below `parent` as a tagged paragraph (its name, then its summary), each followed
-/// by its own commands.
-fn list_commands(page: &mut roff::Roff, path: &str, parent: &clap::Command) {
-    for child in parent.get_subcommands().filter(|c| c.get_name() != "help") {
-        let name = format!("{path} {}", child.get_name());
-        page.control("TP", []);
-        page.text([roff::bold(name.as_str())]);
-        if let Some(about) = child.get_about() {
-            page.text([roff::roman(about.to_string())]);
-        }
-        list_commands(page, &name, child);
-    }
-}
-
-/// The man page's own sections: a heading, then paragraphs (`term\ttext` for a tagged one).
-const MAN_SECTIONS: &[(&str, &[&str])] = &[
-    (
-        "FILES",
-        &[
-            "/etc/sume-receiver/config.toml\tThe configuration (the package's template, a conffile). Every key and its default: /usr/share/doc/sume-receiver/config.example.toml.",
-            "/etc/sume-receiver/secrets\tThe signing secrets, one a line, newest first; mode 0640 root:sume-receiver.",
-            "/var/lib/sume-receiver/ledger.sqlite3\tThe ledger (with its -wal, -shm and .lock files beside it), unless database.url names PostgreSQL.",
-            "/usr/lib/systemd/system/sume-receiver.service\tThe systemd unit.",
-        ],
-    ),
-    (
-        "SIGNALS",
-        &[
-            "SIGHUP\tRe-read the signing secrets (systemctl reload); the other settings change at a restart.",
-            "SIGTERM, SIGINT\tStop accepting, finish in-flight requests, let running handlers finish for server.shutdown_grace; an attempt the stop interrupts does not count.",
-        ],
-    ),
-    (
-        "EXIT STATUS",
-        &[
-            "0\tSuccess; serve stopped cleanly.",
-            "1\tAn error: a bad configuration, a ledger that cannot be opened, a failed command.",
-            "2\tThe command line could not be parsed.",
-            "74\tThe disk failed under the ledger (a failed fsync or I/O error): the unit does not restart it; check the disk and reboot first.",
-        ],
-    ),
-    (
-        "EXAMPLES",
-        &[
-            "sume-receiver check-config\tValidate the configuration; errors exit non-zero, warnings do not.",
-            "sume-receiver send-test\tSign a test delivery with the newest secret and send it to the running service.",
-            "sume-receiver jobs list --state dead\tThe jobs whose attempts ran out.",
-            "sume-receiver jobs retry JOB_ID\tRun a done or dead job again from its stored body.",
-            "journalctl -u sume-receiver SUME_JOB_ID=JOB_ID\tEverything the service logged about one job.",
-        ],
-    ),
-    (
-        "SEE ALSO",
-        &["systemctl(1), journalctl(1), sqlite3(1); /usr/share/doc/sume-receiver/README.md"],
-    ),
-];
-
-/// Writes what `generate` asks for to stdout.
-pub fn generate(what: Generate) -> anyhow::Result<()> {
-    use clap::CommandFactory;
-    use std::io::Write;
-    let mut command = Cli::command();
-    let mut out = std::io::stdout().lock();
-    match what {
-        Generate::Man => man_page(command, &mut out)?,
-        Generate::Completions { shell } => {
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut command, "sume-receiver", &mut script);
-            let mut script = String::from_utf8(script)?;
-            if shell == clap_complete::Shell::Bash {
-                // clap_complete 4.6 names the cases of a hyphenated binary's subcommands
-                // `sume__subcmd__receiver__...` but moves to `sume__receiver__...`: no case
-                // matched, so nothing completed below the first word.
-                script = script.replace("sume__subcmd__receiver__", "sume__receiver__");
-            }
-            out.write_all(script.as_bytes())?;
-        }
-    }
-    Ok(())
 }
 
 #[derive(Debug, Subcommand)]
@@ -252,24 +143,17 @@ pub enum JobsCommand {
     },
 }
 
-impl clap::builder::ValueParserFactory for State {
-    type Parser = clap::builder::ValueParser;
-    fn value_parser() -> Self::Parser {
-        clap::builder::ValueParser::new(|text: &str| text.parse::<State>())
-    }
-}
-
 /// Runs a command that is not `serve`, on the process's runtime (`main.rs`).
 pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
     match command {
         Command::Serve | Command::Generate(_) => unreachable!("started by main"),
         Command::CheckConfig { strict } => {
             let unreadable = if strict {
-                crate::check::Unreadable::Error
+                sume_receiver::check::Unreadable::Error
             } else {
-                crate::check::Unreadable::Warning
+                sume_receiver::check::Unreadable::Warning
             };
-            let findings = crate::check::check(config, unreadable);
+            let findings = sume_receiver::check::check(config, unreadable);
             for warning in &findings.warnings {
                 println!("warning: {warning}");
             }
@@ -330,12 +214,12 @@ pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Sign(args) => crate::send::sign(&args, config),
-        Command::SendTest(args) => crate::send::send_test(&args, config).await,
+        Command::Sign(args) => send::sign(&args, config),
+        Command::SendTest(args) => send::send_test(&args, config).await,
         #[cfg(feature = "bench")]
         Command::Loadgen(args) => {
             let json = args.json;
-            let report = crate::loadgen::run(args, config.clone()).await?;
+            let report = sume_receiver::loadgen::run(args, config.clone()).await?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
@@ -466,146 +350,12 @@ fn who_runs_it(config: &Config) -> String {
                 free"
             .to_owned();
     };
-    if crate::instance_lock::service_running(path) {
-        let within = humantime::format_duration(crate::worker::IDLE_LOOK);
+    if sume_receiver::instance_lock::service_running(path) {
+        let within = humantime::format_duration(sume_receiver::worker::IDLE_LOOK);
         format!(": the running service picks it up within {within} (or as soon as a worker slot is free)")
     } else {
         "; no service is running on this ledger, so it runs at the next start".to_owned()
     }
-}
-
-/// A row as JSON for people and scripts: every `*_at` time (Unix ms) gets a `*_at_utc` twin in
-/// RFC 3339, and a stored body that is JSON is shown as JSON, not as a string holding it.
-fn readable_json(row: &impl serde::Serialize) -> serde_json::Result<serde_json::Value> {
-    let mut value = serde_json::to_value(row)?;
-    if let Some(object) = value.as_object_mut() {
-        let times: Vec<(String, serde_json::Value)> = object
-            .iter()
-            .filter(|(key, _)| key.ends_with("_at"))
-            .map(|(key, ms)| {
-                let utc = ms
-                    .as_i64()
-                    .map_or(serde_json::Value::Null, |ms| format_time(Some(ms)).into());
-                (format!("{key}_utc"), utc)
-            })
-            .collect();
-        object.extend(times);
-        if let Some(body) = object.get_mut("body") {
-            if let Some(parsed) = body
-                .as_str()
-                .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
-            {
-                *body = parsed;
-            }
-        }
-    }
-    Ok(value)
-}
-
-fn format_time(ms: Option<i64>) -> String {
-    match ms.and_then(|ms| u64::try_from(ms).ok()) {
-        Some(ms) => {
-            humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
-        }
-        None => "-".into(),
-    }
-}
-
-/// A one-line, bounded rendering of an error for the table.
-fn short(text: Option<&str>, max_chars: usize) -> String {
-    let text = text.unwrap_or("-").replace(['\n', '\r'], " ");
-    if text.chars().count() > max_chars {
-        format!("{}...", text.chars().take(max_chars).collect::<String>())
-    } else {
-        text
-    }
-}
-
-fn jobs_table(jobs: &[JobSummary]) -> String {
-    let header = [
-        "JOB_ID",
-        "STATE",
-        "ATTEMPTS",
-        "SOURCE",
-        "EVENT",
-        "RECEIVED",
-        "LAST_ERROR",
-    ];
-    let rows: Vec<Vec<String>> = jobs
-        .iter()
-        .map(|job| {
-            vec![
-                job.job_id.clone(),
-                job.state.clone(),
-                job.attempts.to_string(),
-                job.source.clone(),
-                job.event_type.clone().unwrap_or_else(|| "-".into()),
-                format_time(Some(job.received_at)),
-                short(job.last_error.as_deref(), 60),
-            ]
-        })
-        .collect();
-    table(&header, &rows, "(no jobs)")
-}
-
-fn stats_table(stats: &ledger::JobStats, now: i64) -> String {
-    let mut rows: Vec<Vec<String>> = stats
-        .by_state
-        .iter()
-        .map(|(state, count)| vec![state.clone(), count.to_string()])
-        .collect();
-    let oldest = stats
-        .oldest_unfinished_received_at
-        .map_or("-".into(), |at| {
-            let age = Duration::from_secs(u64::try_from((now - at) / 1000).unwrap_or(0));
-            format!(
-                "{} ({} ago)",
-                format_time(Some(at)),
-                humantime::format_duration(age)
-            )
-        });
-    rows.push(vec!["oldest unfinished".into(), oldest]);
-    rows.push(vec![
-        "received, last hour".into(),
-        stats.received_last_hour.to_string(),
-    ]);
-    rows.push(vec![
-        "dead, last 24 h".into(),
-        stats.dead_last_day.to_string(),
-    ]);
-    table(&["STATE", "JOBS"], &rows, "")
-}
-
-/// Left-aligned columns, two spaces apart, sized to their widest cell. Cells are escaped: what
-/// the ledger holds (ids written by older versions, handler errors) must not drive the terminal.
-fn table(header: &[&str], rows: &[Vec<String>], when_empty: &str) -> String {
-    let header: Vec<String> = header.iter().map(|cell| (*cell).to_owned()).collect();
-    let rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|row| row.iter().map(|cell| Escaped(cell).to_string()).collect())
-        .collect();
-    let rows = rows.as_slice();
-    let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in std::iter::once(&header).chain(rows) {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    if rows.is_empty() {
-        out.push_str(when_empty);
-        out.push('\n');
-    }
-    out
 }
 
 /// Asks Sume to send a job's webhook again.
@@ -614,8 +364,8 @@ async fn redeliver(job_id: &JobId, config: &Config) -> anyhow::Result<()> {
         .sume_api
         .as_ref()
         .context("`jobs redeliver` needs a [sume_api] section (base_url, api_key_file)")?;
-    let answer = crate::reconcile::call_sume(
-        &crate::http_client::new_client(),
+    let answer = sume_receiver::reconcile::call_sume(
+        &sume_receiver::http_client::new_client(),
         api,
         &api.api_key()?,
         job_id,
@@ -638,63 +388,4 @@ async fn redeliver(job_id: &JobId, config: &Config) -> anyhow::Result<()> {
         answer.status
     );
     Ok(())
-}
-
-fn job_details(job: &JobDetail) -> String {
-    let s = &job.summary;
-    let fields = [
-        ("job_id", s.job_id.clone()),
-        ("state", s.state.clone()),
-        ("source", s.source.clone()),
-        (
-            "event_type",
-            s.event_type.clone().unwrap_or_else(|| "-".into()),
-        ),
-        ("attempts", s.attempts.to_string()),
-        ("received_at", format_time(Some(s.received_at))),
-        ("next_attempt_at", format_time(s.next_attempt_at)),
-        ("lease_expires_at", format_time(job.lease_expires_at)),
-        ("finished_at", format_time(s.finished_at)),
-        ("updated_at", format_time(Some(job.updated_at))),
-        (
-            "last_error",
-            s.last_error.clone().unwrap_or_else(|| "-".into()),
-        ),
-        (
-            "body",
-            job.body
-                .clone()
-                .unwrap_or_else(|| "(purged by retention)".into()),
-        ),
-    ];
-    fields
-        .iter()
-        .map(|(name, value)| format!("{name:<17}{}\n", Escaped(value)))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_aligns_columns_and_says_when_empty() {
-        assert!(jobs_table(&[]).ends_with("(no jobs)\n"));
-        let job = JobSummary {
-            job_id: "job-1".into(),
-            state: "dead".into(),
-            source: "webhook".into(),
-            event_type: None,
-            attempts: 5,
-            received_at: 0,
-            next_attempt_at: None,
-            finished_at: None,
-            last_error: Some("exit\nstatus 1".into()),
-        };
-        let table = jobs_table(&[job]);
-        let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines[0].find("STATE"), lines[1].find("dead"));
-        assert!(lines[1].contains("1970-01-01T00:00:00.000Z"));
-        assert!(lines[1].contains("exit status 1"));
-    }
 }

@@ -1,0 +1,199 @@
+//! What the `jobs` commands print: tables, one job's details, and JSON with readable times.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use sume_receiver::ledger::{self, JobDetail, JobSummary};
+use sume_receiver::logging::Escaped;
+
+/// A row as JSON for people and scripts: every `*_at` time (Unix ms) gets a `*_at_utc` twin in
+/// RFC 3339, and a stored body that is JSON is shown as JSON, not as a string holding it.
+pub(super) fn readable_json(row: &impl serde::Serialize) -> serde_json::Result<serde_json::Value> {
+    let mut value = serde_json::to_value(row)?;
+    if let Some(object) = value.as_object_mut() {
+        let times: Vec<(String, serde_json::Value)> = object
+            .iter()
+            .filter(|(key, _)| key.ends_with("_at"))
+            .map(|(key, ms)| {
+                let utc = ms
+                    .as_i64()
+                    .map_or(serde_json::Value::Null, |ms| format_time(Some(ms)).into());
+                (format!("{key}_utc"), utc)
+            })
+            .collect();
+        object.extend(times);
+        if let Some(body) = object.get_mut("body") {
+            if let Some(parsed) = body
+                .as_str()
+                .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+            {
+                *body = parsed;
+            }
+        }
+    }
+    Ok(value)
+}
+
+pub(super) fn format_time(ms: Option<i64>) -> String {
+    match ms.and_then(|ms| u64::try_from(ms).ok()) {
+        Some(ms) => {
+            humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+        }
+        None => "-".into(),
+    }
+}
+
+/// A one-line, bounded rendering of an error for the table.
+pub(super) fn short(text: Option<&str>, max_chars: usize) -> String {
+    let text = text.unwrap_or("-").replace(['\n', '\r'], " ");
+    if text.chars().count() > max_chars {
+        format!("{}...", text.chars().take(max_chars).collect::<String>())
+    } else {
+        text
+    }
+}
+
+pub(super) fn jobs_table(jobs: &[JobSummary]) -> String {
+    let header = [
+        "JOB_ID",
+        "STATE",
+        "ATTEMPTS",
+        "SOURCE",
+        "EVENT",
+        "RECEIVED",
+        "LAST_ERROR",
+    ];
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|job| {
+            vec![
+                job.job_id.clone(),
+                job.state.clone(),
+                job.attempts.to_string(),
+                job.source.clone(),
+                job.event_type.clone().unwrap_or_else(|| "-".into()),
+                format_time(Some(job.received_at)),
+                short(job.last_error.as_deref(), 60),
+            ]
+        })
+        .collect();
+    table(&header, &rows, "(no jobs)")
+}
+
+pub(super) fn stats_table(stats: &ledger::JobStats, now: i64) -> String {
+    let mut rows: Vec<Vec<String>> = stats
+        .by_state
+        .iter()
+        .map(|(state, count)| vec![state.clone(), count.to_string()])
+        .collect();
+    let oldest = stats
+        .oldest_unfinished_received_at
+        .map_or("-".into(), |at| {
+            let age = Duration::from_secs(u64::try_from((now - at) / 1000).unwrap_or(0));
+            format!(
+                "{} ({} ago)",
+                format_time(Some(at)),
+                humantime::format_duration(age)
+            )
+        });
+    rows.push(vec!["oldest unfinished".into(), oldest]);
+    rows.push(vec![
+        "received, last hour".into(),
+        stats.received_last_hour.to_string(),
+    ]);
+    rows.push(vec![
+        "dead, last 24 h".into(),
+        stats.dead_last_day.to_string(),
+    ]);
+    table(&["STATE", "JOBS"], &rows, "")
+}
+
+/// Left-aligned columns, two spaces apart, sized to their widest cell. Cells are escaped: what
+/// the ledger holds (ids written by older versions, handler errors) must not drive the terminal.
+pub(super) fn table(header: &[&str], rows: &[Vec<String>], when_empty: &str) -> String {
+    let header: Vec<String> = header.iter().map(|cell| (*cell).to_owned()).collect();
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| Escaped(cell).to_string()).collect())
+        .collect();
+    let rows = rows.as_slice();
+    let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    if rows.is_empty() {
+        out.push_str(when_empty);
+        out.push('\n');
+    }
+    out
+}
+
+pub(super) fn job_details(job: &JobDetail) -> String {
+    let s = &job.summary;
+    let fields = [
+        ("job_id", s.job_id.clone()),
+        ("state", s.state.clone()),
+        ("source", s.source.clone()),
+        (
+            "event_type",
+            s.event_type.clone().unwrap_or_else(|| "-".into()),
+        ),
+        ("attempts", s.attempts.to_string()),
+        ("received_at", format_time(Some(s.received_at))),
+        ("next_attempt_at", format_time(s.next_attempt_at)),
+        ("lease_expires_at", format_time(job.lease_expires_at)),
+        ("finished_at", format_time(s.finished_at)),
+        ("updated_at", format_time(Some(job.updated_at))),
+        (
+            "last_error",
+            s.last_error.clone().unwrap_or_else(|| "-".into()),
+        ),
+        (
+            "body",
+            job.body
+                .clone()
+                .unwrap_or_else(|| "(purged by retention)".into()),
+        ),
+    ];
+    fields
+        .iter()
+        .map(|(name, value)| format!("{name:<17}{}\n", Escaped(value)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns_and_says_when_empty() {
+        assert!(jobs_table(&[]).ends_with("(no jobs)\n"));
+        let job = JobSummary {
+            job_id: "job-1".into(),
+            state: "dead".into(),
+            source: "webhook".into(),
+            event_type: None,
+            attempts: 5,
+            received_at: 0,
+            next_attempt_at: None,
+            finished_at: None,
+            last_error: Some("exit\nstatus 1".into()),
+        };
+        let table = jobs_table(&[job]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[0].find("STATE"), lines[1].find("dead"));
+        assert!(lines[1].contains("1970-01-01T00:00:00.000Z"));
+        assert!(lines[1].contains("exit status 1"));
+    }
+}
