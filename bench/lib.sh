@@ -90,3 +90,23 @@ NOW_MS_SQL="CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
 metric() {
   curl -s "http://127.0.0.1:$port/metrics" | awk -v name="$1" '$1 == name { print $2 }'
 }
+
+# usage PID: the process's CPU time so far in microseconds (user + system, every thread, from
+# /proc/PID/stat) and its context switches (voluntary and not, summed over its live threads).
+usage() {
+  local ticks switches
+  ticks=$(awk '{ print $14 + $15 }' "/proc/$1/stat")
+  switches=$(cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { s += $2 } END { print s + 0 }')
+  echo "$(( ticks * 1000000 / $(getconf CLK_TCK) )) $switches"
+}
+
+# Starts the benchmark's HTTP floor (a bare hyper server) on $port, like start_receiver.
+start_http_floor() {
+  "$BIN" http-floor --config "$1/config.toml" 2>>"$1/receiver.log" &
+  receiver_pid=$!
+  for _ in $(seq 200); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/', timeout=1)" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "the HTTP floor did not start; log:" >&2; cat "$1/receiver.log" >&2; exit 1
+}

@@ -38,17 +38,22 @@ results="$work/results.jsonl"
 loadgen() { "$BIN" loadgen --config "$1/config.toml" --json "${@:2}"; }
 
 # run_case NAME DB_EXTRA_TOML CONNECTIONS [prepare-function] -- LOADGEN_ARGS...
+# The receiver's CPU time and context switches over the load, per answered request, are
+# recorded with the report ("server_cpu_us", "server_switches").
 run_case() {
   local name=$1 extra=$2 connections=$3 prepare=$4; shift 5
   local dir="$work/$name"; mkdir -p "$dir"
   write_config "$dir" "$extra"
   [ -n "$prepare" ] && "$prepare" "$dir"
-  start_receiver "$dir"
+  ${START:-start_receiver} "$dir"
+  local before after; read -ra before <<<"$(usage "$receiver_pid")"
   local report; report=$(loadgen "$dir" --connections "$connections" "$@")
+  read -ra after <<<"$(usage "$receiver_pid")"
   local rss; rss=$(stop_receiver)
-  echo "{\"name\": \"$name\", \"connections\": $connections, \"rss_kib\": $rss, \"report\": $report}" >> "$results"
+  local server_usage="[${before[0]}, ${before[1]}, ${after[0]}, ${after[1]}]"
+  echo "{\"name\": \"$name\", \"connections\": $connections, \"rss_kib\": $rss, \"server_usage\": $server_usage, \"report\": $report}" >> "$results"
   local summary
-  summary=$(echo "$report" | python3 -c "import json,sys; r=json.load(sys.stdin); print('%.0f/s p99 %.2f ms; ledger check %s' % (r['per_second'], r['p99_ms'], r['ledger_check']))")
+  summary=$(tail -1 "$results" | python3 -c "import json,sys; r=json.load(sys.stdin); p=r['report']; n=max(1,p['sent']); u=r['server_usage']; print('%.0f/s p99 %.2f ms, %.1f us CPU and %.2f switches per request; ledger check %s' % (p['per_second'], p['p99_ms'], (u[2]-u[0])/n, (u[3]-u[1])/n, p['ledger_check']))")
   echo "  $name: $summary; peak RSS ${rss} KiB" >&2
 }
 
@@ -188,6 +193,7 @@ common=(--requests "$REQUESTS" --duration "$DURATION" --body-bytes "$BODY_BYTES"
 echo "sume-receiver benchmark: C=$CONNECTIONS B=$BODY_BYTES D=$DUP_RATIO, $DURATION or $REQUESTS requests per case" >&2
 run_alone "0-sqlite-alone"        ""      -- "${common[@]}" --dup-ratio "$DUP_RATIO"
 run_alone "0-sqlite-alone-prefilled" prefill -- "${common[@]}" --dup-ratio "$DUP_RATIO"
+START=start_http_floor run_case "h-http-floor" '' "$CONNECTIONS" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO" --no-check
 run_case "1-ceiling-healthz"      ''                         "$CONNECTIONS" "" -- "${common[@]}" --healthz
 run_case "2-full-group-commit"    ''                         "$CONNECTIONS" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
 run_case "3-full-txn-per-request" 'max_batch = 1'            "$CONNECTIONS" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
@@ -217,20 +223,34 @@ import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 work = {r["name"]: r for r in (json.loads(line) for line in open(sys.argv[2]))}
 by = {r["name"]: r["report"] for r in rows}
-print(f"\n{'case':<26}{'C':>5}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'RSS MiB':>9}  statuses")
+def cpu(r):
+    """CPU microseconds and context switches per request of the process doing the work: the
+    receiver (or the HTTP floor), or for the *-alone cases the load generator, which is then
+    the claim path itself."""
+    p = r["report"]
+    if "server_usage" in r:
+        u, n = r["server_usage"], max(1, p["sent"])
+        return (u[2] - u[0]) / n, (u[3] - u[1]) / n
+    return p["own_cpu_us_per_request"], p["own_context_switches_per_request"]
+print(f"\n{'case':<26}{'C':>5}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'RSS MiB':>9}{'CPU us':>8}{'ctx sw':>8}  statuses")
 for r in rows:
     p = r["report"]
     statuses = ",".join(f"{k}:{v}" for k, v in p["statuses"].items())
     rss = "-" if r["rss_kib"] is None else f"{r['rss_kib']/1024:.1f}"
+    us, switches = cpu(r)
     print(f"{r['name']:<26}{r['connections']:>5}{p['per_second']:>10.0f}{p['p50_ms']:>9.2f}{p['p90_ms']:>9.2f}"
-          f"{p['p99_ms']:>9.2f}{p['max_ms']:>9.2f}{rss:>9}  {statuses}")
+          f"{p['p99_ms']:>9.2f}{p['max_ms']:>9.2f}{rss:>9}{us:>8.1f}{switches:>8.2f}  {statuses}")
 print("(sqlite-alone rows: claims/s; a claim's latency runs from its batch's start until the loop sees its answer, after committing the next batch)")
+print("(CPU us, ctx sw: per request, of the receiver's whole process; of the load generator's for the -alone rows)")
 print(f"\n{'work case':<26}{'handler concurrency':>20}{'jobs':>9}{'jobs/s':>9}{'RSS MiB':>9}")
 for r in work.values():
     print(f"{r['name']:<26}{r['concurrency']:>20}{r['jobs']:>9}{r['jobs_per_second']:>9.0f}{r['rss_kib']/1024:>9.1f}")
 def ratio(a, b):
     return by[a]["per_second"] / by[b]["per_second"]
 print()
+floors = cpu(next(r for r in rows if r["name"] == "h-http-floor"))[0] + cpu(next(r for r in rows if r["name"] == "0-sqlite-alone"))[0]
+full = next(r for r in rows if r["name"] == "2-full-group-commit")
+print(f"CPU per delivery, full path / (HTTP floor + SQLite alone): {cpu(full)[0]:.1f} / {floors:.1f} us = {cpu(full)[0] / floors:.2f}  (target <= 1.3)")
 print(f"(2)/(0) full path vs SQLite alone : {ratio('2-full-group-commit', '0-sqlite-alone'):.2f}  (target >= 0.8)")
 print(f"(5)/(2) 1M-job vs empty ledger   : {ratio('5-full-prefilled', '2-full-group-commit'):.2f}  (target >= 0.85)")
 print(f"(0p)/(0) SQLite alone, 1M vs empty: {ratio('0-sqlite-alone-prefilled', '0-sqlite-alone'):.2f}")

@@ -30,15 +30,6 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
         warnings: config.warnings(),
         ..Findings::default()
     };
-    // SAFETY: geteuid has no preconditions.
-    if unreadable == Unreadable::Warning && unsafe { libc::geteuid() } == 0 {
-        findings.warnings.push(
-            "checked as root, who may read and write anything: a file or directory the \
-             service's user cannot reach passes here. The unit runs `check-config --strict` as \
-             that user before each start and reload"
-                .to_owned(),
-        );
-    }
     credential(
         &mut findings,
         unreadable,
@@ -79,6 +70,16 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
         if let Err(error) = executable(&argv[0]) {
             findings.errors.push(format!("handler.command: {error}"));
         }
+    }
+    // Last: a caveat on everything above.
+    // SAFETY: geteuid has no preconditions.
+    if unreadable == Unreadable::Warning && unsafe { libc::geteuid() } == 0 {
+        findings.warnings.push(
+            "checked as root, who may read and write anything: a file or directory the \
+             service's user cannot reach passes here. The unit runs `check-config --strict` as \
+             that user before each start and reload"
+                .to_owned(),
+        );
     }
     findings
 }

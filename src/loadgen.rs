@@ -100,6 +100,11 @@ pub struct Report {
     /// Distinct job_ids of this tag known to the receiver after the run (existing + new).
     pub unique_job_ids: usize,
     pub ledger_check: String,
+    /// This process's own CPU time (user + system, all threads) and context switches per
+    /// request while sending: with --sqlite-alone or --postgres-alone it is the claim path
+    /// itself, the storage floor the full path is measured against.
+    pub own_cpu_us_per_request: f64,
+    pub own_context_switches_per_request: f64,
 }
 
 /// Shared state of the connections of one run.
@@ -190,6 +195,7 @@ pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
         args,
     });
     let started = Instant::now();
+    let usage_before = own_usage();
     let mut total = Tally::default();
     if run.args.sqlite_alone {
         let run = run.clone();
@@ -210,6 +216,7 @@ pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
+    let usage = own_usage().since(usage_before);
     total.latencies_us.sort_unstable();
     let percentile = |p: f64| -> f64 {
         let sorted = &total.latencies_us;
@@ -242,7 +249,66 @@ pub async fn run(args: LoadgenArgs, config: Config) -> anyhow::Result<Report> {
         acknowledged_duplicate: total.duplicate,
         unique_job_ids,
         ledger_check,
+        own_cpu_us_per_request: usage.cpu_us / sent.max(1) as f64,
+        own_context_switches_per_request: usage.context_switches / sent.max(1) as f64,
     })
+}
+
+/// CPU time and context switches of this process so far (getrusage).
+#[derive(Clone, Copy)]
+struct Usage {
+    cpu_us: f64,
+    context_switches: f64,
+}
+
+impl Usage {
+    fn since(self, earlier: Usage) -> Usage {
+        Usage {
+            cpu_us: self.cpu_us - earlier.cpu_us,
+            context_switches: self.context_switches - earlier.context_switches,
+        }
+    }
+}
+
+fn own_usage() -> Usage {
+    // SAFETY: getrusage only writes the struct we pass; zeroed is a valid rusage.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let micros = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    Usage {
+        cpu_us: micros(usage.ru_utime) + micros(usage.ru_stime),
+        context_switches: (usage.ru_nvcsw + usage.ru_nivcsw) as f64,
+    }
+}
+
+/// The HTTP floor of the benchmark: a bare hyper 1 server on the same runtime as the service
+/// that reads each request's body and answers a fixed JSON, with no signature check and no
+/// ledger. What any receiver built on hyper pays per request.
+pub async fn serve_http_floor(listener: tokio::net::TcpListener) -> anyhow::Result<()> {
+    use hyper::body::Incoming;
+    use hyper::server::conn::http1 as server;
+    use hyper::service::service_fn;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(async move {
+            let service = service_fn(|request: Request<Incoming>| async move {
+                let body = request.into_body().collect().await?.to_bytes();
+                let answer = if body.is_empty() {
+                    Bytes::from_static(b"ok\n")
+                } else {
+                    Bytes::from_static(b"{\"job_id\":\"floor\",\"duplicate\":false}")
+                };
+                Ok::<_, hyper::Error>(hyper::Response::new(Full::new(answer)))
+            });
+            let _ = server::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
 }
 
 fn seed_of(tag: &str) -> u64 {
