@@ -231,7 +231,9 @@ def cpu(r):
     if "server_usage" in r:
         u, n = r["server_usage"], max(1, p["sent"])
         return (u[2] - u[0]) / n, (u[3] - u[1]) / n
-    return p["own_cpu_us_per_request"], p["own_context_switches_per_request"]
+    if r["name"].endswith("-alone") or r["name"].endswith("-alone-prefilled"):
+        return p["own_cpu_us_per_request"], p["own_context_switches_per_request"]
+    return float("nan"), float("nan")  # two receivers: not measured per process here
 print(f"\n{'case':<26}{'C':>5}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'RSS MiB':>9}{'CPU us':>8}{'ctx sw':>8}  statuses")
 for r in rows:
     p = r["report"]
