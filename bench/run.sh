@@ -2,8 +2,9 @@
 # The ingest benchmark: the HTTP ceiling and the durable path side by side, in one run, on this
 # machine. Each case runs against a fresh receiver (fresh ledger, fresh peak RSS).
 #
-#   bench/run.sh            full run (~12 minutes): 15 s per case, C = 64, B = 1 KiB, D = 0.3,
-#                           a C sweep, a ledger pre-filled with 1,000,000 jobs, "SQLite alone"
+#   bench/run.sh            full run (~20 minutes): 15 s per case, C = 64, B = 1 KiB, D = 0.3,
+#                           a C sweep (with both floors at each C), a ledger pre-filled with
+#                           1,000,000 jobs, the HTTP floor (a bare hyper server), "SQLite alone"
 #                           (the writer's claim loop without HTTP: the limit), and the work
 #                           pipeline (a trivial handler fed from memory, and a backlog drain)
 #   bench/run.sh --smoke    a few hundred deliveries per case, checks correctness only (CI)
@@ -63,8 +64,9 @@ run_alone() {
   local dir="$work/$name"; mkdir -p "$dir"
   write_config "$dir" ''
   [ -n "$prepare" ] && "$prepare" "$dir"
-  local report; report=$(loadgen "$dir" --sqlite-alone --connections "$CONNECTIONS" "$@")
-  echo "{\"name\": \"$name\", \"connections\": $CONNECTIONS, \"rss_kib\": null, \"report\": $report}" >> "$results"
+  local connections=${ALONE_CONNECTIONS:-$CONNECTIONS}
+  local report; report=$(loadgen "$dir" --sqlite-alone --connections "$connections" "$@")
+  echo "{\"name\": \"$name\", \"connections\": $connections, \"rss_kib\": null, \"report\": $report}" >> "$results"
   echo "$report" | python3 -c "import json,sys; r=json.load(sys.stdin); print('  $name: %.0f claims/s, commit p99 %.2f ms; ledger check %s' % (r['per_second'], r['p99_ms'], r['ledger_check']))" >&2
 }
 
@@ -202,6 +204,9 @@ run_case "5-full-prefilled"       ''                         "$CONNECTIONS" pref
 run_case "6-duplicates-only"      ''                         "$CONNECTIONS" claim_first -- "${common[@]}" --dup-ratio 1 --tag dupset --existing "$DUP_SET"
 for c in $SWEEP; do
   run_case "sweep-full-c$c"       ''                         "$c" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
+  # The two floors at the same concurrency, for the CPU ratio at every C.
+  START=start_http_floor run_case "sweep-http-floor-c$c" '' "$c" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO" --no-check
+  ALONE_CONNECTIONS=$c run_alone "sweep-sqlite-alone-c$c" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
 done
 
 if [ -n "$BENCH_POSTGRES_URL" ]; then
@@ -231,7 +236,7 @@ def cpu(r):
     if "server_usage" in r:
         u, n = r["server_usage"], max(1, p["sent"])
         return (u[2] - u[0]) / n, (u[3] - u[1]) / n
-    if r["name"].endswith("-alone") or r["name"].endswith("-alone-prefilled"):
+    if "-alone" in r["name"]:
         return p["own_cpu_us_per_request"], p["own_context_switches_per_request"]
     return float("nan"), float("nan")  # two receivers: not measured per process here
 print(f"\n{'case':<26}{'C':>5}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'RSS MiB':>9}{'CPU us':>8}{'ctx sw':>8}  statuses")
@@ -253,6 +258,12 @@ print()
 floors = cpu(next(r for r in rows if r["name"] == "h-http-floor"))[0] + cpu(next(r for r in rows if r["name"] == "0-sqlite-alone"))[0]
 full = next(r for r in rows if r["name"] == "2-full-group-commit")
 print(f"CPU per delivery, full path / (HTTP floor + SQLite alone): {cpu(full)[0]:.1f} / {floors:.1f} us = {cpu(full)[0] / floors:.2f}  (target <= 1.3)")
+named = {r["name"]: r for r in rows}
+for name in named:
+    if name.startswith("sweep-full-c"):
+        c = name.rsplit("-c", 1)[1]
+        floors_c = cpu(named[f"sweep-http-floor-c{c}"])[0] + cpu(named[f"sweep-sqlite-alone-c{c}"])[0]
+        print(f"  at C={c:<4} full / floors: {cpu(named[name])[0]:.1f} / {floors_c:.1f} us = {cpu(named[name])[0] / floors_c:.2f}")
 print(f"(2)/(0) full path vs SQLite alone : {ratio('2-full-group-commit', '0-sqlite-alone'):.2f}  (target >= 0.8)")
 print(f"(5)/(2) 1M-job vs empty ledger   : {ratio('5-full-prefilled', '2-full-group-commit'):.2f}  (target >= 0.85)")
 print(f"(0p)/(0) SQLite alone, 1M vs empty: {ratio('0-sqlite-alone-prefilled', '0-sqlite-alone'):.2f}")
