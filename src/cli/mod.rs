@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
 pub use generate::generate;
-use render::{format_time, job_details, jobs_table, readable_json, short, stats_table, table};
+use render::{expectations_table, job_details, jobs_table, readable_json, stats_table};
 use sume_receiver::config::{self, Config, LedgerConfig};
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{self, Ledger, State};
@@ -321,30 +321,7 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
-                let header = [
-                    "JOB_ID",
-                    "STATE",
-                    "EXPECTED",
-                    "NEXT_POLL",
-                    "POLLS",
-                    "LAST_STATUS",
-                    "LAST_ERROR",
-                ];
-                let cells: Vec<Vec<String>> = rows
-                    .iter()
-                    .map(|row| {
-                        vec![
-                            row.job_id.clone(),
-                            row.state.clone(),
-                            format_time(Some(row.expected_at)),
-                            format_time(Some(row.next_poll_at)),
-                            row.polls.to_string(),
-                            row.last_status.clone().unwrap_or_else(|| "-".into()),
-                            short(row.last_error.as_deref(), 60),
-                        ]
-                    })
-                    .collect();
-                print!("{}", table(&header, &cells, "(no expected jobs)"));
+                print!("{}", expectations_table(&rows));
             }
         }
         JobsCommand::Redeliver { .. } => unreachable!("answered without a ledger above"),

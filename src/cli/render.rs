@@ -2,7 +2,7 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use sume_receiver::ledger::{self, JobDetail, JobSummary};
+use sume_receiver::ledger::{self, Expectation, JobDetail, JobSummary};
 use sume_receiver::logging::Escaped;
 
 /// A row as JSON for people and scripts: every `*_at` time (Unix ms) gets a `*_at_utc` twin in
@@ -77,6 +77,34 @@ pub(super) fn jobs_table(jobs: &[JobSummary]) -> String {
         })
         .collect();
     table(&header, &rows, "(no jobs)")
+}
+
+/// `jobs expected` as a table.
+pub(super) fn expectations_table(rows: &[Expectation]) -> String {
+    let header = [
+        "JOB_ID",
+        "STATE",
+        "EXPECTED",
+        "NEXT_POLL",
+        "POLLS",
+        "LAST_STATUS",
+        "LAST_ERROR",
+    ];
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            vec![
+                row.job_id.clone(),
+                row.state.clone(),
+                format_time(Some(row.expected_at)),
+                format_time(Some(row.next_poll_at)),
+                row.polls.to_string(),
+                row.last_status.clone().unwrap_or_else(|| "-".into()),
+                short(row.last_error.as_deref(), 60),
+            ]
+        })
+        .collect();
+    table(&header, &cells, "(no expected jobs)")
 }
 
 pub(super) fn stats_table(stats: &ledger::JobStats, now: i64) -> String {
