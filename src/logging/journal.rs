@@ -58,15 +58,23 @@ impl<S: Subscriber> tracing_subscriber::Layer<S> for Journal {
         }
         put(&mut entry, "MESSAGE", &message);
         for (name, value) in &fields.values {
-            put(
-                &mut entry,
-                &format!("{PREFIX}{}", name.to_ascii_uppercase()),
-                value,
-            );
+            put(&mut entry, &field_name(name), value);
         }
         // Nothing to do if journald is gone or full: a log line cannot be logged.
         let _ = self.socket.send_to(&entry, SOCKET);
     }
+}
+
+/// `SUME_` and the field's name in what journald accepts: uppercase letters, digits and `_`.
+fn field_name(name: &str) -> String {
+    let name = name.chars().map(|c| {
+        if c.is_ascii_alphanumeric() {
+            c.to_ascii_uppercase()
+        } else {
+            '_'
+        }
+    });
+    PREFIX.chars().chain(name).collect()
 }
 
 fn priority(level: Level) -> &'static str {
@@ -163,6 +171,12 @@ mod tests {
         );
         assert_eq!(Logfmt(r#"a "b" \c"#).to_string(), r#""a \"b\" \\c""#);
         assert_eq!(Logfmt("").to_string(), "\"\"");
+    }
+
+    #[test]
+    fn field_names_are_what_journald_accepts() {
+        assert_eq!(field_name("job_id"), "SUME_JOB_ID");
+        assert_eq!(field_name("log.target"), "SUME_LOG_TARGET");
     }
 
     #[test]
