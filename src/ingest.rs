@@ -414,6 +414,7 @@ mod tests {
     use super::*;
 
     const SECRET: &str = "whsec_unit";
+    const NOW: i64 = 1_767_225_600;
 
     #[test]
     fn log_latencies_are_milliseconds_to_the_microsecond() {
@@ -424,7 +425,6 @@ mod tests {
             "0.024"
         );
     }
-    const NOW: i64 = 1_767_225_600;
 
     fn parse(body: &str) -> Result<NewClaim, IngestError> {
         parse_claim(body.as_bytes().to_vec())

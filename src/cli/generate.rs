@@ -1,12 +1,13 @@
 //! `generate`: the man page and the shell completions, from the command-line definitions.
 
+use roff::{bold, roman, Roff};
+
 use super::{Cli, Generate};
 
 /// sume-receiver(1): clap_mangen's sections from the command-line definitions, then every
 /// command in this one page (clap_mangen would point at a page per subcommand, which nobody
 /// ships) and the sections an operator looks for: files, signals, exit status, examples.
 fn man_page(command: clap::Command, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-    use roff::{bold, roman, Roff};
     let man = clap_mangen::Man::new(command.clone());
     man.render_title(out)?;
     man.render_name_section(out)?;
@@ -38,13 +39,13 @@ fn man_page(command: clap::Command, out: &mut dyn std::io::Write) -> std::io::Re
 
 /// Each command below `parent` as a tagged paragraph (its name, then its summary), each followed
 /// by its own commands.
-fn list_commands(page: &mut roff::Roff, path: &str, parent: &clap::Command) {
+fn list_commands(page: &mut Roff, path: &str, parent: &clap::Command) {
     for child in parent.get_subcommands().filter(|c| c.get_name() != "help") {
         let name = format!("{path} {}", child.get_name());
         page.control("TP", []);
-        page.text([roff::bold(name.as_str())]);
+        page.text([bold(name.as_str())]);
         if let Some(about) = child.get_about() {
-            page.text([roff::roman(about.to_string())]);
+            page.text([roman(about.to_string())]);
         }
         list_commands(page, &name, child);
     }

@@ -83,7 +83,13 @@ pub struct SqliteConfig {
 
 impl Default for SqliteConfig {
     fn default() -> Self {
-        let raw = RawDatabaseConfig::default();
+        SqliteConfig::from(RawDatabaseConfig::default())
+    }
+}
+
+/// The SQLite settings of `[database]` (its PostgreSQL keys are not looked at).
+impl From<RawDatabaseConfig> for SqliteConfig {
+    fn from(raw: RawDatabaseConfig) -> Self {
         Self {
             path: raw.path,
             synchronous: raw.synchronous,
@@ -119,20 +125,12 @@ pub enum PostgresUrlSource {
 impl TryFrom<RawDatabaseConfig> for LedgerConfig {
     type Error = String;
 
-    fn try_from(raw: RawDatabaseConfig) -> Result<Self, String> {
-        let url = match (raw.url, raw.url_file) {
+    fn try_from(mut raw: RawDatabaseConfig) -> Result<Self, String> {
+        let url = match (raw.url.take(), raw.url_file.take()) {
             (Some(_), Some(_)) => return Err("database: set url or url_file, not both".into()),
             (Some(url), None) => PostgresUrlSource::Given(url),
             (None, Some(file)) => PostgresUrlSource::File(file),
-            (None, None) => {
-                return Ok(LedgerConfig::Sqlite(SqliteConfig {
-                    path: raw.path,
-                    synchronous: raw.synchronous,
-                    busy_timeout: raw.busy_timeout,
-                    max_batch: raw.max_batch,
-                    check_at_start: raw.check_at_start,
-                }))
-            }
+            (None, None) => return Ok(LedgerConfig::Sqlite(SqliteConfig::from(raw))),
         };
         Ok(LedgerConfig::Postgres(PostgresConfig {
             url,

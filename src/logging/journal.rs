@@ -30,8 +30,9 @@ impl Journal {
         let socket = UnixDatagram::unbound()?;
         // An empty datagram is a valid entry of no fields, which journald drops: a probe.
         socket.send_to(&[], SOCKET)?;
-        // A journald that does not keep up (its queue holds a few datagrams) loses lines rather
-        // than stalling the thread that logs, which may be answering a delivery.
+        // A journald that does not keep up (its socket queues a bounded number of datagrams:
+        // 512 with systemd's sysctl defaults) loses lines rather than stalling the thread that
+        // logs, which may be answering a delivery.
         socket.set_nonblocking(true)?;
         Ok(Journal { socket })
     }
