@@ -1,8 +1,11 @@
-//! The admin listener: the application registers the job_ids it expects Sume to report.
+//! The admin listener: expected jobs, the operators' actions, and the recent refusals.
 //!
-//! `PUT /v1/expected/{job_id}` (or POST) with `Authorization: Bearer <token>` registers a job
-//! for reconciliation; registering twice is harmless. Off unless `[admin] token_file` is set.
-//! It also serves `/healthz`, `/readyz` and `/metrics` (no token: read-only, loopback).
+//! With `Authorization: Bearer <token>`: `PUT /v1/expected/{job_id}` (or POST) registers a job
+//! for reconciliation (twice is harmless); `GET /v1/jobs/{job_id}` shows a job and its history;
+//! `POST /v1/jobs/{job_id}/retry`, `/run-now` and `/cancel?reason=...` act on it;
+//! `GET /v1/dispatch`, `POST /v1/dispatch/pause` and `/resume`; `GET /v1/refusals`, the recent
+//! refused deliveries. Off unless `[admin] token_file` is set. It also serves `/healthz`,
+//! `/readyz` and `/metrics` (no token: read-only, loopback).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,14 +21,17 @@ use crate::config::Secret;
 use crate::ingest::json_response;
 use crate::job_id::JobId;
 use crate::ledger::{self, duration_ms, now_ms, Ledger};
+use crate::refusals::Refusals;
 use crate::server::{error_response, Router};
-
-const EXPECTED_PREFIX: &str = "/v1/expected/";
+use crate::worker::Queue;
 
 pub struct Admin {
     pub ledger: Arc<Ledger>,
     pub token: Secret,
     pub reconcile_after: Duration,
+    /// The local worker, woken when an action makes a job due; `None` without a handler.
+    pub queue: Option<Queue>,
+    pub refusals: Arc<Refusals>,
 }
 
 /// Registers `job_id` as expected, first polled `reconcile_after` from now. `true` if new.
@@ -54,7 +60,7 @@ fn bearer_matches(token: &Secret, candidate: &str) -> bool {
 }
 
 impl Router for Admin {
-    async fn route(&self, request: Request<Incoming>, _peer: SocketAddr) -> Response<Full<Bytes>> {
+    async fn route(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
         // Read-only and on loopback by default: Prometheus and health checks need no token.
         if let Some(response) = crate::server::operational(&self.ledger, &request).await {
             return response;
@@ -70,25 +76,104 @@ impl Router for Admin {
         if !authorized {
             return error_response(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
         }
-        // One path segment: a raw '/' would make it another resource (`%2F` is part of an id).
-        let Some(encoded) = request
-            .uri()
-            .path()
-            .strip_prefix(EXPECTED_PREFIX)
-            .filter(|segment| !segment.contains('/'))
-        else {
-            return error_response(StatusCode::NOT_FOUND, "not found");
-        };
-        if !matches!(*request.method(), Method::PUT | Method::POST) {
-            return error_response(StatusCode::METHOD_NOT_ALLOWED, "use PUT or POST");
-        }
-        let job_id = match percent_encoding::percent_decode_str(encoded).decode_utf8() {
-            Ok(decoded) => match JobId::parse(&decoded) {
-                Ok(job_id) => job_id,
-                Err(error) => return error_response(StatusCode::BAD_REQUEST, &error.to_string()),
+        let path = request.uri().path().to_owned();
+        let query = request.uri().query().unwrap_or("").to_owned();
+        let method = request.method().clone();
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let posted = method == Method::POST;
+        let read = matches!(method, Method::GET | Method::HEAD);
+        let by = format!("admin:{}", peer.ip());
+        match segments.as_slice() {
+            ["v1", "expected", job_id] => {
+                if !matches!(method, Method::PUT | Method::POST) {
+                    return error_response(StatusCode::METHOD_NOT_ALLOWED, "use PUT or POST");
+                }
+                match decode_job_id(job_id) {
+                    Ok(job_id) => self.register_expected(job_id).await,
+                    Err(why) => error_response(StatusCode::BAD_REQUEST, &why),
+                }
+            }
+            ["v1", "jobs", job_id, action @ ..] => {
+                let job_id = match decode_job_id(job_id) {
+                    Ok(job_id) => job_id,
+                    Err(why) => return error_response(StatusCode::BAD_REQUEST, &why),
+                };
+                match (action, read, posted) {
+                    ([], true, _) => self.show(&job_id).await,
+                    (["retry" | "run-now" | "cancel"], _, true) => {
+                        self.act(&job_id, action[0], &by, &query).await
+                    }
+                    ([], _, _) => error_response(StatusCode::METHOD_NOT_ALLOWED, "use GET"),
+                    (["retry" | "run-now" | "cancel"], _, _) => {
+                        error_response(StatusCode::METHOD_NOT_ALLOWED, "use POST")
+                    }
+                    _ => error_response(StatusCode::NOT_FOUND, "not found"),
+                }
+            }
+            ["v1", "dispatch"] if read => match self.ledger.dispatch().await {
+                Ok(dispatch) => json_response(StatusCode::OK, &serde_json::json!(dispatch)),
+                Err(error) => storage_unavailable(&error),
             },
-            Err(_) => return error_response(StatusCode::BAD_REQUEST, "job_id is not UTF-8"),
-        };
+            ["v1", "dispatch", change @ ("pause" | "resume")] if posted => {
+                let paused = *change == "pause";
+                match self.ledger.set_dispatch(paused, &by, now_ms()).await {
+                    Ok(changed) => {
+                        if let Some(queue) = &self.queue {
+                            queue.dispatch_changed();
+                        }
+                        tracing::info!(%by, paused, changed, "dispatch changed on the admin listener");
+                        json_response(
+                            StatusCode::OK,
+                            &serde_json::json!({ "paused": paused, "changed": changed }),
+                        )
+                    }
+                    Err(error) => storage_unavailable(&error),
+                }
+            }
+            ["v1", "refusals"] if read => {
+                json_response(StatusCode::OK, &serde_json::json!(self.refusals.recent()))
+            }
+            ["v1", "dispatch", ..] | ["v1", "refusals"] => error_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "wrong method for this resource",
+            ),
+            _ => error_response(StatusCode::NOT_FOUND, "not found"),
+        }
+    }
+}
+
+/// A job_id from one path segment: a raw '/' would have made it another resource (`%2F` is
+/// part of an id).
+/// `Err`: why it is not one, for a 400.
+fn decode_job_id(encoded: &str) -> Result<JobId, String> {
+    match percent_encoding::percent_decode_str(encoded).decode_utf8() {
+        Ok(decoded) => JobId::parse(&decoded).map_err(|error| error.to_string()),
+        Err(_) => Err("job_id is not UTF-8".into()),
+    }
+}
+
+/// The value of `name` in a query string, percent-decoded.
+fn query_value(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (key == name).then(|| {
+            percent_encoding::percent_decode_str(&value.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+    })
+}
+
+fn storage_unavailable(error: &ledger::StorageError) -> Response<Full<Bytes>> {
+    tracing::warn!(%error, "an admin request found the ledger unavailable");
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "storage unavailable, retry later",
+    )
+}
+
+impl Admin {
+    async fn register_expected(&self, job_id: JobId) -> Response<Full<Bytes>> {
         match expect(&self.ledger, job_id.clone(), self.reconcile_after).await {
             Ok(registered) => {
                 tracing::info!(job_id = %job_id, registered, "expected job registered");
@@ -97,13 +182,80 @@ impl Router for Admin {
                     &serde_json::json!({ "job_id": job_id, "registered": registered }),
                 )
             }
-            Err(error) => {
-                tracing::warn!(job_id = %job_id, %error, "could not register an expected job");
-                error_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "storage unavailable, retry later",
+            Err(error) => storage_unavailable(&error),
+        }
+    }
+
+    async fn show(&self, job_id: &JobId) -> Response<Full<Bytes>> {
+        match self.ledger.show_job(job_id.as_str()).await {
+            Ok(Some(job)) => json_response(StatusCode::OK, &serde_json::json!(job)),
+            Ok(None) => error_response(StatusCode::NOT_FOUND, "no such job in the ledger"),
+            Err(error) => storage_unavailable(&error),
+        }
+    }
+
+    /// `retry`, `run-now` or `cancel` (with `?reason=`), recorded as `by`'s action. 409 when
+    /// the job is not in a state the action applies to.
+    async fn act(
+        &self,
+        job_id: &JobId,
+        action: &str,
+        by: &str,
+        query: &str,
+    ) -> Response<Full<Bytes>> {
+        let now = now_ms();
+        let done = match action {
+            "retry" => match self.ledger.retry_job(job_id.as_str(), by, now).await {
+                Ok(()) => Ok(true),
+                Err(ledger::RetryError::Storage(error)) => Err(error),
+                Err(ledger::RetryError::Unknown(_)) => {
+                    return error_response(StatusCode::NOT_FOUND, "no such job in the ledger")
+                }
+                Err(refused) => return error_response(StatusCode::CONFLICT, &refused.to_string()),
+            },
+            "run-now" => self.ledger.run_now(job_id.as_str(), by, now).await,
+            _ => {
+                let Some(reason) = query_value(query, "reason").filter(|r| !r.trim().is_empty())
+                else {
+                    return error_response(StatusCode::BAD_REQUEST, "cancel needs ?reason=");
+                };
+                self.ledger
+                    .cancel_job(job_id.as_str(), by, &reason, now)
+                    .await
+            }
+        };
+        match done {
+            Ok(true) => {
+                tracing::info!(job_id = %job_id, action, %by, "job action on the admin listener");
+                if let Some(queue) = &self.queue {
+                    queue.look_in_ledger();
+                }
+                let job = self.ledger.show_job(job_id.as_str()).await.ok().flatten();
+                let state = job.map(|job| job.summary.state);
+                json_response(
+                    StatusCode::OK,
+                    &serde_json::json!({ "job_id": job_id, "action": action, "state": state }),
                 )
             }
+            Ok(false) => {
+                let applies_to = if action == "run-now" {
+                    "a retrying job"
+                } else {
+                    "a claimed or retrying job"
+                };
+                match self.ledger.show_job(job_id.as_str()).await {
+                    Ok(None) => error_response(StatusCode::NOT_FOUND, "no such job in the ledger"),
+                    Ok(Some(job)) => error_response(
+                        StatusCode::CONFLICT,
+                        &format!(
+                            "the job is {}; {action} applies to {applies_to}",
+                            job.summary.state
+                        ),
+                    ),
+                    Err(error) => storage_unavailable(&error),
+                }
+            }
+            Err(error) => storage_unavailable(&error),
         }
     }
 }

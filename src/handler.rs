@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::HandlerKind;
 use crate::http_client::{self, HttpClient};
-use crate::ledger::Attempt;
+use crate::ledger::{Attempt, Failure};
 use crate::logging::Escaped;
 
 /// How much of a failing handler's stderr (or HTTP answer) is kept as the job's last error.
@@ -23,8 +23,8 @@ const STDERR_DRAIN: Duration = Duration::from_millis(500);
 /// Why an attempt did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttemptError {
-    /// The handler failed; the text is what the ledger records as `last_error`.
-    Failed(String),
+    /// The handler failed: what the ledger records.
+    Failed(Failure),
     /// The receiver is shutting down and stopped the handler: not the job's fault, not counted
     /// here. The job stays `running` and the next start recovers it.
     Interrupted,
@@ -94,7 +94,9 @@ async fn run_command(
         .process_group(0)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| AttemptError::Failed(format!("cannot start {:?}: {e}", argv[0])))?;
+        .map_err(|e| {
+            AttemptError::Failed(Failure::new(format!("cannot start {:?}: {e}", argv[0])))
+        })?;
     let group = child.id().and_then(|pid| i32::try_from(pid).ok());
     let stderr_tail = tokio::spawn(read_tail(child.stderr.take()));
     // Fed from its own task: the exit status alone decides the attempt. A handler may exit
@@ -117,14 +119,20 @@ async fn run_command(
     feed_stdin.abort();
     let outcome = match finished {
         Some(Ok(Ok(status))) if status.success() => Ok(()),
-        Some(Ok(Ok(status))) => Err(describe_exit(status)),
-        Some(Ok(Err(error))) => Err(format!("waiting for the handler failed: {error}")),
+        Some(Ok(Ok(status))) => Err(Failure {
+            error: describe_exit(status),
+            exit_status: status.code(),
+            http_status: None,
+        }),
+        Some(Ok(Err(error))) => Err(Failure::new(format!(
+            "waiting for the handler failed: {error}"
+        ))),
         Some(Err(_)) => {
             kill_group(group);
-            Err(format!(
+            Err(Failure::new(format!(
                 "timed out after {}; process group killed",
                 humantime::format_duration(timeout)
-            ))
+            )))
         }
         None => {
             kill_group(group);
@@ -146,8 +154,11 @@ async fn run_command(
             }
             Ok(())
         }
-        Err(reason) if tail.is_empty() => Err(AttemptError::Failed(reason)),
-        Err(reason) => Err(AttemptError::Failed(format!("{reason}; stderr: {tail}"))),
+        Err(failure) if tail.is_empty() => Err(AttemptError::Failed(failure)),
+        Err(failure) => Err(AttemptError::Failed(Failure {
+            error: format!("{}; stderr: {tail}", failure.error),
+            ..failure
+        })),
     }
 }
 
@@ -193,28 +204,30 @@ async fn post(
     url: &hyper::Uri,
     attempt: &Attempt,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let request = Request::post(url.clone())
         .header(CONTENT_TYPE, "application/json")
         // As bytes: a UTF-8 id is obs-text, which a header may carry but `&str` would refuse.
         .header(
             "x-sume-job-id",
             HeaderValue::from_bytes(attempt.job_id.as_str().as_bytes())
-                .map_err(|e| format!("cannot send the job_id as a header: {e}"))?,
+                .map_err(|e| Failure::new(format!("cannot send the job_id as a header: {e}")))?,
         )
         .header("x-sume-attempt", attempt.number)
         .header("x-sume-delivery-source", attempt.source.as_str())
         .body(Full::new(Bytes::from(attempt.body.clone())))
-        .map_err(|e| format!("cannot build the request: {e}"))?;
-    let answer = http_client::send(client, request, timeout, ERROR_TAIL_BYTES).await?;
+        .map_err(|e| Failure::new(format!("cannot build the request: {e}")))?;
+    let answer = http_client::send(client, request, timeout, ERROR_TAIL_BYTES)
+        .await
+        .map_err(Failure::new)?;
     if answer.status.is_success() {
         Ok(())
     } else {
         let text = String::from_utf8_lossy(&answer.body);
-        Err(format!(
-            "handler answered {}: {}",
-            answer.status,
-            text.trim()
-        ))
+        Err(Failure {
+            error: format!("handler answered {}: {}", answer.status, text.trim()),
+            exit_status: None,
+            http_status: Some(answer.status.as_u16()),
+        })
     }
 }

@@ -19,6 +19,7 @@ use crate::job_id::JobId;
 use crate::ledger::{ClaimOutcome, Ledger, NewClaim, Source, StorageError};
 use crate::logging::Escaped;
 use crate::metrics::{DeliveryOutcome, METRICS};
+use crate::refusals::Refusals;
 use crate::signature::{self, SignatureError, SignedHeaders};
 use crate::worker::Queue;
 
@@ -240,6 +241,8 @@ pub struct Ingest {
     ledger: Arc<Ledger>,
     /// Where a new claim goes to be worked on; `None` when no handler is configured.
     queue: Option<Queue>,
+    /// The recent refusals, for the admin listener.
+    refusals: Arc<Refusals>,
 }
 
 impl Ingest {
@@ -248,6 +251,7 @@ impl Ingest {
         secrets: Vec<Secret>,
         ledger: Arc<Ledger>,
         queue: Option<Queue>,
+        refusals: Arc<Refusals>,
     ) -> Self {
         let server = &config.server;
         Self {
@@ -260,6 +264,7 @@ impl Ingest {
             budget: BodyBudget::new(server.max_inflight_body_bytes, server.max_body_bytes),
             ledger,
             queue,
+            refusals,
         }
     }
 
@@ -303,6 +308,9 @@ impl Ingest {
             }
             Err(error) => {
                 METRICS.record_delivery(error.outcome());
+                let (status, outcome) = (error.status().as_u16(), error.outcome().label());
+                self.refusals
+                    .record(peer, status, outcome, &error.to_string());
                 tracing::warn!(
                     %peer,
                     outcome = error.outcome().label(),

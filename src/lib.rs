@@ -27,6 +27,7 @@ mod metrics;
 mod notify;
 mod process;
 pub mod reconcile;
+mod refusals;
 mod repeat;
 mod server;
 mod service;

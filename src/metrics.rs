@@ -103,6 +103,7 @@ pub struct Metrics {
     attempt_duration: Histograms,
     jobs_dead: Counter,
     swept: Counter,
+    dispatch_paused: Gauge,
     jobs: Family<Labels, Gauge>,
     /// done/dead: counted at start and after each retention run, plus what this process adds.
     finished: [AtomicI64; 2],
@@ -143,6 +144,7 @@ impl Metrics {
             }),
             jobs_dead: Counter::default(),
             swept: Counter::default(),
+            dispatch_paused: Gauge::default(),
             jobs: Family::default(),
             finished: [AtomicI64::new(0), AtomicI64::new(0)],
             oldest_unfinished: Gauge::default(),
@@ -214,6 +216,11 @@ impl Metrics {
             "sume_jobs_swept",
             "Attempts whose lease the sweeper took back",
             m.swept.clone(),
+        );
+        registry.register(
+            "sume_dispatch_paused",
+            "1 while an operator has paused dispatch (`jobs pause`): deliveries are claimed, no job runs",
+            m.dispatch_paused.clone(),
         );
         registry.register(
             "sume_jobs",
@@ -384,6 +391,11 @@ impl Metrics {
     pub fn set_finished_jobs(&self, done: u64, dead: u64) {
         self.finished[DONE].store(i64::try_from(done).unwrap_or(i64::MAX), Relaxed);
         self.finished[DEAD].store(i64::try_from(dead).unwrap_or(i64::MAX), Relaxed);
+    }
+
+    /// Whether the worker found dispatch paused when it last looked.
+    pub fn set_dispatch_paused(&self, paused: bool) {
+        self.dispatch_paused.set(i64::from(paused));
     }
 
     pub fn record_swept(&self, count: usize) {

@@ -86,13 +86,24 @@ pub async fn operational(
         // Liveness: the process answers.
         (true, "/healthz") => json_response(StatusCode::OK, &serde_json::json!({ "status": "ok" })),
         // Readiness: a delivery sent now would be claimed.
-        (true, "/readyz") => match ledger.readiness() {
-            Ok(()) => json_response(StatusCode::OK, &serde_json::json!({ "status": "ready" })),
-            Err(reason) => json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &serde_json::json!({ "status": "not ready", "reason": reason }),
-            ),
-        },
+        // Paused dispatch is still ready: deliveries are claimed; the body says so.
+        (true, "/readyz") => {
+            let dispatch = match ledger.dispatch().await {
+                Ok(dispatch) if dispatch.paused => "paused",
+                Ok(_) => "running",
+                Err(_) => "unknown",
+            };
+            match ledger.readiness() {
+                Ok(()) => json_response(
+                    StatusCode::OK,
+                    &serde_json::json!({ "status": "ready", "dispatch": dispatch }),
+                ),
+                Err(reason) => json_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &serde_json::json!({ "status": "not ready", "reason": reason, "dispatch": dispatch }),
+                ),
+            }
+        }
         (true, "/metrics") => metrics(ledger).await,
         _ => return None,
     })

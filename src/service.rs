@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::instance_lock::InstanceLock;
 use crate::ledger::{self, Ledger};
 use crate::reconcile::Reconciler;
+use crate::refusals::Refusals;
 use crate::server::{self, App};
 use crate::sweeper::Sweeper;
 use crate::vacuum::Vacuum;
@@ -112,13 +113,15 @@ pub async fn run_on(
         }
         None => tracing::warn!("no [sume_api] configured: reconciliation is off (a job whose webhook never arrives is not polled)"),
     }
-    if let Some(admin) = start_admin(&config, &ledger, &stop).await? {
+    let refusals = Arc::new(Refusals::default());
+    let seen_by_admin = (ledger.clone(), queue.clone(), refusals.clone());
+    if let Some(admin) = start_admin(&config, seen_by_admin, &stop).await? {
         tasks.spawn(admin);
     }
 
     let app = Arc::new(App {
         webhook_path: config.server.webhook_path.clone(),
-        ingest: ingest::Ingest::new(&config, secrets, ledger.clone(), queue),
+        ingest: ingest::Ingest::new(&config, secrets, ledger.clone(), queue, refusals),
         ledger: ledger.clone(),
         expose_metrics: config.server.expose_metrics,
     });
@@ -209,7 +212,7 @@ async fn reload_secrets_on_hangup(config: Config, app: Arc<App>, stop: Cancellat
 /// Binds the admin listener when `[admin]` has a token; returns the server to spawn.
 async fn start_admin(
     config: &Config,
-    ledger: &Arc<Ledger>,
+    (ledger, queue, refusals): (Arc<Ledger>, Option<worker::Queue>, Arc<Refusals>),
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<impl Future<Output = ()> + use<>>> {
     let Some(admin) = &config.admin else {
@@ -223,9 +226,11 @@ async fn start_admin(
         .await
         .with_context(|| format!("cannot listen on {address} (admin.listen)"))?;
     let admin = Arc::new(Admin {
-        ledger: ledger.clone(),
+        ledger,
         token,
         reconcile_after: config.reconcile_after(),
+        queue,
+        refusals,
     });
     tracing::info!(listen = %address, "admin listener on");
     let (server_config, stop) = (config.server.clone(), stop.clone());

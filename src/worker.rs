@@ -7,6 +7,7 @@
 //! stops a second start), runs the handler, and records `done`, `retrying` or `dead`.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::HandlerConfig;
 use crate::handler::{AttemptError, Handler};
 use crate::job_id::JobId;
-use crate::ledger::{duration_ms, now_ms, Attempt, AttemptEnd, Ledger, State};
+use crate::ledger::{duration_ms, now_ms, Attempt, AttemptEnd, Dispatch, Ledger, State};
 use crate::logging::Escaped;
 use crate::metrics::{AttemptResult, METRICS};
 use crate::throttle::Throttled;
@@ -41,6 +42,9 @@ pub struct Queue {
     held: Arc<Mutex<HashSet<JobId>>>,
     /// Wakes an idle worker to look in the ledger now.
     ledger_changed: Arc<Notify>,
+    /// Set when dispatch was paused or resumed in this process: the worker reads it again
+    /// before its next start.
+    dispatch_changed: Arc<AtomicBool>,
 }
 
 impl Queue {
@@ -51,6 +55,7 @@ impl Queue {
                 sender,
                 held: Arc::default(),
                 ledger_changed: Arc::default(),
+                dispatch_changed: Arc::default(),
             },
             receiver,
         )
@@ -59,6 +64,13 @@ impl Queue {
     /// Tells the worker that the ledger has jobs due now or sooner than it thought (leases
     /// taken back, a retry scheduled).
     pub fn look_in_ledger(&self) {
+        self.ledger_changed.notify_one();
+    }
+
+    /// Tells the worker that dispatch was paused or resumed: it starts nothing more before it
+    /// has read the change.
+    pub fn dispatch_changed(&self) {
+        self.dispatch_changed.store(true, Ordering::SeqCst);
         self.ledger_changed.notify_one();
     }
 
@@ -98,6 +110,8 @@ pub struct Worker {
     read_failures: Throttled,
     /// Likewise a job that cannot be started (the ledger takes no changes).
     start_failures: Arc<Mutex<Throttled>>,
+    /// Whether an operator paused dispatch, as last read from the ledger, and when.
+    dispatch: Option<(Dispatch, std::time::Instant)>,
 }
 
 impl Worker {
@@ -119,6 +133,7 @@ impl Worker {
             start_failures: Arc::new(Mutex::new(Throttled::new(
                 "cannot start jobs: the ledger takes no changes; each stays due and is tried again every second",
             ))),
+            dispatch: None,
         };
         Ok((worker, queue))
     }
@@ -137,6 +152,11 @@ impl Worker {
             let Some(job_id) = self.next_job(&shutdown).await else {
                 break;
             };
+            // A pause that came while it waited for this job: the job is held (queued)
+            // until dispatch resumes.
+            if !self.wait_while_paused(&shutdown).await {
+                break;
+            }
             let job = JobRun {
                 ledger: self.ledger.clone(),
                 handler: self.handler.clone(),
@@ -172,10 +192,69 @@ impl Worker {
 }
 
 impl Worker {
+    /// Returns once dispatch is not paused (at once, almost always: the ledger is read at most
+    /// every [`IDLE_LOOK`]); `false` at shutdown.
+    async fn wait_while_paused(&mut self, shutdown: &CancellationToken) -> bool {
+        loop {
+            let changed_here = self.queue.dispatch_changed.swap(false, Ordering::SeqCst);
+            let fresh = !changed_here
+                && self
+                    .dispatch
+                    .as_ref()
+                    .is_some_and(|(_, read_at)| read_at.elapsed() < IDLE_LOOK);
+            if !fresh {
+                self.read_dispatch().await;
+            }
+            if !self.dispatch.as_ref().is_some_and(|(d, _)| d.paused) {
+                return true;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(IDLE_LOOK) => {}
+                () = self.queue.ledger_changed.notified() => {}
+                () = self.ledger.work_added_elsewhere() => {}
+                () = shutdown.cancelled() => return false,
+            }
+        }
+    }
+
+    /// Reads whether dispatch is paused; logs a change. A ledger that cannot be read leaves
+    /// the last answer in force (running, at first).
+    async fn read_dispatch(&mut self) {
+        let now = std::time::Instant::now();
+        let read = match self.ledger.dispatch().await {
+            Ok(read) => read,
+            Err(error) => {
+                self.read_failures.warn(&error.to_string());
+                let last = self
+                    .dispatch
+                    .take()
+                    .map(|(last, _)| last)
+                    .unwrap_or_default();
+                self.dispatch = Some((last, now));
+                return;
+            }
+        };
+        let was_paused = self.dispatch.as_ref().is_some_and(|(d, _)| d.paused);
+        let by = Escaped(read.changed_by.as_deref().unwrap_or("?")).to_string();
+        match (was_paused, read.paused) {
+            (false, true) => {
+                tracing::warn!(%by, "dispatch paused: deliveries are claimed, no job runs until `jobs resume`")
+            }
+            (true, false) => tracing::info!(%by, "dispatch resumed"),
+            _ => {}
+        }
+        METRICS.set_dispatch_paused(read.paused);
+        self.dispatch = Some((read, now));
+    }
+
     /// The next job to start: from the in-memory queue, or else from the ledger. `None` at
     /// shutdown.
     async fn next_job(&mut self, shutdown: &CancellationToken) -> Option<JobId> {
         loop {
+            // Idle, it still looks at least every IDLE_LOOK: a pause shows at once.
+            if !self.wait_while_paused(shutdown).await {
+                return None;
+            }
             match self.receiver.try_recv() {
                 Ok(job_id) => return Some(job_id),
                 Err(mpsc::error::TryRecvError::Disconnected) => return None,
@@ -301,20 +380,20 @@ impl JobRun {
                 self.release(attempt).await;
                 return false;
             }
-            Err(AttemptError::Failed(error)) if attempt.number < self.config.max_attempts => {
+            Err(AttemptError::Failed(failure)) if attempt.number < self.config.max_attempts => {
                 let delay = backoff(&self.config, attempt.number);
                 let retry_at = now_ms() + duration_ms(delay);
                 (
                     AttemptEnd::Failed {
-                        error,
+                        failure,
                         retry_at: Some(retry_at),
                     },
                     Some(delay),
                 )
             }
-            Err(AttemptError::Failed(error)) => (
+            Err(AttemptError::Failed(failure)) => (
                 AttemptEnd::Failed {
-                    error,
+                    failure,
                     retry_at: None,
                 },
                 None,
@@ -333,16 +412,16 @@ impl JobRun {
                     (_, State::Done) => {
                         tracing::info!(job_id = %job_id, attempt = attempt.number, elapsed_ms, "job done")
                     }
-                    (AttemptEnd::Failed { error, .. }, State::Dead) => {
-                        tracing::error!(job_id = %job_id, attempt = attempt.number, error = %Escaped(error), "job dead: out of attempts")
+                    (AttemptEnd::Failed { failure, .. }, State::Dead) => {
+                        tracing::error!(job_id = %job_id, attempt = attempt.number, error = %Escaped(&failure.error), "job dead: out of attempts")
                     }
-                    (AttemptEnd::Failed { error, .. }, _) => {
+                    (AttemptEnd::Failed { failure, .. }, _) => {
                         // "8s 740ms", not Debug's "Some(8.74s)".
                         let retry_in = retry_in.map_or_else(String::new, |delay| {
                             let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
                             humantime::format_duration(Duration::from_millis(millis)).to_string()
                         });
-                        tracing::warn!(job_id = %job_id, attempt = attempt.number, error = %Escaped(error), %retry_in, "attempt failed; will retry")
+                        tracing::warn!(job_id = %job_id, attempt = attempt.number, error = %Escaped(&failure.error), %retry_in, "attempt failed; will retry")
                     }
                     _ => {}
                 }

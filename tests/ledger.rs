@@ -315,3 +315,89 @@ async fn background_statements_read_only_their_partial_indexes() {
         );
     }
 }
+
+/// The plan of `sql` on `conn`, its steps joined by "; ".
+fn query_plan(conn: &rusqlite::Connection, sql: &str) -> String {
+    let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+    // raw_query: the plan does not depend on the (unbound, NULL) parameters.
+    let mut rows = statement.raw_query();
+    let mut steps = Vec::new();
+    while let Some(row) = rows.next().unwrap() {
+        steps.push(row.get::<_, String>(3).unwrap());
+    }
+    steps.join("; ")
+}
+
+/// Every list of `jobs list` reads its state's own index in order and stops at the page's
+/// end: no sort, no scan of the table, however many jobs the ledger holds. The history, the
+/// counts and the bulk retry read indexes too.
+#[tokio::test]
+async fn the_operator_statements_read_indexes_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+    Ledger::open(&config.database).await.unwrap().close().await;
+    let conn = rusqlite::Connection::open(sqlite_path(&config)).unwrap();
+    let states = [
+        (None, "jobs_received"),
+        (Some(ledger::State::Claimed), "jobs_due"),
+        (Some(ledger::State::Retrying), "jobs_due"),
+        (Some(ledger::State::Running), "jobs_leased"),
+        (Some(ledger::State::Done), "jobs_finished"),
+        (Some(ledger::State::Dead), "jobs_dead"),
+    ];
+    for (state, index) in states {
+        for after in [false, true] {
+            let sql = ledger::list_jobs_sql(state, after, ledger::Placeholder::Question);
+            let plan = query_plan(&conn, &sql);
+            assert!(plan.contains(&format!("INDEX {index}")), "{sql}\n=> {plan}");
+            // Only ties of the time are sorted (by job_id), never the list.
+            let sorts = plan.replace("USE TEMP B-TREE FOR LAST TERM OF ORDER BY", "");
+            assert!(!sorts.contains("TEMP B-TREE"), "a sort: {sql}\n=> {plan}");
+            if after {
+                assert!(
+                    plan.contains("SEARCH jobs USING INDEX"),
+                    "no seek: {sql}\n=> {plan}"
+                );
+            }
+        }
+    }
+    for (sql, indexes) in [
+        (
+            ledger::sqlite::ATTEMPTS_OF_JOB_SQL.to_owned(),
+            &["job_attempts_of_job"][..],
+        ),
+        (
+            ledger::sqlite::ACTIONS_OF_JOB_SQL.to_owned(),
+            &["job_actions_of_job"],
+        ),
+        (
+            ledger::sqlite::RETRY_MATCHING_SQL.to_owned(),
+            &["jobs_finished"],
+        ),
+        (
+            ledger::sqlite::COUNT_RETRY_MATCHING_SQL.to_owned(),
+            &["jobs_finished"],
+        ),
+        (
+            ledger::stats_sql(ledger::Placeholder::Question),
+            &["jobs_due", "jobs_leased", "jobs_received", "jobs_dead"],
+        ),
+        (
+            ledger::COUNT_BY_STATE_SQL.to_owned(),
+            &["jobs_due", "jobs_leased", "jobs_finished", "jobs_dead"],
+        ),
+    ] {
+        let plan = query_plan(&conn, &sql);
+        for index in indexes {
+            assert!(
+                plan.contains(&format!("INDEX {index}")),
+                "{index}: {sql}\n=> {plan}"
+            );
+        }
+        assert!(
+            !plan.contains("SCAN jobs;") && !plan.ends_with("SCAN jobs"),
+            "{sql}\n=> {plan}"
+        );
+        assert!(!plan.contains("TEMP B-TREE"), "a sort: {sql}\n=> {plan}");
+    }
+}

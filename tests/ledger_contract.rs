@@ -57,7 +57,11 @@ async fn state_of(ledger: &Ledger, job_id: &str) -> Option<State> {
 
 fn failed(retry_at: Option<i64>) -> AttemptEnd {
     AttemptEnd::Failed {
-        error: "exit status 1".into(),
+        failure: ledger::Failure {
+            error: "exited with status 1".into(),
+            exit_status: Some(1),
+            http_status: None,
+        },
         retry_at,
     }
 }
@@ -358,11 +362,21 @@ on_both_ledgers! {
         }
         let attempt = started(&ledger, "list-2", i64::MAX).await;
         ledger.finish_attempt(&attempt, &failed(None), ledger::now_ms()).await.unwrap();
-        let ids = |jobs: Vec<ledger::JobSummary>| -> Vec<String> {
-            jobs.into_iter().map(|job| job.job_id).collect()
+        let ids = |page: &ledger::JobPage| -> Vec<String> {
+            page.jobs.iter().map(|job| job.job_id.clone()).collect()
         };
-        assert_eq!(ids(ledger.list_jobs(None, 2).await.unwrap()), ["list-3", "list-2"]);
-        assert_eq!(ids(ledger.list_jobs(Some(State::Dead), 10).await.unwrap()), ["list-2"]);
+        // Newest first, a page at a time: a full page names where the next one starts.
+        let first = ledger.list_jobs(None, None, 2).await.unwrap();
+        assert_eq!(ids(&first), ["list-3", "list-2"]);
+        let cursor = first.next.expect("a full page has a next one");
+        assert_eq!(cursor.to_string().parse::<ledger::Cursor>().unwrap(), cursor);
+        let second = ledger.list_jobs(None, Some(&cursor), 2).await.unwrap();
+        assert_eq!(ids(&second), ["list-1"]);
+        assert_eq!(second.next, None);
+        let dead = ledger.list_jobs(Some(State::Dead), None, 10).await.unwrap();
+        assert_eq!(ids(&dead), ["list-2"]);
+        let claimed = ledger.list_jobs(Some(State::Claimed), None, 10).await.unwrap();
+        assert_eq!(ids(&claimed).len(), 2);
         let stats = ledger.job_stats(ledger::now_ms()).await.unwrap();
         assert_eq!(stats.by_state["claimed"], 2);
         assert_eq!(stats.by_state["dead"], 1);
@@ -394,19 +408,19 @@ on_both_ledgers! {
             ("retry-purged", "retry-dead")
         };
         let now = ledger::now_ms();
-        ledger.retry_job(kept, now).await.unwrap();
+        ledger.retry_job(kept, "test", now).await.unwrap();
         let job = ledger.show_job(kept).await.unwrap().unwrap();
         assert_eq!((job.summary.state.as_str(), job.summary.attempts), ("claimed", 0));
         assert!(matches!(
-            ledger.retry_job(purged, now).await,
+            ledger.retry_job(purged, "test", now).await,
             Err(RetryError::BodyPurged(_))
         ));
         assert!(matches!(
-            ledger.retry_job("retry-waiting", now).await,
+            ledger.retry_job("retry-waiting", "test", now).await,
             Err(RetryError::NotFinished { .. })
         ));
         assert!(matches!(
-            ledger.retry_job("retry-unknown", now).await,
+            ledger.retry_job("retry-unknown", "test", now).await,
             Err(RetryError::Unknown(_))
         ));
         ledger.close().await;
@@ -420,7 +434,7 @@ on_both_ledgers! {
         let attempt = started(&ledger, "backoff", i64::MAX).await;
         ledger.finish_attempt(&attempt, &failed(Some(now + 3_600_000)), now).await.unwrap();
         assert!(ledger.due_jobs(now, 10).await.unwrap().runnable.is_empty());
-        assert!(ledger.run_now("backoff", now).await.unwrap());
+        assert!(ledger.run_now("backoff", "test", now).await.unwrap());
         let due = ledger.due_jobs(now, 10).await.unwrap();
         assert_eq!(due.runnable, [JobId::parse("backoff").unwrap()]);
         let job = ledger.show_job("backoff").await.unwrap().unwrap();
@@ -428,10 +442,10 @@ on_both_ledgers! {
         // Only a job waiting for its retry: not a claimed, running, finished or unknown one.
         claimed(&ledger, "waiting").await;
         for job_id in ["waiting", "unknown"] {
-            assert!(!ledger.run_now(job_id, now).await.unwrap(), "{job_id}");
+            assert!(!ledger.run_now(job_id, "test", now).await.unwrap(), "{job_id}");
         }
         started(&ledger, "backoff", i64::MAX).await;
-        assert!(!ledger.run_now("backoff", now).await.unwrap(), "a running job");
+        assert!(!ledger.run_now("backoff", "test", now).await.unwrap(), "a running job");
         ledger.close().await;
     }
 
@@ -446,13 +460,231 @@ on_both_ledgers! {
         service.finish_attempt(&attempt, &AttemptEnd::Done, ledger::now_ms()).await.unwrap();
         let cli = Ledger::open_existing(&config.database).await.unwrap();
         assert_eq!(state_of(&cli, "shared").await, Some(State::Done));
-        cli.retry_job("shared", ledger::now_ms()).await.unwrap();
+        cli.retry_job("shared", "test", ledger::now_ms()).await.unwrap();
         assert_eq!(cli.claim(new_claim("shared")).await.unwrap(), ClaimOutcome::Duplicate);
         assert_eq!(cli.claim(new_claim("from-cli")).await.unwrap(), ClaimOutcome::Claimed);
         cli.close().await;
         assert_eq!(state_of(&service, "shared").await, Some(State::Claimed));
         assert_eq!(state_of(&service, "from-cli").await, Some(State::Claimed));
         service.close().await;
+    }
+
+    /// Every attempt is a row of the job's history, with what caused it and how it ended;
+    /// a manual retry appends (the earlier attempts stay), and is itself recorded.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_history_keeps_every_attempt_and_action() {
+        let (_dir, ledger) = fresh().await;
+        let now = ledger::now_ms();
+        claimed(&ledger, "told").await;
+        let first = started(&ledger, "told", i64::MAX).await;
+        ledger.finish_attempt(&first, &failed(Some(now)), now + 5).await.unwrap();
+        let second = started(&ledger, "told", i64::MAX).await;
+        let http_failure = AttemptEnd::Failed {
+            failure: ledger::Failure {
+                error: "handler answered 502 Bad Gateway: upstream".into(),
+                exit_status: None,
+                http_status: Some(502),
+            },
+            retry_at: None,
+        };
+        ledger.finish_attempt(&second, &http_failure, now + 9).await.unwrap();
+        ledger.retry_job("told", "cli:alice", now + 10).await.unwrap();
+        let third = started(&ledger, "told", i64::MAX).await;
+        assert_eq!(third.number, 1, "a retry starts a new set of attempts");
+        ledger.finish_attempt(&third, &AttemptEnd::Done, now + 20).await.unwrap();
+
+        let job = ledger.show_job("told").await.unwrap().unwrap();
+        let summary: Vec<_> = job
+            .history
+            .iter()
+            .map(|a| (a.number, a.cause.as_str(), a.outcome.as_deref()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (1, "first", Some("failed")),
+                (2, "backoff", Some("dead")),
+                (1, "manual_retry", Some("done")),
+            ]
+        );
+        assert_eq!(job.history[0].exit_status, Some(1));
+        assert_eq!(job.history[0].ended_at, Some(now + 5));
+        assert_eq!(job.history[0].error.as_deref(), Some("exited with status 1"));
+        assert_eq!(job.history[1].http_status, Some(502));
+        assert_eq!(job.history[2].error, None);
+        assert_eq!(job.actions.len(), 1);
+        assert_eq!(
+            (job.actions[0].action.as_str(), job.actions[0].actor.as_str(), job.actions[0].at),
+            ("retry", "cli:alice", now + 10)
+        );
+        ledger.close().await;
+    }
+
+    /// A lease taken back and an attempt our shutdown stopped end their history rows too, and
+    /// the next attempt says why it runs.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn taken_back_and_released_attempts_are_in_the_history() {
+        let (_dir, ledger) = fresh().await;
+        let now = ledger::now_ms();
+        claimed(&ledger, "interrupted").await;
+        let first = started(&ledger, "interrupted", 100).await;
+        let lease = LeasedAttempt { job_id: "interrupted".into(), number: first.number.into() };
+        let taken = ledger.take_back_lease(&lease, 200, now, 5, "lease expired").await.unwrap();
+        assert_eq!(taken, Some(State::Retrying));
+        let second = started(&ledger, "interrupted", i64::MAX).await;
+        assert!(ledger.release_attempt(&second, now + 1).await.unwrap());
+        started(&ledger, "interrupted", i64::MAX).await;
+        let job = ledger.show_job("interrupted").await.unwrap().unwrap();
+        let summary: Vec<_> = job
+            .history
+            .iter()
+            .map(|a| (a.number, a.cause.as_str(), a.outcome.as_deref(), a.error.as_deref()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (1, "first", Some("taken_back"), Some("lease expired")),
+                (2, "take_back", Some("released"), None),
+                (2, "restart", None, None),
+            ]
+        );
+        ledger.close().await;
+    }
+
+    /// However often a job runs again, its history keeps the newest attempts and actions only.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_job_history_is_bounded() {
+        let (_dir, ledger) = fresh().await;
+        claimed(&ledger, "restless").await;
+        let rounds = ledger::HISTORY_PER_JOB as u32 + 5;
+        for _ in 0..rounds {
+            let attempt = started(&ledger, "restless", i64::MAX).await;
+            ledger.finish_attempt(&attempt, &failed(None), 1_000).await.unwrap();
+            ledger.retry_job("restless", "test", 1_000).await.unwrap();
+        }
+        let job = ledger.show_job("restless").await.unwrap().unwrap();
+        assert_eq!(job.history.len(), ledger::HISTORY_PER_JOB as usize);
+        assert_eq!(job.actions.len(), ledger::HISTORY_PER_JOB as usize);
+        ledger.close().await;
+    }
+
+    /// Retention forgets a job's history with the job: a Redeliver after it is a new job with
+    /// none.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_forgotten_job_leaves_no_history() {
+        let (_dir, ledger) = fresh().await;
+        claimed(&ledger, "forgotten").await;
+        let attempt = started(&ledger, "forgotten", i64::MAX).await;
+        ledger.finish_attempt(&attempt, &failed(None), 1_000).await.unwrap();
+        ledger.retry_job("forgotten", "test", 1_000).await.unwrap();
+        let attempt = started(&ledger, "forgotten", i64::MAX).await;
+        ledger.finish_attempt(&attempt, &AttemptEnd::Done, 1_000).await.unwrap();
+        let purged = ledger.retention_step(RetentionStep::PurgeBodies, 2_000, 10).await.unwrap();
+        assert_eq!(purged, 1);
+        let tombstone = ledger.show_job("forgotten").await.unwrap().unwrap();
+        let purged_at = tombstone.body_purged_at.expect("the tombstone says when");
+        assert!((ledger::now_ms() - purged_at).abs() < 60_000, "{purged_at}");
+        assert_eq!(ledger.retention_step(RetentionStep::DeleteFinished, 2_000, 10).await.unwrap(), 1);
+        claimed(&ledger, "forgotten").await;
+        let job = ledger.show_job("forgotten").await.unwrap().unwrap();
+        assert!(job.history.is_empty() && job.actions.is_empty(), "{job:?}");
+        assert_eq!(job.body_purged_at, None);
+        ledger.close().await;
+    }
+
+    /// An operator's cancel makes a waiting job dead, keeps it (its redeliveries stay
+    /// duplicates), and says who and why; a running or finished job is not cancelled.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_waiting_job_can_be_cancelled_with_a_reason() {
+        let (_dir, ledger) = fresh().await;
+        let now = ledger::now_ms();
+        claimed(&ledger, "unwanted").await;
+        assert!(ledger.cancel_job("unwanted", "cli:bob", "duplicate order", now).await.unwrap());
+        let job = ledger.show_job("unwanted").await.unwrap().unwrap();
+        assert_eq!(job.summary.state, "dead");
+        assert_eq!(job.summary.last_error.as_deref(), Some("cancelled by cli:bob: duplicate order"));
+        assert_eq!(job.actions[0].action, "cancel");
+        assert_eq!(job.actions[0].actor, "cli:bob");
+        assert!(ledger.due_jobs(now + 1, 10).await.unwrap().runnable.is_empty());
+        assert_eq!(ledger.claim(new_claim("unwanted")).await.unwrap(), ClaimOutcome::Duplicate);
+        claimed(&ledger, "busy").await;
+        started(&ledger, "busy", i64::MAX).await;
+        for job_id in ["unwanted", "busy", "unknown"] {
+            assert!(!ledger.cancel_job(job_id, "cli:bob", "no", now).await.unwrap(), "{job_id}");
+        }
+        ledger.close().await;
+    }
+
+    /// A bulk retry counts exactly what its filter takes, then takes it a batch at a time,
+    /// each job once, each recorded with the filter.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_bulk_retry_takes_what_its_filter_counts() {
+        let (_dir, ledger) = fresh().await;
+        let failing = |error: &str| AttemptEnd::Failed {
+            failure: ledger::Failure::new(error),
+            retry_at: None,
+        };
+        for (job_id, end, at) in [
+            ("bulk-old", failing("connection refused"), 1_000),
+            ("bulk-1", failing("connection refused"), 5_000),
+            ("bulk-2", failing("connection refused by upstream"), 6_000),
+            ("bulk-other", failing("exit status 3"), 6_000),
+            ("bulk-done", AttemptEnd::Done, 6_000),
+        ] {
+            claimed(&ledger, job_id).await;
+            let attempt = started(&ledger, job_id, i64::MAX).await;
+            ledger.finish_attempt(&attempt, &end, at).await.unwrap();
+        }
+        let filter = ledger::RetryFilter {
+            state: State::Dead,
+            finished_since: Some(2_000),
+            finished_before: 10_000,
+            error_contains: Some("connection refused".into()),
+        };
+        let count = ledger.count_retry_matching(&filter).await.unwrap();
+        assert_eq!(count, ledger::RetryCount { retryable: 2, body_purged: 0 });
+        let mut retried = 0;
+        loop {
+            let batch = ledger.retry_matching(&filter, "cli:carol", "bulk", 10_000, 1).await.unwrap();
+            assert!(batch <= 1, "at most the limit");
+            if batch == 0 {
+                break;
+            }
+            retried += batch;
+        }
+        assert_eq!(retried, 2);
+        for (job_id, state) in [
+            ("bulk-1", State::Claimed),
+            ("bulk-2", State::Claimed),
+            ("bulk-old", State::Dead),
+            ("bulk-other", State::Dead),
+            ("bulk-done", State::Done),
+        ] {
+            assert_eq!(state_of(&ledger, job_id).await, Some(state), "{job_id}");
+        }
+        let job = ledger.show_job("bulk-2").await.unwrap().unwrap();
+        assert_eq!(job.actions[0].reason.as_deref(), Some("bulk"));
+        assert_eq!(job.next_attempt_cause, "manual_retry");
+        let all_dead = ledger::RetryFilter { finished_since: None, error_contains: None, ..filter };
+        assert_eq!(ledger.count_retry_matching(&all_dead).await.unwrap().retryable, 2);
+        ledger.close().await;
+    }
+
+    /// Pausing dispatch is recorded once, with who; resuming likewise.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn dispatch_can_be_paused_and_resumed() {
+        let (_dir, ledger) = fresh().await;
+        assert!(!ledger.dispatch().await.unwrap().paused);
+        assert!(ledger.set_dispatch(true, "cli:dave", 1_000).await.unwrap());
+        assert!(!ledger.set_dispatch(true, "cli:erin", 2_000).await.unwrap(), "already paused");
+        let dispatch = ledger.dispatch().await.unwrap();
+        assert_eq!(
+            dispatch,
+            ledger::Dispatch { paused: true, changed_at: Some(1_000), changed_by: Some("cli:dave".into()) }
+        );
+        assert!(ledger.set_dispatch(false, "cli:erin", 3_000).await.unwrap());
+        assert!(!ledger.dispatch().await.unwrap().paused);
+        ledger.close().await;
     }
 }
 

@@ -1124,6 +1124,155 @@ async fn cli_lists_shows_and_retries_jobs() {
 }
 }
 
+/// The bad-day commands against a running service: a bulk retry counts first and changes
+/// nothing without --yes; pause holds the retried jobs; a cancelled one never runs; resume runs
+/// the rest; `jobs show` tells each job's story; `jobs list` pages.
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_bulk_retry_pause_cancel_and_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let runs_log = dir.path().join("runs.log");
+    let script = format!(
+        "echo \"$SUME_JOB_ID\" >> {}; echo 'no luck' >&2; exit 1",
+        runs_log.display()
+    );
+    let extra = format!("[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nmax_attempts = 1\n");
+    let config = write_config(dir.path(), port, "", &extra);
+    let runs = || {
+        std::fs::read_to_string(&runs_log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let stdout = |output: &std::process::Output| {
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let service = Service::start(&config, port).await;
+    let sender = Balancer::new(&[port]);
+    for job_id in ["bad-a", "bad-b", "bad-c"] {
+        sender.deliver_until_acknowledged(job_id).await;
+    }
+    let all_dead = || {
+        job_rows(dir.path())
+            .values()
+            .filter(|(state, _)| state == "dead")
+            .count()
+    };
+    assert!(eventually(Duration::from_secs(10), || all_dead() == 3).await);
+
+    let show = stdout(&cli(&config, &["jobs", "show", "bad-a"]));
+    assert!(show.contains("received (webhook)"), "{show}");
+    assert!(show.contains("attempt 1 (first): dead after"), "{show}");
+    assert!(
+        show.contains("exit status 1: exited with status 1; stderr: no luck"),
+        "{show}"
+    );
+
+    let preview = stdout(&cli(
+        &config,
+        &[
+            "jobs",
+            "retry",
+            "--state",
+            "dead",
+            "--error-contains",
+            "no luck",
+        ],
+    ));
+    assert!(
+        preview.contains("3 dead job(s) match; add --yes"),
+        "{preview}"
+    );
+    assert_eq!(all_dead(), 3, "a preview changes nothing");
+    let none = stdout(&cli(
+        &config,
+        &[
+            "jobs",
+            "retry",
+            "--state",
+            "dead",
+            "--error-contains",
+            "timeout",
+        ],
+    ));
+    assert!(none.contains("0 dead job(s) match"), "{none}");
+
+    assert!(stdout(&cli(&config, &["jobs", "pause"])).starts_with("paused"));
+    assert!(stdout(&cli(&config, &["jobs", "pause"])).starts_with("already paused"));
+    // The service reads a pause made elsewhere within IDLE_LOOK.
+    tokio::time::sleep(sume_receiver::worker::IDLE_LOOK + Duration::from_millis(300)).await;
+    let retried = stdout(&cli(
+        &config,
+        &["jobs", "retry", "--state", "dead", "--since", "1h", "--yes"],
+    ));
+    assert!(
+        retried.starts_with("3 job(s) are queued to run again"),
+        "{retried}"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(runs(), 3, "a retried job ran while dispatch was paused");
+
+    let page = cli(
+        &config,
+        &["jobs", "list", "--state", "claimed", "--limit", "2"],
+    );
+    assert_eq!(stdout(&page).lines().count(), 3, "a header and two jobs");
+    let next = String::from_utf8_lossy(&page.stderr).into_owned();
+    let cursor = next
+        .trim()
+        .strip_prefix("next page: --after ")
+        .expect(&next)
+        .to_owned();
+    let last = cli(
+        &config,
+        &[
+            "jobs", "list", "--state", "claimed", "--limit", "2", "--after", &cursor,
+        ],
+    );
+    assert_eq!(
+        stdout(&last).lines().count(),
+        2,
+        "the third job, alone: {last:?}"
+    );
+    assert!(last.stderr.is_empty(), "no page after the last: {last:?}");
+
+    stdout(&cli(
+        &config,
+        &["jobs", "cancel", "bad-c", "--reason", "not needed"],
+    ));
+    let again = cli(&config, &["jobs", "cancel", "bad-c", "--reason", "twice"]);
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("only a claimed or retrying job"),
+        "{again:?}"
+    );
+    assert!(stdout(&cli(&config, &["jobs", "resume"])).starts_with("resumed"));
+    assert!(
+        eventually(Duration::from_secs(10), || runs() == 5 && all_dead() == 3).await,
+        "{}",
+        runs()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(runs(), 5, "the cancelled job ran");
+
+    let story = stdout(&cli(&config, &["jobs", "show", "bad-a"]));
+    assert!(story.contains("retry by cli:"), "{story}");
+    assert!(
+        story.contains("bulk retry: --state dead --since 1h"),
+        "{story}"
+    );
+    assert!(
+        story.contains("attempt 1 (manual_retry): dead after"),
+        "{story}"
+    );
+    let cancelled = stdout(&cli(&config, &["jobs", "show", "bad-c"]));
+    assert!(cancelled.contains("cancel by cli:"), "{cancelled}");
+    assert!(cancelled.contains("not needed"), "{cancelled}");
+    let neither = cli(&config, &["jobs", "retry"]);
+    assert!(!neither.status.success());
+    service.stop_cleanly().await;
+}
+
 /// Regression: following the README's restore steps, the first `serve` refused the restored
 /// file ("cannot open the WAL ... No such file or directory"): a backup has no WAL yet.
 #[tokio::test]

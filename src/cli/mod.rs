@@ -89,19 +89,24 @@ pub enum Generate {
 
 #[derive(Debug, Subcommand)]
 pub enum JobsCommand {
-    /// List the most recently received jobs.
+    /// List jobs, newest first: by when they were received, or in one state by that state's
+    /// time (due, lease expiry, finished).
     List {
         /// Only jobs in this state: claimed, running, retrying, done or dead.
         #[arg(long)]
         state: Option<State>,
-        /// At most this many jobs, the most recently received first.
+        /// At most this many jobs; a full page ends with the cursor of the next one.
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        /// The page after this cursor (`<ms>:<job_id>`, as the previous page printed it).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<ledger::Cursor>,
         /// One JSON array instead of a table.
         #[arg(long)]
         json: bool,
     },
-    /// Show one job: state, attempts, times, last error and body.
+    /// Show one job: state, times, last error, body, and its history: every attempt and
+    /// every operator action.
     Show {
         /// The job's id, as Sume sends it (`job_id` in the delivery).
         job_id: JobId,
@@ -109,16 +114,44 @@ pub enum JobsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Run a `done` or `dead` job again from its stored body.
+    /// Run a `done` or `dead` job again from its stored body; or, with --state, every one that
+    /// matches the filters (an exact count first; nothing changes without --yes).
+    #[command(group = clap::ArgGroup::new("which").required(true).args(["job_id", "state"]))]
     Retry {
         /// The job's id, as Sume sends it (`job_id` in the delivery).
-        job_id: JobId,
+        job_id: Option<JobId>,
+        /// Every job in this state (dead or done) that matches the other filters.
+        #[arg(long, conflicts_with = "job_id")]
+        state: Option<State>,
+        /// Only jobs that finished within this long ago ("1h", "2d").
+        #[arg(long, requires = "state", value_parser = humantime::parse_duration)]
+        since: Option<std::time::Duration>,
+        /// Only jobs whose last error contains this text (case-sensitive).
+        #[arg(long, requires = "state", value_name = "TEXT")]
+        error_contains: Option<String>,
+        /// Retry them (without it, only count them).
+        #[arg(long, requires = "state")]
+        yes: bool,
     },
     /// Run a `retrying` job now instead of at the end of its backoff.
     RunNow {
         /// The job's id, as Sume sends it (`job_id` in the delivery).
         job_id: JobId,
     },
+    /// Make a waiting job (`claimed` or `retrying`) dead without running it; the ledger keeps
+    /// it, so Sume's redeliveries of it stay duplicates.
+    Cancel {
+        /// The job's id, as Sume sends it (`job_id` in the delivery).
+        job_id: JobId,
+        /// Why: recorded in the job's history and as its last error.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Stop running jobs, on every receiver of this ledger; deliveries are still received and
+    /// claimed, and wait. For a downstream outage: attempts are not burnt into the dead letter.
+    Pause,
+    /// Run jobs again after `jobs pause`.
+    Resume,
     /// Counts by state, the oldest unfinished job, last hour's deliveries, dead in the last day.
     Stats {
         /// One JSON object instead of text.
@@ -253,17 +286,29 @@ async fn execute_jobs(command: JobsCommand, config: &Config) -> anyhow::Result<(
 /// Runs a `jobs` command on the command line's ledger.
 async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyhow::Result<()> {
     match command {
-        JobsCommand::List { state, limit, json } => {
-            let jobs = ledger
-                .list_jobs(state, limit)
+        JobsCommand::List {
+            state,
+            limit,
+            after,
+            json,
+        } => {
+            let page = ledger
+                .list_jobs(state, after.as_ref(), limit)
                 .await
                 .context("cannot list jobs")?;
             if json {
-                let jobs: Vec<serde_json::Value> =
-                    jobs.iter().map(readable_json).collect::<Result<_, _>>()?;
+                let jobs: Vec<serde_json::Value> = page
+                    .jobs
+                    .iter()
+                    .map(readable_json)
+                    .collect::<Result<_, _>>()?;
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else {
-                print!("{}", jobs_table(&jobs));
+                print!("{}", jobs_table(&page.jobs));
+            }
+            if let Some(next) = page.next {
+                // On stderr: the JSON on stdout stays one array.
+                eprintln!("next page: --after {}", shell_word(&next.to_string()));
             }
         }
         JobsCommand::Show { job_id, json } => {
@@ -278,12 +323,74 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
                 print!("{}", job_details(&job));
             }
         }
-        JobsCommand::Retry { job_id } => {
-            ledger.retry_job(job_id.as_str(), ledger::now_ms()).await?;
+        JobsCommand::Retry {
+            job_id: Some(job_id),
+            ..
+        } => {
+            ledger
+                .retry_job(job_id.as_str(), &actor(), ledger::now_ms())
+                .await?;
             println!("job {job_id} is queued to run again{}", who_runs_it(config));
         }
+        JobsCommand::Retry {
+            job_id: None,
+            state,
+            since,
+            error_contains,
+            yes,
+        } => {
+            let state = state.expect("clap requires a job_id or --state");
+            if !state.is_finished() {
+                bail!("--state {state}: only done or dead jobs can be retried");
+            }
+            let now = ledger::now_ms();
+            let filter = ledger::RetryFilter {
+                state,
+                finished_since: since.map(|since| now - ledger::duration_ms(since)),
+                finished_before: now,
+                error_contains,
+            };
+            retry_matching(ledger, &filter, yes, config).await?;
+        }
+        JobsCommand::Cancel { job_id, reason } => {
+            if !ledger
+                .cancel_job(job_id.as_str(), &actor(), &reason, ledger::now_ms())
+                .await?
+            {
+                let state = ledger
+                    .show_job(job_id.as_str())
+                    .await?
+                    .map(|job| job.summary.state);
+                match state {
+                    None => bail!("no job {job_id:?} in the ledger"),
+                    Some(state) => bail!("job {job_id:?} is {state}; only a claimed or retrying job can be cancelled"),
+                }
+            }
+            println!("job {job_id} is dead (cancelled); `jobs retry {job_id}` would run it again");
+        }
+        JobsCommand::Pause | JobsCommand::Resume => {
+            let paused = matches!(command, JobsCommand::Pause);
+            let changed = ledger
+                .set_dispatch(paused, &actor(), ledger::now_ms())
+                .await?;
+            let receivers = if config.database.sqlite_path().is_some() {
+                "the service"
+            } else {
+                "every receiver"
+            };
+            let within = humantime::format_duration(sume_receiver::worker::IDLE_LOOK);
+            match (paused, changed) {
+                (true, true) => println!("paused: {receivers} runs no new attempt from within {within}; running ones finish; deliveries are still claimed"),
+                (false, true) => println!("resumed: {receivers} runs due jobs again within {within}"),
+                (true, false) => println!("already paused"),
+                (false, false) => println!("not paused"),
+            }
+        }
         JobsCommand::RunNow { job_id } => {
-            if !ledger.run_now(job_id.as_str(), ledger::now_ms()).await? {
+            if !ledger
+                .run_now(job_id.as_str(), &actor(), ledger::now_ms())
+                .await?
+            {
                 let state = ledger
                     .show_job(job_id.as_str())
                     .await?
@@ -327,6 +434,99 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
         JobsCommand::Redeliver { .. } => unreachable!("answered without a ledger above"),
     }
     Ok(())
+}
+
+/// How many jobs a bulk retry changes per transaction: claims keep committing in between.
+const RETRY_BATCH: usize = 500;
+
+/// `jobs retry --state ...`: the exact count, and with `yes` the retry, a batch at a time.
+async fn retry_matching(
+    ledger: &Ledger,
+    filter: &ledger::RetryFilter,
+    yes: bool,
+    config: &Config,
+) -> anyhow::Result<()> {
+    let count = ledger
+        .count_retry_matching(filter)
+        .await
+        .context("cannot count the jobs to retry")?;
+    let purged = if count.body_purged > 0 {
+        format!(
+            " ({} more match, but retention purged their bodies: they cannot run again)",
+            count.body_purged
+        )
+    } else {
+        String::new()
+    };
+    if !yes {
+        println!(
+            "{} {} job(s) match{purged}; add --yes to retry them",
+            count.retryable, filter.state
+        );
+        return Ok(());
+    }
+    let reason = retry_reason(filter);
+    let by = actor();
+    let mut retried = 0;
+    loop {
+        let batch = ledger
+            .retry_matching(filter, &by, &reason, ledger::now_ms(), RETRY_BATCH)
+            .await
+            .with_context(|| format!("stopped after retrying {retried} job(s)"))?;
+        if batch == 0 {
+            break;
+        }
+        retried += batch;
+    }
+    println!(
+        "{retried} job(s) are queued to run again{purged}{}",
+        who_runs_it(config)
+    );
+    Ok(())
+}
+
+/// The filter of a bulk retry as its actions record it.
+fn retry_reason(filter: &ledger::RetryFilter) -> String {
+    let mut reason = format!("bulk retry: --state {}", filter.state);
+    if let Some(since) = filter.finished_since {
+        reason.push_str(&format!(
+            " --since {}",
+            humantime::format_duration(std::time::Duration::from_millis(
+                u64::try_from(filter.finished_before - since).unwrap_or(0)
+            ))
+        ));
+    }
+    if let Some(text) = &filter.error_contains {
+        reason.push_str(&format!(" --error-contains {}", shell_word(text)));
+    }
+    reason
+}
+
+/// Who the command line acts as, for the jobs' history: `cli:<user>` (the user behind sudo,
+/// where there is one).
+fn actor() -> String {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let name = ["SUDO_USER", "USER", "LOGNAME"]
+        .into_iter()
+        .find_map(|key| std::env::var(key).ok().filter(|name| !name.is_empty()));
+    match name {
+        Some(name) => format!("cli:{} (uid {uid})", Escaped(&name)),
+        None => format!("cli:uid {uid}"),
+    }
+}
+
+/// `text` as one shell word: as it is when it is plain, else in single quotes.
+fn shell_word(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:/@%+=,".contains(c));
+    if plain {
+        text.to_owned()
+    } else {
+        format!("'{}'", Escaped(text).to_string().replace('\'', r"'\''"))
+    }
 }
 
 /// Who picks up a job made due from the command line, and when.

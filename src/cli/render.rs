@@ -194,10 +194,82 @@ pub(super) fn job_details(job: &JobDetail) -> String {
                 .unwrap_or_else(|| "(purged by retention)".into()),
         ),
     ];
-    fields
+    let mut out: String = fields
         .iter()
         .map(|(name, value)| format!("{name:<17}{}\n", Escaped(value)))
-        .collect()
+        .collect();
+    out.push_str("history\n");
+    for (at, event) in timeline(job) {
+        out.push_str(&format!(
+            "  {}  {}\n",
+            format_time(Some(at)),
+            Escaped(&event)
+        ));
+    }
+    out
+}
+
+/// The job's life in order: received, every attempt kept, every action, the purge.
+fn timeline(job: &JobDetail) -> Vec<(i64, String)> {
+    let mut events = vec![(
+        job.summary.received_at,
+        format!("received ({})", job.summary.source),
+    )];
+    for attempt in &job.history {
+        let mut line = format!("attempt {} ({})", attempt.number, attempt.cause);
+        if let Some(receiver) = &attempt.receiver {
+            line.push_str(&format!(" on {receiver}"));
+        }
+        match (&attempt.outcome, attempt.ended_at) {
+            (Some(outcome), Some(ended_at)) => {
+                let took = u64::try_from(ended_at - attempt.started_at).unwrap_or(0);
+                line.push_str(&format!(
+                    ": {outcome} after {}",
+                    humantime::format_duration(Duration::from_millis(took))
+                ));
+            }
+            _ => line.push_str(": running"),
+        }
+        if let Some(status) = attempt.exit_status {
+            line.push_str(&format!(", exit status {status}"));
+        }
+        if let Some(status) = attempt.http_status {
+            line.push_str(&format!(", HTTP {status}"));
+        }
+        if let Some(error) = &attempt.error {
+            line.push_str(&format!(": {}", short(Some(error), 200)));
+        }
+        events.push((attempt.started_at, line));
+    }
+    for action in &job.actions {
+        let mut line = format!("{} by {}", action.action, action.actor);
+        if let Some(reason) = &action.reason {
+            line.push_str(&format!(": {}", short(Some(reason), 200)));
+        }
+        events.push((action.at, line));
+    }
+    if let Some(at) = job.body_purged_at {
+        events.push((at, "body purged by retention".into()));
+    }
+    if !job
+        .summary
+        .state
+        .parse::<ledger::State>()
+        .is_ok_and(|state| state.is_finished())
+        && job.summary.state != "running"
+    {
+        let due = job
+            .summary
+            .next_attempt_at
+            .unwrap_or(job.summary.received_at);
+        events.push((
+            due,
+            format!("next attempt due ({})", job.next_attempt_cause),
+        ));
+    }
+    // Stable: an action and the attempt it caused keep their order within one millisecond.
+    events.sort_by_key(|(at, _)| *at);
+    events
 }
 
 #[cfg(test)]

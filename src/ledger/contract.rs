@@ -11,8 +11,9 @@ use std::future::Future;
 
 use super::error::StorageError;
 use super::model::{
-    Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Expectation, JobDetail, JobStats,
-    JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryError, State,
+    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation,
+    JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
+    RetryCount, RetryError, RetryFilter, State,
 };
 
 /// One operation of the [`Backend`] trait, from [`operations!`].
@@ -133,8 +134,13 @@ macro_rules! operations {
         fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError>;
 
         /// Makes a waiting job `dead` with `error` and no attempt (its stored id can never
-        /// run); `false` if it was not waiting.
+        /// run), recorded as the receiver's action; `false` if it was not waiting.
         fn give_up(&self, job_id: &str, error: &str, now: i64) -> Result<bool, StorageError>;
+
+        /// An operator's cancel: makes a waiting job (`claimed` or `retrying`) `dead` without
+        /// running it, recorded with who and why; `false` if it was not waiting.
+        fn cancel_job(&self, job_id: &str, by: &str, reason: &str, now: i64)
+            -> Result<bool, StorageError>;
 
         /// Resolves once new work may be in the ledger that this process did not put there (a
         /// claim on another receiver); never, where this process is the only writer.
@@ -181,20 +187,39 @@ macro_rules! operations {
         /// Stops after everything queued before this call is committed.
         fn close(&self) -> ();
 
-        /// The most recently received jobs, optionally in one state.
-        fn list_jobs(&self, state: Option<State>, limit: usize)
-            -> Result<Vec<JobSummary>, StorageError>;
+        /// One page of jobs, newest first, optionally in one state, after `after` (the end of
+        /// the page before); each list reads its own index in order.
+        fn list_jobs(&self, state: Option<State>, after: Option<&Cursor>, limit: usize)
+            -> Result<JobPage, StorageError>;
 
+        /// One job with its history: every attempt and action kept.
         fn show_job(&self, job_id: &str) -> Result<Option<JobDetail>, StorageError>;
 
         /// Makes a `done` or `dead` job due again with a fresh set of attempts (and wakes the
-        /// workers of every receiver).
-        fn retry_job(&self, job_id: &str, now: i64) -> Result<(), RetryError>;
+        /// workers of every receiver), recorded as `by`'s action.
+        fn retry_job(&self, job_id: &str, by: &str, now: i64) -> Result<(), RetryError>;
+
+        /// Retries up to `limit` of the finished jobs `filter` takes, in one transaction, each
+        /// recorded as `by`'s action with `reason`; how many. A job retried leaves the filter,
+        /// so repeating this until it returns 0 takes them all, a batch at a time.
+        fn retry_matching(&self, filter: &RetryFilter, by: &str, reason: &str, now: i64,
+                          limit: usize) -> Result<usize, StorageError>;
+
+        /// What [`Backend::retry_matching`] would take in all, counted exactly.
+        fn count_retry_matching(&self, filter: &RetryFilter)
+            -> Result<RetryCount, StorageError>;
 
         /// Makes a job waiting in backoff (`retrying`) due at `now`, skipping the rest of its
-        /// backoff (and wakes the workers of every receiver); `false` if it was not waiting
-        /// for a retry.
-        fn run_now(&self, job_id: &str, now: i64) -> Result<bool, StorageError>;
+        /// backoff (and wakes the workers of every receiver), recorded as `by`'s action;
+        /// `false` if it was not waiting for a retry.
+        fn run_now(&self, job_id: &str, by: &str, now: i64) -> Result<bool, StorageError>;
+
+        /// Whether the workers (of every receiver) run jobs.
+        fn dispatch(&self) -> Result<Dispatch, StorageError>;
+
+        /// Pauses or resumes the workers of every receiver; `false` if they already were.
+        /// Deliveries are received and claimed either way.
+        fn set_dispatch(&self, paused: bool, by: &str, now: i64) -> Result<bool, StorageError>;
 
         /// The counts of `jobs stats` (a table scan: a command for people).
         fn job_stats(&self, now: i64) -> Result<JobStats, StorageError>;

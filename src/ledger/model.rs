@@ -121,33 +121,96 @@ pub struct Attempt {
     pub body: String,
 }
 
+/// How an attempt failed, as the handler saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Failure {
+    /// What the ledger records as the job's last error, with the tail of the handler's stderr
+    /// or of its HTTP answer.
+    pub error: String,
+    /// A command handler's exit status.
+    pub exit_status: Option<i32>,
+    /// An HTTP handler's answer.
+    pub http_status: Option<u16>,
+}
+
+impl Failure {
+    pub fn new(error: impl Into<String>) -> Failure {
+        Failure {
+            error: error.into(),
+            ..Failure::default()
+        }
+    }
+}
+
 /// The end of one attempt, as the worker decided it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttemptEnd {
     Done,
     /// Failed; retry at the given time, or never (`None`: the job is dead).
     Failed {
-        error: String,
+        failure: Failure,
         retry_at: Option<i64>,
     },
 }
 
 impl AttemptEnd {
-    /// The job's new state, the error to record and when to retry.
-    pub fn outcome(&self) -> (State, Option<&str>, Option<i64>) {
+    /// The job's new state, the failure to record and when to retry.
+    pub fn outcome(&self) -> (State, Option<&Failure>, Option<i64>) {
         match self {
             AttemptEnd::Done => (State::Done, None, None),
             AttemptEnd::Failed {
-                error,
+                failure,
                 retry_at: Some(at),
-            } => (State::Retrying, Some(error), Some(*at)),
+            } => (State::Retrying, Some(failure), Some(*at)),
             AttemptEnd::Failed {
-                error,
+                failure,
                 retry_at: None,
-            } => (State::Dead, Some(error), None),
+            } => (State::Dead, Some(failure), None),
+        }
+    }
+
+    /// The `outcome` of the attempt's history row.
+    pub fn history_outcome(&self) -> &'static str {
+        match self.outcome().0 {
+            State::Done => "done",
+            State::Dead => "dead",
+            _ => "failed",
         }
     }
 }
+
+/// How many attempts and how many actions a job's history keeps (the oldest go first).
+pub const HISTORY_PER_JOB: i64 = 100;
+
+/// One attempt in a job's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AttemptRecord {
+    pub number: u32,
+    /// first, poll, backoff, take_back, restart, manual_retry, run_now
+    pub cause: String,
+    pub receiver: Option<String>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    /// done, failed, dead, taken_back, released; `None` while it runs
+    pub outcome: Option<String>,
+    pub exit_status: Option<i32>,
+    pub http_status: Option<u16>,
+    pub error: Option<String>,
+}
+
+/// One operator action in a job's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ActionRecord {
+    pub at: i64,
+    /// retry, run_now, cancel, give_up
+    pub action: String,
+    /// `cli:<user>`, `admin`, or `receiver` (the service itself)
+    pub actor: String,
+    pub reason: Option<String>,
+}
+
+/// The actor of actions the service takes on its own.
+pub const RECEIVER_ACTOR: &str = "receiver";
 
 /// A running attempt found by its lease: the job and the attempt's number (the fencing token).
 #[derive(Debug, Clone)]
@@ -206,6 +269,14 @@ pub struct JobDetail {
     pub updated_at: i64,
     /// `None` once retention purged it.
     pub body: Option<String>,
+    /// When retention purged the body.
+    pub body_purged_at: Option<i64>,
+    /// Why the next attempt will run, while the job waits for it.
+    pub next_attempt_cause: String,
+    /// Every attempt kept, oldest first.
+    pub history: Vec<AttemptRecord>,
+    /// Every operator action kept, oldest first.
+    pub actions: Vec<ActionRecord>,
 }
 
 /// Names every unfinished state in `rows` of (state, count).
@@ -394,4 +465,94 @@ pub enum RetentionStep {
     DeleteFinished,
     /// Forgets expectations resolved before the cutoff.
     DeleteResolvedExpectations,
+}
+
+/// Whether the workers run jobs, and who said so last.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Dispatch {
+    pub paused: bool,
+    pub changed_at: Option<i64>,
+    pub changed_by: Option<String>,
+}
+
+/// Which finished jobs a bulk retry takes: those in `state` that finished in
+/// [`finished_since`, `finished_before`) and, with `error_contains`, whose last error contains
+/// that text (case-sensitive). The upper bound keeps a job that fails again during the bulk
+/// retry from being taken twice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RetryFilter {
+    pub state: State,
+    pub finished_since: Option<i64>,
+    pub finished_before: i64,
+    pub error_contains: Option<String>,
+}
+
+/// What a bulk retry would take, counted exactly: those it can run again, and those whose body
+/// retention purged (they cannot run).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RetryCount {
+    pub retryable: u64,
+    pub body_purged: u64,
+}
+
+/// Where a page of `jobs list` ends: the next page starts after it. Written `<ms>:<job_id>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    /// The time the list is ordered by (Unix ms).
+    pub at: i64,
+    pub job_id: String,
+}
+
+impl fmt::Display for Cursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.at, self.job_id)
+    }
+}
+
+impl FromStr for Cursor {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        let (at, job_id) = text
+            .split_once(':')
+            .ok_or_else(|| format!("{text:?} is not a cursor (<ms>:<job_id>, as a page ends)"))?;
+        let at = at
+            .parse()
+            .map_err(|_| format!("{text:?} is not a cursor: {at:?} is not a time in ms"))?;
+        Ok(Cursor {
+            at,
+            job_id: job_id.to_owned(),
+        })
+    }
+}
+
+impl Serialize for Cursor {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// One page of `jobs list`, newest first; `next` continues it when the page is full.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobPage {
+    pub jobs: Vec<JobSummary>,
+    pub next: Option<Cursor>,
+}
+
+impl JobPage {
+    /// A page from rows of (ordering time, job), `limit` asked for. A row without its time
+    /// (`i64::MIN`: edited by hand) cannot be paged past.
+    pub fn from_rows(rows: Vec<(i64, JobSummary)>, limit: usize) -> JobPage {
+        let next = (rows.len() == limit && limit > 0)
+            .then(|| rows.last())
+            .flatten()
+            .filter(|(at, _)| *at != i64::MIN)
+            .map(|(at, job)| Cursor {
+                at: *at,
+                job_id: job.job_id.clone(),
+            });
+        JobPage {
+            jobs: rows.into_iter().map(|(_, job)| job).collect(),
+            next,
+        }
+    }
 }

@@ -1,5 +1,7 @@
-//! The SQL that reads the same in SQLite's dialect and PostgreSQL's: the counts behind the
-//! metrics. Written once; each backend runs it.
+//! The SQL that reads the same in SQLite's dialect and PostgreSQL's (the counts behind the
+//! metrics, the lists of `jobs list`): written once; each backend runs it.
+
+use super::model::State;
 
 /// Reads only the partial indexes of unfinished rows, so a scrape costs the same
 /// however much history the ledger holds.
@@ -15,3 +17,89 @@ pub const OLDEST_UNFINISHED_SQL: &str = "SELECT min(received_at) FROM (
 pub const COUNT_FINISHED_SQL: &str =
     "SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'dead')
      FROM jobs WHERE state IN ('done', 'dead')";
+
+/// The counts by state of `jobs stats`, each from its state's own partial index without
+/// reading a row (done: the finished index's count less the dead one's). The finished index's
+/// count is the one figure whose cost grows with history.
+pub const COUNT_BY_STATE_SQL: &str = "
+     SELECT 'claimed', count(*) FROM jobs WHERE state = 'claimed' AND state IN ('claimed', 'retrying')
+     UNION ALL
+     SELECT 'retrying', count(*) FROM jobs WHERE state = 'retrying' AND state IN ('claimed', 'retrying')
+     UNION ALL SELECT 'running', count(*) FROM jobs WHERE state = 'running'
+     UNION ALL
+     SELECT 'done', (SELECT count(*) FROM jobs WHERE state IN ('done', 'dead'))
+                    - (SELECT count(*) FROM jobs WHERE state = 'dead')
+     UNION ALL SELECT 'dead', count(*) FROM jobs WHERE state = 'dead'";
+
+/// The three figures of `jobs stats` after the counts: the oldest unfinished job, received
+/// since the first parameter, dead since the second; each reads a range of an index.
+pub fn stats_sql(placeholder: Placeholder) -> String {
+    format!(
+        "SELECT ({OLDEST_UNFINISHED_SQL}),
+                (SELECT count(*) FROM jobs WHERE received_at >= {}),
+                (SELECT count(*) FROM jobs WHERE state = 'dead' AND finished_at >= {})",
+        placeholder.at(1),
+        placeholder.at(2)
+    )
+}
+
+/// How a dialect writes parameter `n` (1-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placeholder {
+    /// SQLite: `?1`
+    Question,
+    /// PostgreSQL: `$1`
+    Dollar,
+}
+
+impl Placeholder {
+    fn at(self, n: usize) -> String {
+        match self {
+            Placeholder::Question => format!("?{n}"),
+            Placeholder::Dollar => format!("${n}"),
+        }
+    }
+}
+
+/// The time a list of jobs in `state` is ordered by (newest first), and the condition that
+/// lets the planner read that state's own index: every list reads an index in order and stops
+/// at its limit, however large the ledger is (only jobs with the same time are sorted, by id).
+pub fn list_order(state: Option<State>) -> (&'static str, &'static str) {
+    match state {
+        None => ("received_at", "TRUE"),
+        Some(State::Claimed) => (
+            "next_attempt_at",
+            "state = 'claimed' AND state IN ('claimed', 'retrying')",
+        ),
+        Some(State::Retrying) => (
+            "next_attempt_at",
+            "state = 'retrying' AND state IN ('claimed', 'retrying')",
+        ),
+        Some(State::Running) => ("lease_expires_at", "state = 'running'"),
+        Some(State::Done) => (
+            "finished_at",
+            "state = 'done' AND state IN ('done', 'dead')",
+        ),
+        Some(State::Dead) => ("finished_at", "state = 'dead'"),
+    }
+}
+
+/// One page of `jobs list`: parameters limit, then (with `after`) the cursor's time and
+/// job_id. The first column is the time the list is ordered by (the cursor's).
+pub fn list_jobs_sql(state: Option<State>, after: bool, placeholder: Placeholder) -> String {
+    let (time, condition) = list_order(state);
+    let keyset = if after {
+        // Not a row value: SQLite seeks on the first term only in this form.
+        let (at, job_id) = (placeholder.at(2), placeholder.at(3));
+        format!(" AND {time} <= {at} AND ({time} < {at} OR job_id < {job_id})")
+    } else {
+        String::new()
+    };
+    format!(
+        "SELECT {time}, job_id, state, source, event_type, attempts, received_at,
+                next_attempt_at, finished_at, last_error
+         FROM jobs WHERE {condition}{keyset}
+         ORDER BY {time} DESC, job_id DESC LIMIT {}",
+        placeholder.at(1)
+    )
+}

@@ -38,9 +38,10 @@ use super::contract::Backend;
 use super::error::{Cause, StorageError};
 use super::model::{duration_ms, now_ms};
 use super::model::{
-    expectation_counts, unfinished_counts, Attempt, AttemptEnd, ClaimOutcome, DueExpectation,
-    DueJobs, Expectation, JobDetail, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim,
-    PollResult, RetentionStep, RetryError, Source, State,
+    expectation_counts, unfinished_counts, ActionRecord, Attempt, AttemptEnd, AttemptRecord,
+    ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation, JobDetail, JobPage,
+    JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount,
+    RetryError, RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
 };
 use super::portable_sql;
 use crate::config::{PostgresConfig, PostgresUrl};
@@ -177,6 +178,19 @@ impl PostgresLedger {
         Ok(changed as usize)
     }
 
+    /// Runs a statement whose one row holds a count (of the rows its CTE changed).
+    async fn count(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<i64, StorageError> {
+        let rows = self.query(sql, params).await?;
+        Ok(rows.first().map_or(0, |row| row.get(0)))
+    }
+
+    /// Keeps the newest [`HISTORY_PER_JOB`] actions of each job.
+    async fn trim_actions(&self, job_ids: &[&str]) -> Result<(), StorageError> {
+        self.execute(sql::TRIM_ACTIONS_SQL, &[&job_ids, &HISTORY_PER_JOB])
+            .await
+            .map(drop)
+    }
+
     /// Connects for the command line and checks that the schema is the one this binary knows
     /// (the service migrates it; the command line never does). No claim batcher, no LISTEN.
     pub async fn open_existing(url: &PostgresUrl, config: &PostgresConfig) -> anyhow::Result<Self> {
@@ -252,7 +266,13 @@ impl Backend for PostgresLedger {
         let rows = self
             .query(
                 sql::START_ATTEMPT_SQL,
-                &[&job_id.as_str(), &lease_expires_at, &now, &self.receiver],
+                &[
+                    &job_id.as_str(),
+                    &lease_expires_at,
+                    &now,
+                    &self.receiver,
+                    &(HISTORY_PER_JOB - 2),
+                ],
             )
             .await?;
         Ok(rows.first().map(|row| Attempt {
@@ -270,19 +290,22 @@ impl Backend for PostgresLedger {
         end: &AttemptEnd,
         now: i64,
     ) -> Result<Option<State>, StorageError> {
-        let (state, error, retry_at) = end.outcome();
+        let (state, failure, retry_at) = end.outcome();
         let finished_at = state.is_finished().then_some(now);
         let changed = self
-            .execute(
+            .count(
                 sql::FINISH_ATTEMPT_SQL,
                 &[
                     &attempt.job_id.as_str(),
                     &attempt_number(attempt),
                     &state.as_str(),
-                    &error,
+                    &failure.map(|f| f.error.as_str()),
                     &retry_at,
                     &finished_at,
                     &now,
+                    &end.history_outcome(),
+                    &failure.and_then(|f| f.exit_status),
+                    &failure.and_then(|f| f.http_status).map(i32::from),
                 ],
             )
             .await?;
@@ -291,7 +314,7 @@ impl Backend for PostgresLedger {
 
     async fn release_attempt(&self, attempt: &Attempt, now: i64) -> Result<bool, StorageError> {
         let changed = self
-            .execute(
+            .count(
                 sql::RELEASE_ATTEMPT_SQL,
                 &[&attempt.job_id.as_str(), &attempt_number(attempt), &now],
             )
@@ -356,8 +379,28 @@ impl Backend for PostgresLedger {
 
     async fn give_up(&self, job_id: &str, error: &str, now: i64) -> Result<bool, StorageError> {
         let changed = self
-            .execute(sql::GIVE_UP_SQL, &[&job_id, &now, &error])
+            .count(
+                sql::GIVE_UP_SQL,
+                &[&job_id, &now, &error, &"give_up", &RECEIVER_ACTOR],
+            )
             .await?;
+        Ok(changed == 1)
+    }
+
+    async fn cancel_job(
+        &self,
+        job_id: &str,
+        by: &str,
+        reason: &str,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        let error = format!("cancelled by {by}: {reason}");
+        let changed = self
+            .count(sql::GIVE_UP_SQL, &[&job_id, &now, &error, &"cancel", &by])
+            .await?;
+        if changed == 1 {
+            self.trim_actions(&[job_id]).await?;
+        }
         Ok(changed == 1)
     }
 
@@ -506,29 +549,89 @@ impl Backend for PostgresLedger {
     async fn list_jobs(
         &self,
         state: Option<State>,
+        after: Option<&Cursor>,
         limit: usize,
-    ) -> Result<Vec<JobSummary>, StorageError> {
-        let rows = self
-            .query(
-                sql::LIST_JOBS_SQL,
-                &[&state.map(State::as_str), &(limit as i64)],
-            )
-            .await?;
-        Ok(rows.iter().map(summary_from_row).collect())
+    ) -> Result<JobPage, StorageError> {
+        let sql =
+            portable_sql::list_jobs_sql(state, after.is_some(), portable_sql::Placeholder::Dollar);
+        let limit_param = limit as i64;
+        let rows = match after {
+            Some(cursor) => {
+                self.query(&sql, &[&limit_param, &cursor.at, &cursor.job_id])
+                    .await?
+            }
+            None => self.query(&sql, &[&limit_param]).await?,
+        };
+        let rows = rows
+            .iter()
+            .map(|row| {
+                let summary = JobSummary {
+                    job_id: row.get(1),
+                    state: row.get(2),
+                    source: row.get(3),
+                    event_type: row.get(4),
+                    attempts: row.get::<_, i32>(5).unsigned_abs(),
+                    received_at: row.get(6),
+                    next_attempt_at: row.get(7),
+                    finished_at: row.get(8),
+                    last_error: row.get(9),
+                };
+                let at: Option<i64> = row.get(0);
+                (at.unwrap_or(i64::MIN), summary)
+            })
+            .collect();
+        Ok(JobPage::from_rows(rows, limit))
     }
 
     async fn show_job(&self, job_id: &str) -> Result<Option<JobDetail>, StorageError> {
         let rows = self.query(sql::SHOW_JOB_SQL, &[&job_id]).await?;
-        Ok(rows.first().map(|row| JobDetail {
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let history = self.query(sql::ATTEMPTS_OF_JOB_SQL, &[&job_id]).await?;
+        let actions = self.query(sql::ACTIONS_OF_JOB_SQL, &[&job_id]).await?;
+        Ok(Some(JobDetail {
             summary: summary_from_row(row),
             lease_expires_at: row.get(9),
             updated_at: row.get(10),
             body: row.get(11),
+            body_purged_at: row.get(12),
+            next_attempt_cause: row.get(13),
+            history: history
+                .iter()
+                .map(|row| AttemptRecord {
+                    number: row.get::<_, i32>(0).unsigned_abs(),
+                    cause: row.get(1),
+                    receiver: row.get(2),
+                    started_at: row.get(3),
+                    ended_at: row.get(4),
+                    outcome: row.get(5),
+                    exit_status: row.get(6),
+                    http_status: row
+                        .get::<_, Option<i32>>(7)
+                        .and_then(|status| u16::try_from(status).ok()),
+                    error: row.get(8),
+                })
+                .collect(),
+            actions: actions
+                .iter()
+                .map(|row| ActionRecord {
+                    at: row.get(0),
+                    action: row.get(1),
+                    actor: row.get(2),
+                    reason: row.get(3),
+                })
+                .collect(),
         }))
     }
 
-    async fn retry_job(&self, job_id: &str, now: i64) -> Result<(), RetryError> {
-        if self.execute(sql::RETRY_JOB_SQL, &[&job_id, &now]).await? == 1 {
+    async fn retry_job(&self, job_id: &str, by: &str, now: i64) -> Result<(), RetryError> {
+        if self
+            .count(sql::RETRY_JOB_SQL, &[&job_id, &now, &by])
+            .await?
+            == 1
+        {
+            self.trim_actions(&[job_id]).await?;
             self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
             return Ok(());
         }
@@ -539,18 +642,93 @@ impl Backend for PostgresLedger {
         ))
     }
 
-    async fn run_now(&self, job_id: &str, now: i64) -> Result<bool, StorageError> {
-        if self.execute(sql::RUN_NOW_SQL, &[&job_id, &now]).await? == 1 {
+    async fn retry_matching(
+        &self,
+        filter: &RetryFilter,
+        by: &str,
+        reason: &str,
+        now: i64,
+        limit: usize,
+    ) -> Result<usize, StorageError> {
+        let rows = self
+            .query(
+                sql::RETRY_MATCHING_SQL,
+                &[
+                    &filter.state.as_str(),
+                    &filter.finished_since.unwrap_or(i64::MIN),
+                    &filter.finished_before,
+                    &filter.error_contains,
+                    &(limit as i64),
+                    &now,
+                    &by,
+                    &reason,
+                ],
+            )
+            .await?;
+        let job_ids: Vec<&str> = rows.iter().map(|row| row.get(0)).collect();
+        if !job_ids.is_empty() {
+            self.trim_actions(&job_ids).await?;
+            self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
+        }
+        Ok(job_ids.len())
+    }
+
+    async fn count_retry_matching(&self, filter: &RetryFilter) -> Result<RetryCount, StorageError> {
+        let rows = self
+            .query(
+                sql::COUNT_RETRY_MATCHING_SQL,
+                &[
+                    &filter.state.as_str(),
+                    &filter.finished_since.unwrap_or(i64::MIN),
+                    &filter.finished_before,
+                    &filter.error_contains,
+                ],
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StorageError::Unavailable(Cause::message("count returned no row")))?;
+        Ok(RetryCount {
+            retryable: row.get::<_, i64>(0).unsigned_abs(),
+            body_purged: row.get::<_, i64>(1).unsigned_abs(),
+        })
+    }
+
+    async fn run_now(&self, job_id: &str, by: &str, now: i64) -> Result<bool, StorageError> {
+        if self.count(sql::RUN_NOW_SQL, &[&job_id, &now, &by]).await? == 1 {
+            self.trim_actions(&[job_id]).await?;
             self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
             return Ok(true);
         }
         Ok(false)
     }
 
+    async fn dispatch(&self) -> Result<Dispatch, StorageError> {
+        let rows = self.query(sql::DISPATCH_SQL, &[]).await?;
+        Ok(rows.first().map_or_else(Dispatch::default, |row| Dispatch {
+            paused: row.get(0),
+            changed_at: row.get(1),
+            changed_by: row.get(2),
+        }))
+    }
+
+    /// Every receiver's worker is woken, to see the change at once.
+    async fn set_dispatch(&self, paused: bool, by: &str, now: i64) -> Result<bool, StorageError> {
+        let changed = self
+            .execute(sql::SET_DISPATCH_SQL, &[&paused, &now, &by])
+            .await?
+            == 1;
+        if changed {
+            self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
+        }
+        Ok(changed)
+    }
+
     async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {
-        let by_state = self.query(sql::COUNT_BY_STATE_SQL, &[]).await?;
+        let by_state = self.query(portable_sql::COUNT_BY_STATE_SQL, &[]).await?;
         let (hour_ago, day_ago) = JobStats::since(now);
-        let counts = self.query(sql::STATS_SQL, &[&hour_ago, &day_ago]).await?;
+        let stats_sql = portable_sql::stats_sql(portable_sql::Placeholder::Dollar);
+        let counts = self.query(&stats_sql, &[&hour_ago, &day_ago]).await?;
         let row = counts
             .first()
             .ok_or_else(|| StorageError::Unavailable(Cause::message("stats returned no row")))?;

@@ -7,56 +7,120 @@ pub const DUE_JOBS_SQL: &str = "SELECT job_id FROM jobs
          ORDER BY next_attempt_at LIMIT $2";
 pub const NEXT_DUE_SQL: &str = "SELECT min(next_attempt_at) FROM jobs
          WHERE state IN ('claimed', 'retrying')";
-/// Parameters: job_id, attempt number, state, error, retry at, finished at, now.
-pub const FINISH_ATTEMPT_SQL: &str =
-    "UPDATE jobs SET state = $3, last_error = coalesce($4, last_error),
-                     next_attempt_at = $5, finished_at = $6, lease_expires_at = NULL,
-                     updated_at = $7
-     WHERE job_id = $1 AND attempts = $2 AND state = 'running'";
-/// Parameters: job_id, attempt number, now.
-pub const RELEASE_ATTEMPT_SQL: &str =
-    "UPDATE jobs SET state = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'claimed' END,
-                     attempts = attempts - 1, next_attempt_at = $3,
-                     lease_expires_at = NULL, updated_at = $3
-     WHERE job_id = $1 AND attempts = $2 AND state = 'running'";
+/// Parameters: job_id, attempt number, state, error, retry at, finished at, now, the history's
+/// outcome, exit status, HTTP status. The attempt's history row is ended in the same
+/// statement; one row: 1 if the attempt still owned the job, else 0.
+pub const FINISH_ATTEMPT_SQL: &str = "WITH finished AS (
+        UPDATE jobs SET state = $3, last_error = coalesce($4, last_error),
+                        next_attempt_at = $5, finished_at = $6, lease_expires_at = NULL,
+                        updated_at = $7, next_attempt_cause = 'backoff'
+        WHERE job_id = $1 AND attempts = $2 AND state = 'running'
+        RETURNING job_id),
+    recorded AS (
+        UPDATE job_attempts SET ended_at = $7, outcome = $8, exit_status = $9,
+                                http_status = $10, error = $4
+        WHERE job_id = $1 AND number = $2 AND ended_at IS NULL
+          AND EXISTS (SELECT 1 FROM finished))
+    SELECT count(*) FROM finished";
+/// Parameters: job_id, attempt number, now. One row: 1 if the attempt still owned the job.
+pub const RELEASE_ATTEMPT_SQL: &str = "WITH released AS (
+        UPDATE jobs SET state = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'claimed' END,
+                        attempts = attempts - 1, next_attempt_at = $3,
+                        lease_expires_at = NULL, updated_at = $3, next_attempt_cause = 'restart'
+        WHERE job_id = $1 AND attempts = $2 AND state = 'running'
+        RETURNING job_id),
+    recorded AS (
+        UPDATE job_attempts SET ended_at = $3, outcome = 'released'
+        WHERE job_id = $1 AND number = $2 AND ended_at IS NULL
+          AND EXISTS (SELECT 1 FROM released))
+    SELECT count(*) FROM released";
 /// Parameters: job_id, now, max_attempts, error, cutoff, attempt number. The lease and
 /// the attempt are checked again: another receiver may have taken it back, and started a new
 /// attempt, since it was read. The casts tell PostgreSQL the type a `CASE` alone leaves open.
-pub const TAKE_BACK_LEASE_SQL: &str = "UPDATE jobs SET
+pub const TAKE_BACK_LEASE_SQL: &str = "WITH taken AS (
+        UPDATE jobs SET
              state = CASE WHEN attempts >= $3 THEN 'dead' ELSE 'retrying' END,
              next_attempt_at = CASE WHEN attempts >= $3 THEN NULL ELSE CAST($2 AS BIGINT) END,
              finished_at = CASE WHEN attempts >= $3 THEN CAST($2 AS BIGINT) ELSE NULL END,
-             lease_expires_at = NULL, last_error = $4, updated_at = $2
+             lease_expires_at = NULL, last_error = $4, updated_at = $2,
+             next_attempt_cause = 'take_back'
          WHERE job_id = $1 AND state = 'running' AND lease_expires_at <= $5 AND attempts = $6
-         RETURNING state";
-/// Parameters: job_id, now, error.
-pub const GIVE_UP_SQL: &str =
-    "UPDATE jobs SET state = 'dead', next_attempt_at = NULL, finished_at = $2,
-                     last_error = $3, updated_at = $2
-     WHERE job_id = $1 AND state IN ('claimed', 'retrying')";
-/// Parameters: state or NULL, limit.
-pub const LIST_JOBS_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
-         next_attempt_at, finished_at, last_error
-     FROM jobs WHERE CAST($1 AS TEXT) IS NULL OR state = $1
-     ORDER BY received_at DESC, job_id LIMIT $2";
+         RETURNING state),
+    recorded AS (
+        UPDATE job_attempts SET ended_at = $2, outcome = 'taken_back', error = $4
+        WHERE job_id = $1 AND number = $6 AND ended_at IS NULL
+          AND EXISTS (SELECT 1 FROM taken))
+    SELECT state FROM taken";
+/// Parameters: job_id, now, error, action, actor. One row: 1 if the job was waiting.
+pub const GIVE_UP_SQL: &str = "WITH given_up AS (
+        UPDATE jobs SET state = 'dead', next_attempt_at = NULL, finished_at = $2,
+                        last_error = $3, updated_at = $2
+        WHERE job_id = $1 AND state IN ('claimed', 'retrying')
+        RETURNING job_id),
+    recorded AS (
+        INSERT INTO job_actions (job_id, at, action, actor, reason)
+        SELECT job_id, $2, $4, $5, $3 FROM given_up)
+    SELECT count(*) FROM given_up";
 pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
-         next_attempt_at, finished_at, last_error, lease_expires_at, updated_at, body
+         next_attempt_at, finished_at, last_error, lease_expires_at, updated_at, body,
+         body_purged_at, next_attempt_cause
      FROM jobs WHERE job_id = $1";
-/// the four counts of `jobs stats` (a table scan: a command for people). Parameters:
-/// an hour ago, a day ago.
-pub const STATS_SQL: &str = "SELECT
-         (SELECT min(received_at) FROM jobs WHERE state IN ('claimed', 'running', 'retrying')),
-         (SELECT count(*) FROM jobs WHERE received_at >= $1),
-         (SELECT count(*) FROM jobs WHERE state = 'dead' AND finished_at >= $2)";
-pub const COUNT_BY_STATE_SQL: &str = "SELECT state, count(*) FROM jobs GROUP BY state";
-/// Parameters: job_id, now.
-pub const RETRY_JOB_SQL: &str =
-    "UPDATE jobs SET state = 'claimed', attempts = 0, next_attempt_at = $2, finished_at = NULL,
-                     updated_at = $2
-     WHERE job_id = $1 AND state IN ('done', 'dead') AND body IS NOT NULL";
-/// Parameters: job_id, now.
-pub const RUN_NOW_SQL: &str =
-    "UPDATE jobs SET next_attempt_at = $2, updated_at = $2 WHERE job_id = $1 AND state = 'retrying'";
+pub const ATTEMPTS_OF_JOB_SQL: &str = "SELECT number, cause, receiver, started_at, ended_at,
+        outcome, exit_status, http_status, error
+    FROM job_attempts WHERE job_id = $1 ORDER BY id";
+pub const ACTIONS_OF_JOB_SQL: &str =
+    "SELECT at, action, actor, reason FROM job_actions WHERE job_id = $1 ORDER BY id";
+/// Parameters: job_ids, kept. Keeps the newest `kept` actions of each job.
+pub const TRIM_ACTIONS_SQL: &str = "DELETE FROM job_actions AS a
+    WHERE a.job_id = ANY($1) AND a.id < (
+        SELECT b.id FROM job_actions AS b WHERE b.job_id = a.job_id
+        ORDER BY b.id DESC LIMIT 1 OFFSET CAST($2 AS BIGINT) - 1)";
+/// Parameters: state, finished since, finished before, error text or NULL, limit, now, actor,
+/// reason. Retries a batch of a bulk retry, recording each as the actor's action; the job_ids.
+pub const RETRY_MATCHING_SQL: &str = "WITH picked AS (
+        SELECT job_id FROM jobs
+        WHERE state = $1 AND state IN ('done', 'dead') AND finished_at >= $2
+          AND finished_at < $3 AND (CAST($4 AS TEXT) IS NULL OR strpos(last_error, $4) > 0)
+          AND body IS NOT NULL
+        ORDER BY finished_at LIMIT $5 FOR UPDATE SKIP LOCKED),
+    retried AS (
+        UPDATE jobs SET state = 'claimed', attempts = 0, next_attempt_at = $6,
+                        finished_at = NULL, updated_at = $6, next_attempt_cause = 'manual_retry'
+        FROM picked WHERE jobs.job_id = picked.job_id
+        RETURNING jobs.job_id),
+    recorded AS (
+        INSERT INTO job_actions (job_id, at, action, actor, reason)
+        SELECT job_id, $6, 'retry', $7, $8 FROM retried)
+    SELECT job_id FROM retried";
+pub const COUNT_RETRY_MATCHING_SQL: &str = "SELECT
+         count(*) FILTER (WHERE body IS NOT NULL), count(*) FILTER (WHERE body IS NULL)
+     FROM jobs
+     WHERE state = $1 AND state IN ('done', 'dead') AND finished_at >= $2 AND finished_at < $3
+       AND (CAST($4 AS TEXT) IS NULL OR strpos(last_error, $4) > 0)";
+/// Parameters: job_id, now, actor. One row: 1 if the job was finished and has its body.
+pub const RETRY_JOB_SQL: &str = "WITH retried AS (
+        UPDATE jobs SET state = 'claimed', attempts = 0, next_attempt_at = $2,
+                        finished_at = NULL, updated_at = $2, next_attempt_cause = 'manual_retry'
+        WHERE job_id = $1 AND state IN ('done', 'dead') AND body IS NOT NULL
+        RETURNING job_id),
+    recorded AS (
+        INSERT INTO job_actions (job_id, at, action, actor)
+        SELECT job_id, $2, 'retry', $3 FROM retried)
+    SELECT count(*) FROM retried";
+/// Parameters: job_id, now, actor. One row: 1 if the job was waiting for a retry.
+pub const RUN_NOW_SQL: &str = "WITH hurried AS (
+        UPDATE jobs SET next_attempt_at = $2, updated_at = $2, next_attempt_cause = 'run_now'
+        WHERE job_id = $1 AND state = 'retrying'
+        RETURNING job_id),
+    recorded AS (
+        INSERT INTO job_actions (job_id, at, action, actor)
+        SELECT job_id, $2, 'run_now', $3 FROM hurried)
+    SELECT count(*) FROM hurried";
+pub const DISPATCH_SQL: &str = "SELECT paused, changed_at, changed_by FROM dispatch WHERE id = 1";
+/// Parameters: paused, now, actor.
+pub const SET_DISPATCH_SQL: &str = "UPDATE dispatch SET paused = $1, changed_at = $2,
+        changed_by = $3
+    WHERE id = 1 AND paused <> $1";
 /// job_ids matching a LIKE pattern (the load generator's check of its run).
 pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE $1";
 /// why [`RETRY_JOB_SQL`] changed nothing.
@@ -82,13 +146,24 @@ pub const LIST_EXPECTATIONS_SQL: &str =
 pub const OWN_LEASES_SQL: &str =
     "SELECT job_id, attempts FROM jobs WHERE state = 'running' AND leased_by = $1";
 /// Starts an attempt on a row no other receiver is starting (`SKIP LOCKED`: it is theirs),
-/// leased under this receiver's name.
-pub const START_ATTEMPT_SQL: &str = "UPDATE jobs SET state = 'running', attempts = attempts + 1,
-        lease_expires_at = $2, next_attempt_at = NULL, updated_at = $3, leased_by = $4
-    WHERE job_id = (SELECT job_id FROM jobs
-                    WHERE job_id = $1 AND state IN ('claimed', 'retrying') AND body IS NOT NULL
-                    FOR UPDATE SKIP LOCKED)
-    RETURNING attempts, event_type, source, body";
+/// leased under this receiver's name, and appends it to the job's history; the history keeps
+/// the newest `$5` rows before this one (its snapshot does not see the new row).
+pub const START_ATTEMPT_SQL: &str = "WITH started AS (
+        UPDATE jobs SET state = 'running', attempts = attempts + 1,
+            lease_expires_at = $2, next_attempt_at = NULL, updated_at = $3, leased_by = $4
+        WHERE job_id = (SELECT job_id FROM jobs
+                        WHERE job_id = $1 AND state IN ('claimed', 'retrying')
+                          AND body IS NOT NULL
+                        FOR UPDATE SKIP LOCKED)
+        RETURNING job_id, attempts, event_type, source, body, next_attempt_cause),
+    recorded AS (
+        INSERT INTO job_attempts (job_id, number, cause, receiver, started_at)
+        SELECT job_id, attempts, next_attempt_cause, $4, $3 FROM started),
+    trimmed AS (
+        DELETE FROM job_attempts
+        WHERE job_id = $1 AND EXISTS (SELECT 1 FROM started) AND id < (
+            SELECT id FROM job_attempts WHERE job_id = $1 ORDER BY id DESC LIMIT 1 OFFSET $5))
+    SELECT attempts, event_type, source, body FROM started";
 /// One batch of claims: inserted in job_id order (no deadlock between concurrent batches),
 /// returning those that were new; each new row notifies the channel (PostgreSQL sends one
 /// notification per transaction, at commit). A batch that inserts nothing (duplicates only)
@@ -108,7 +183,9 @@ pub const INSERT_CLAIMS_SQL: &str = "WITH inserted AS (
     UNION ALL
     SELECT NULL FROM (SELECT pg_logical_emit_message(true, 'sume-receiver', '')) AS waited
     WHERE NOT EXISTS (SELECT 1 FROM inserted)";
-pub const PURGE_BODIES_SQL: &str = "UPDATE jobs SET body = NULL WHERE job_id IN (
+pub const PURGE_BODIES_SQL: &str = "UPDATE jobs
+    SET body = NULL, body_purged_at = CAST(extract(epoch FROM clock_timestamp()) * 1000 AS BIGINT)
+    WHERE job_id IN (
         SELECT job_id FROM jobs
         WHERE state IN ('done', 'dead') AND body IS NOT NULL AND finished_at < $1
         LIMIT $2 FOR UPDATE SKIP LOCKED)";

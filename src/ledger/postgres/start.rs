@@ -12,6 +12,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0001_jobs.sql"),
     include_str!("../../../migrations/postgres/0002_expected_jobs.sql"),
     include_str!("../../../migrations/postgres/0003_leased_by.sql"),
+    include_str!("../../../migrations/postgres/0004_history.sql"),
 ];
 /// The advisory lock that serialises migrations between receivers starting at once.
 const MIGRATION_LOCK: i64 = 0x5355_4d45_0001;

@@ -4,14 +4,18 @@ use std::str::FromStr;
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
+use super::history::{history_of, record_action, record_end, record_start};
 use crate::event_type::EventType;
 use crate::job_id::JobId;
+use crate::ledger::model::Dispatch;
 use crate::ledger::model::{
-    unfinished_counts, Attempt, AttemptEnd, ClaimOutcome, DueJobs, JobDetail, JobStats, JobSummary,
-    LeasedAttempt, NewClaim, RetryError, Source, State,
+    unfinished_counts, Attempt, AttemptEnd, ClaimOutcome, Cursor, DueJobs, JobDetail, JobPage,
+    JobStats, JobSummary, LeasedAttempt, NewClaim, RetryCount, RetryError, RetryFilter, Source,
+    State,
 };
 use crate::ledger::portable_sql::{
-    COUNT_FINISHED_SQL, COUNT_UNFINISHED_SQL, OLDEST_UNFINISHED_SQL,
+    list_jobs_sql, stats_sql, Placeholder, COUNT_BY_STATE_SQL, COUNT_FINISHED_SQL,
+    COUNT_UNFINISHED_SQL, OLDEST_UNFINISHED_SQL,
 };
 
 // The statements that must stay cheap however large the ledger grows; tests check that each
@@ -25,7 +29,9 @@ pub const NEXT_DUE_SQL: &str = "SELECT min(next_attempt_at) FROM jobs
          WHERE state IN ('claimed', 'retrying')";
 /// INDEXED BY: the planner would otherwise pick jobs_finished, which also holds every
 /// tombstone, and walk all of them on each run.
-pub const PURGE_BODIES_SQL: &str = "UPDATE jobs SET body = NULL WHERE rowid IN (
+pub const PURGE_BODIES_SQL: &str = "UPDATE jobs
+    SET body = NULL, body_purged_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+    WHERE rowid IN (
     SELECT rowid FROM jobs INDEXED BY jobs_finished_with_body
     WHERE state IN ('done', 'dead') AND body IS NOT NULL AND finished_at < ?1 LIMIT ?2)";
 pub const DELETE_FINISHED_SQL: &str = "DELETE FROM jobs WHERE rowid IN (
@@ -35,13 +41,13 @@ pub const DELETE_FINISHED_SQL: &str = "DELETE FROM jobs WHERE rowid IN (
 pub const FINISH_ATTEMPT_SQL: &str =
     "UPDATE jobs SET state = ?3, last_error = coalesce(?4, last_error),
                      next_attempt_at = ?5, finished_at = ?6, lease_expires_at = NULL,
-                     updated_at = ?7
+                     updated_at = ?7, next_attempt_cause = 'backoff'
      WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'";
 /// Parameters: job_id, attempt number, now.
 pub const RELEASE_ATTEMPT_SQL: &str =
     "UPDATE jobs SET state = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'claimed' END,
                      attempts = attempts - 1, next_attempt_at = ?3,
-                     lease_expires_at = NULL, updated_at = ?3
+                     lease_expires_at = NULL, updated_at = ?3, next_attempt_cause = 'restart'
      WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'";
 /// Parameters: job_id, now, max_attempts, error, cutoff, attempt number. The lease and
 /// the attempt are checked again: the lease may have been taken back since it was read.
@@ -49,7 +55,8 @@ pub const TAKE_BACK_LEASE_SQL: &str = "UPDATE jobs SET
              state = CASE WHEN attempts >= ?3 THEN 'dead' ELSE 'retrying' END,
              next_attempt_at = CASE WHEN attempts >= ?3 THEN NULL ELSE CAST(?2 AS BIGINT) END,
              finished_at = CASE WHEN attempts >= ?3 THEN CAST(?2 AS BIGINT) ELSE NULL END,
-             lease_expires_at = NULL, last_error = ?4, updated_at = ?2
+             lease_expires_at = NULL, last_error = ?4, updated_at = ?2,
+             next_attempt_cause = 'take_back'
          WHERE job_id = ?1 AND state = 'running' AND lease_expires_at <= ?5 AND attempts = ?6
          RETURNING state";
 /// Parameters: job_id, now, error.
@@ -57,29 +64,31 @@ pub const GIVE_UP_SQL: &str =
     "UPDATE jobs SET state = 'dead', next_attempt_at = NULL, finished_at = ?2,
                      last_error = ?3, updated_at = ?2
      WHERE job_id = ?1 AND state IN ('claimed', 'retrying')";
-/// Parameters: state or NULL, limit.
-pub const LIST_JOBS_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
-         next_attempt_at, finished_at, last_error
-     FROM jobs WHERE CAST(?1 AS TEXT) IS NULL OR state = ?1
-     ORDER BY received_at DESC, job_id LIMIT ?2";
 pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
-         next_attempt_at, finished_at, last_error, lease_expires_at, updated_at, body
+         next_attempt_at, finished_at, last_error, lease_expires_at, updated_at, body,
+         body_purged_at, next_attempt_cause
      FROM jobs WHERE job_id = ?1";
-/// the four counts of `jobs stats` (a table scan: a command for people). Parameters:
-/// an hour ago, a day ago.
-pub const STATS_SQL: &str = "SELECT
-         (SELECT min(received_at) FROM jobs WHERE state IN ('claimed', 'running', 'retrying')),
-         (SELECT count(*) FROM jobs WHERE received_at >= ?1),
-         (SELECT count(*) FROM jobs WHERE state = 'dead' AND finished_at >= ?2)";
-pub const COUNT_BY_STATE_SQL: &str = "SELECT state, count(*) FROM jobs GROUP BY state";
 /// Parameters: job_id, now.
 pub const RETRY_JOB_SQL: &str =
     "UPDATE jobs SET state = 'claimed', attempts = 0, next_attempt_at = ?2, finished_at = NULL,
-                     updated_at = ?2
+                     updated_at = ?2, next_attempt_cause = 'manual_retry'
      WHERE job_id = ?1 AND state IN ('done', 'dead') AND body IS NOT NULL";
 /// Parameters: job_id, now.
-pub const RUN_NOW_SQL: &str =
-    "UPDATE jobs SET next_attempt_at = ?2, updated_at = ?2 WHERE job_id = ?1 AND state = 'retrying'";
+pub const RUN_NOW_SQL: &str = "UPDATE jobs SET next_attempt_at = ?2, updated_at = ?2,
+                     next_attempt_cause = 'run_now'
+     WHERE job_id = ?1 AND state = 'retrying'";
+/// The finished jobs a bulk retry takes, oldest finished first (the state's own index, in
+/// order). Parameters: state, finished since, finished before, error text or NULL, limit.
+pub const RETRY_MATCHING_SQL: &str = "SELECT job_id FROM jobs
+     WHERE state = ?1 AND state IN ('done', 'dead') AND finished_at >= ?2 AND finished_at < ?3
+       AND (?4 IS NULL OR instr(last_error, ?4) > 0) AND body IS NOT NULL
+     ORDER BY finished_at LIMIT ?5";
+/// What [`RETRY_MATCHING_SQL`] would take in all, counted exactly, and those whose body is gone.
+pub const COUNT_RETRY_MATCHING_SQL: &str = "SELECT
+         count(*) FILTER (WHERE body IS NOT NULL), count(*) FILTER (WHERE body IS NULL)
+     FROM jobs
+     WHERE state = ?1 AND state IN ('done', 'dead') AND finished_at >= ?2 AND finished_at < ?3
+       AND (?4 IS NULL OR instr(last_error, ?4) > 0)";
 /// job_ids matching a LIKE pattern (the load generator's check of its run).
 pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE ?1";
 /// why [`RETRY_JOB_SQL`] changed nothing.
@@ -120,22 +129,31 @@ pub fn start_attempt(
     now: i64,
     lease_expires_at: i64,
 ) -> rusqlite::Result<Option<Attempt>> {
-    conn.prepare_cached(
-        "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_expires_at = ?2,
-                         next_attempt_at = NULL, updated_at = ?3
-         WHERE job_id = ?1 AND state IN ('claimed', 'retrying') AND body IS NOT NULL
-         RETURNING attempts, event_type, source, body",
-    )?
-    .query_row(params![job_id, lease_expires_at, now], |row| {
-        Ok(Attempt {
-            job_id: job_id.clone(),
-            number: row.get(0)?,
-            event_type: row.get(1)?,
-            source: Source::parse(&row.get::<_, String>(2)?),
-            body: row.get(3)?,
+    let started = conn
+        .prepare_cached(
+            "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_expires_at = ?2,
+                             next_attempt_at = NULL, updated_at = ?3
+             WHERE job_id = ?1 AND state IN ('claimed', 'retrying') AND body IS NOT NULL
+             RETURNING attempts, event_type, source, body, next_attempt_cause",
+        )?
+        .query_row(params![job_id, lease_expires_at, now], |row| {
+            Ok((
+                Attempt {
+                    job_id: job_id.clone(),
+                    number: row.get(0)?,
+                    event_type: row.get(1)?,
+                    source: Source::parse(&row.get::<_, String>(2)?),
+                    body: row.get(3)?,
+                },
+                row.get::<_, String>(4)?,
+            ))
         })
-    })
-    .optional()
+        .optional()?;
+    let Some((attempt, cause)) = started else {
+        return Ok(None);
+    };
+    record_start(conn, job_id.as_str(), attempt.number, &cause, now)?;
+    Ok(Some(attempt))
 }
 
 /// Records how a running attempt ended. Returns the job's new state, or `None` if this attempt
@@ -147,18 +165,30 @@ pub fn finish_attempt(
     end: &AttemptEnd,
     now: i64,
 ) -> rusqlite::Result<Option<State>> {
-    let (state, error, retry_at) = end.outcome();
+    let (state, failure, retry_at) = end.outcome();
     let finished_at = state.is_finished().then_some(now);
     let changed = conn.prepare_cached(FINISH_ATTEMPT_SQL)?.execute(params![
         attempt.job_id,
         attempt.number,
         state.as_str(),
-        error,
+        failure.map(|f| f.error.as_str()),
         retry_at,
         finished_at,
         now
     ])?;
-    Ok((changed == 1).then_some(state))
+    if changed != 1 {
+        return Ok(None);
+    }
+    let number = i64::from(attempt.number);
+    record_end(
+        conn,
+        attempt.job_id.as_str(),
+        number,
+        end.history_outcome(),
+        failure,
+        now,
+    )?;
+    Ok(Some(state))
 }
 
 /// Gives back an attempt our own shutdown interrupted: it does not count, and the job is due
@@ -169,6 +199,10 @@ pub fn release_attempt(conn: &Connection, attempt: &Attempt, now: i64) -> rusqli
         attempt.number,
         now
     ])?;
+    if changed == 1 {
+        let number = i64::from(attempt.number);
+        record_end(conn, attempt.job_id.as_str(), number, "released", None, now)?;
+    }
     Ok(changed == 1)
 }
 
@@ -204,15 +238,37 @@ pub fn take_back_lease(
             |row| row.get::<_, String>(0),
         )
         .optional()?;
+    if state.is_some() {
+        let failure = crate::ledger::model::Failure::new(error);
+        record_end(
+            conn,
+            &lease.job_id,
+            lease.number,
+            "taken_back",
+            Some(&failure),
+            now,
+        )?;
+    }
     Ok(state.map(|state| State::from_str(&state).unwrap_or(State::Retrying)))
 }
 
-/// Makes a waiting job `dead` with `error`, no attempt run; `false` if it was not waiting.
-pub fn give_up(conn: &Connection, job_id: &str, error: &str, now: i64) -> rusqlite::Result<bool> {
-    Ok(conn
+/// Makes a waiting job `dead` with `error`, no attempt run, recorded as `action` by `actor`;
+/// `false` if it was not waiting.
+pub fn give_up(
+    conn: &Connection,
+    job_id: &str,
+    error: &str,
+    (action, actor): (&str, &str),
+    now: i64,
+) -> rusqlite::Result<bool> {
+    let changed = conn
         .prepare_cached(GIVE_UP_SQL)?
         .execute(params![job_id, now, error])?
-        == 1)
+        == 1;
+    if changed {
+        record_action(conn, job_id, action, actor, Some(error), now)?;
+    }
+    Ok(changed)
 }
 
 /// Jobs waiting to run whose time has come, oldest first, split into those that can run and
@@ -243,30 +299,72 @@ fn summary_from_row(row: &Row<'_>) -> rusqlite::Result<JobSummary> {
     })
 }
 
-/// The most recently received jobs, optionally in one state.
+/// One page of jobs, newest first, optionally in one state (see
+/// [`list_order`](crate::ledger::portable_sql::list_order)).
 pub fn list_jobs(
     conn: &Connection,
     state: Option<State>,
+    after: Option<&Cursor>,
     limit: usize,
-) -> rusqlite::Result<Vec<JobSummary>> {
-    let mut statement = conn.prepare(LIST_JOBS_SQL)?;
-    let rows = statement.query_map(
-        params![state.map(State::as_str), limit as i64],
-        summary_from_row,
-    )?;
-    rows.collect()
+) -> rusqlite::Result<JobPage> {
+    let mut statement = conn.prepare_cached(&list_jobs_sql(
+        state,
+        after.is_some(),
+        Placeholder::Question,
+    ))?;
+    let limit_param = limit as i64;
+    let rows = match after {
+        Some(cursor) => statement.query_map(
+            params![limit_param, cursor.at, cursor.job_id],
+            paged_summary_from_row,
+        )?,
+        None => statement.query_map(params![limit_param], paged_summary_from_row)?,
+    };
+    Ok(JobPage::from_rows(
+        rows.collect::<rusqlite::Result<_>>()?,
+        limit,
+    ))
+}
+
+/// A row of [`list_jobs_sql`]: the time it is ordered by, then the summary's columns.
+fn paged_summary_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, JobSummary)> {
+    // A row edited by hand may lack its state's time: it sorts last, and ends paging.
+    Ok((
+        row.get::<_, Option<i64>>(0)?.unwrap_or(i64::MIN),
+        JobSummary {
+            job_id: row.get(1)?,
+            state: row.get(2)?,
+            source: row.get(3)?,
+            event_type: row.get(4)?,
+            attempts: row.get(5)?,
+            received_at: row.get(6)?,
+            next_attempt_at: row.get(7)?,
+            finished_at: row.get(8)?,
+            last_error: row.get(9)?,
+        },
+    ))
 }
 
 pub fn show_job(conn: &Connection, job_id: &str) -> rusqlite::Result<Option<JobDetail>> {
-    conn.query_row(SHOW_JOB_SQL, [job_id], |row| {
-        Ok(JobDetail {
-            summary: summary_from_row(row)?,
-            lease_expires_at: row.get(9)?,
-            updated_at: row.get(10)?,
-            body: row.get(11)?,
+    let Some(mut job) = conn
+        .query_row(SHOW_JOB_SQL, [job_id], |row| {
+            Ok(JobDetail {
+                summary: summary_from_row(row)?,
+                lease_expires_at: row.get(9)?,
+                updated_at: row.get(10)?,
+                body: row.get(11)?,
+                body_purged_at: row.get(12)?,
+                next_attempt_cause: row.get(13)?,
+                history: Vec::new(),
+                actions: Vec::new(),
+            })
         })
-    })
-    .optional()
+        .optional()?
+    else {
+        return Ok(None);
+    };
+    (job.history, job.actions) = history_of(conn, job_id)?;
+    Ok(Some(job))
 }
 
 /// How many jobs wait or run, per state; every unfinished state named (0 when none).
@@ -296,14 +394,16 @@ pub fn count_finished(conn: &Connection) -> rusqlite::Result<(u64, u64)> {
 
 /// Counts for `jobs stats`.
 pub fn job_stats(conn: &Connection, now: i64) -> rusqlite::Result<JobStats> {
-    let mut statement = conn.prepare(COUNT_BY_STATE_SQL)?;
+    let mut statement = conn.prepare_cached(COUNT_BY_STATE_SQL)?;
     let by_state = statement
         .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
     let (hour_ago, day_ago) = JobStats::since(now);
-    let counts = conn.query_row(STATS_SQL, [hour_ago, day_ago], |row| {
-        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-    })?;
+    let counts = conn
+        .prepare_cached(&stats_sql(Placeholder::Question))?
+        .query_row([hour_ago, day_ago], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })?;
     Ok(JobStats::from_counts(by_state, counts))
 }
 
@@ -313,8 +413,31 @@ pub fn job_ids_like(conn: &Connection, pattern: &str) -> rusqlite::Result<Vec<St
     rows.collect()
 }
 
-pub fn run_now(conn: &Connection, job_id: &str, now: i64) -> rusqlite::Result<bool> {
-    Ok(conn.execute(RUN_NOW_SQL, params![job_id, now])? == 1)
+pub fn run_now(conn: &Connection, job_id: &str, by: &str, now: i64) -> rusqlite::Result<bool> {
+    let changed = conn.execute(RUN_NOW_SQL, params![job_id, now])? == 1;
+    if changed {
+        record_action(conn, job_id, "run_now", by, None, now)?;
+    }
+    Ok(changed)
+}
+
+/// Makes a `done` or `dead` job due again with a fresh set of attempts; `false` if it was not
+/// finished or has no body.
+fn retry_one(
+    conn: &Connection,
+    job_id: &str,
+    by: &str,
+    reason: Option<&str>,
+    now: i64,
+) -> rusqlite::Result<bool> {
+    let changed = conn
+        .prepare_cached(RETRY_JOB_SQL)?
+        .execute(params![job_id, now])?
+        == 1;
+    if changed {
+        record_action(conn, job_id, "retry", by, reason, now)?;
+    }
+    Ok(changed)
 }
 
 /// Makes a `done` or `dead` job due again with a fresh set of attempts.
@@ -322,9 +445,10 @@ pub fn run_now(conn: &Connection, job_id: &str, now: i64) -> rusqlite::Result<bo
 pub fn retry_job(
     conn: &Connection,
     job_id: &str,
+    by: &str,
     now: i64,
 ) -> rusqlite::Result<Result<(), RetryError>> {
-    if conn.execute(RETRY_JOB_SQL, params![job_id, now])? == 1 {
+    if retry_one(conn, job_id, by, None, now)? {
         return Ok(Ok(()));
     }
     let found = conn
@@ -333,4 +457,73 @@ pub fn retry_job(
         })
         .optional()?;
     Ok(Err(RetryError::refusal(job_id, found)))
+}
+
+fn filter_params(filter: &RetryFilter) -> (&'static str, i64, i64, Option<&str>) {
+    (
+        filter.state.as_str(),
+        filter.finished_since.unwrap_or(i64::MIN),
+        filter.finished_before,
+        filter.error_contains.as_deref(),
+    )
+}
+
+/// Retries up to `limit` of the jobs `filter` takes, each recorded with `reason`; how many.
+pub fn retry_matching(
+    conn: &Connection,
+    filter: &RetryFilter,
+    (by, reason): (&str, &str),
+    now: i64,
+    limit: usize,
+) -> rusqlite::Result<usize> {
+    let (state, since, before, error) = filter_params(filter);
+    let job_ids = conn
+        .prepare_cached(RETRY_MATCHING_SQL)?
+        .query_map(params![state, since, before, error, limit as i64], |row| {
+            row.get::<_, String>(0)
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut retried = 0;
+    for job_id in &job_ids {
+        retried += usize::from(retry_one(conn, job_id, by, Some(reason), now)?);
+    }
+    Ok(retried)
+}
+
+/// What a bulk retry with `filter` would take, counted exactly.
+pub fn count_retry_matching(
+    conn: &Connection,
+    filter: &RetryFilter,
+) -> rusqlite::Result<RetryCount> {
+    let (state, since, before, error) = filter_params(filter);
+    conn.prepare_cached(COUNT_RETRY_MATCHING_SQL)?.query_row(
+        params![state, since, before, error],
+        |row| {
+            Ok(RetryCount {
+                retryable: row.get::<_, i64>(0)?.unsigned_abs(),
+                body_purged: row.get::<_, i64>(1)?.unsigned_abs(),
+            })
+        },
+    )
+}
+
+/// Whether the workers run jobs.
+pub fn dispatch(conn: &Connection) -> rusqlite::Result<Dispatch> {
+    conn.prepare_cached("SELECT paused, changed_at, changed_by FROM dispatch WHERE id = 1")?
+        .query_row([], |row| {
+            Ok(Dispatch {
+                paused: row.get(0)?,
+                changed_at: row.get(1)?,
+                changed_by: row.get(2)?,
+            })
+        })
+}
+
+/// Pauses or resumes the workers; `false` if they already were.
+pub fn set_dispatch(conn: &Connection, paused: bool, by: &str, now: i64) -> rusqlite::Result<bool> {
+    Ok(conn.execute(
+        "UPDATE dispatch SET paused = ?1, changed_at = ?2, changed_by = ?3
+         WHERE id = 1 AND paused <> ?1",
+        params![paused, now, by],
+    )? == 1)
 }

@@ -4,6 +4,7 @@ mod backup;
 mod checkpoint;
 mod expected;
 mod failure;
+mod history;
 mod jobs;
 mod open;
 mod wal_sync;
@@ -23,8 +24,9 @@ use super::contract::Backend;
 use super::error::{Cause, StorageError};
 use super::model::now_ms;
 use super::model::{
-    Attempt, AttemptEnd, ClaimOutcome, DueExpectation, DueJobs, Expectation, JobDetail, JobStats,
-    JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryError, State,
+    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation,
+    JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
+    RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
 };
 use crate::config::SqliteConfig;
 use crate::job_id::JobId;
@@ -35,9 +37,10 @@ use checkpoint::Checkpointer;
 pub use expected::{DELETE_RESOLVED_SQL, DUE_EXPECTATIONS_SQL};
 use failure::Cause as FailureCause;
 use failure::Failure;
+pub use history::{ACTIONS_OF_JOB_SQL, ATTEMPTS_OF_JOB_SQL};
 pub use jobs::{
-    insert_claim, DELETE_FINISHED_SQL, DUE_JOBS_SQL, EXPIRED_LEASES_SQL, NEXT_DUE_SQL,
-    PURGE_BODIES_SQL,
+    insert_claim, COUNT_RETRY_MATCHING_SQL, DELETE_FINISHED_SQL, DUE_JOBS_SQL, EXPIRED_LEASES_SQL,
+    NEXT_DUE_SQL, PURGE_BODIES_SQL, RETRY_MATCHING_SQL,
 };
 use open::{apply_pragmas, open_connection, open_existing_connection, open_for_writing};
 use writer::Writer;
@@ -292,7 +295,22 @@ impl Backend for SqliteLedger {
 
     async fn give_up(&self, job_id: &str, error: &str, now: i64) -> Result<bool, StorageError> {
         let (job_id, error) = (job_id.to_owned(), error.to_owned());
-        self.write(move |conn| jobs::give_up(conn, &job_id, &error, now))
+        self.write(move |conn| {
+            jobs::give_up(conn, &job_id, &error, ("give_up", RECEIVER_ACTOR), now)
+        })
+        .await
+    }
+
+    async fn cancel_job(
+        &self,
+        job_id: &str,
+        by: &str,
+        reason: &str,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        let (job_id, by) = (job_id.to_owned(), by.to_owned());
+        let error = format!("cancelled by {by}: {reason}");
+        self.write(move |conn| jobs::give_up(conn, &job_id, &error, ("cancel", &by), now))
             .await
     }
 
@@ -419,9 +437,11 @@ impl Backend for SqliteLedger {
     async fn list_jobs(
         &self,
         state: Option<State>,
+        after: Option<&Cursor>,
         limit: usize,
-    ) -> Result<Vec<JobSummary>, StorageError> {
-        self.read(move |conn| jobs::list_jobs(conn, state, limit))
+    ) -> Result<JobPage, StorageError> {
+        let after = after.cloned();
+        self.read(move |conn| jobs::list_jobs(conn, state, after.as_ref(), limit))
             .await
     }
 
@@ -430,15 +450,44 @@ impl Backend for SqliteLedger {
         self.read(move |conn| jobs::show_job(conn, &job_id)).await
     }
 
-    async fn retry_job(&self, job_id: &str, now: i64) -> Result<(), RetryError> {
-        let job_id = job_id.to_owned();
-        self.write(move |conn| jobs::retry_job(conn, &job_id, now))
+    async fn retry_job(&self, job_id: &str, by: &str, now: i64) -> Result<(), RetryError> {
+        let (job_id, by) = (job_id.to_owned(), by.to_owned());
+        self.write(move |conn| jobs::retry_job(conn, &job_id, &by, now))
             .await?
     }
 
-    async fn run_now(&self, job_id: &str, now: i64) -> Result<bool, StorageError> {
-        let job_id = job_id.to_owned();
-        self.write(move |conn| jobs::run_now(conn, &job_id, now))
+    async fn retry_matching(
+        &self,
+        filter: &RetryFilter,
+        by: &str,
+        reason: &str,
+        now: i64,
+        limit: usize,
+    ) -> Result<usize, StorageError> {
+        let (filter, by, reason) = (filter.clone(), by.to_owned(), reason.to_owned());
+        self.write(move |conn| jobs::retry_matching(conn, &filter, (&by, &reason), now, limit))
+            .await
+    }
+
+    async fn count_retry_matching(&self, filter: &RetryFilter) -> Result<RetryCount, StorageError> {
+        let filter = filter.clone();
+        self.read(move |conn| jobs::count_retry_matching(conn, &filter))
+            .await
+    }
+
+    async fn run_now(&self, job_id: &str, by: &str, now: i64) -> Result<bool, StorageError> {
+        let (job_id, by) = (job_id.to_owned(), by.to_owned());
+        self.write(move |conn| jobs::run_now(conn, &job_id, &by, now))
+            .await
+    }
+
+    async fn dispatch(&self) -> Result<Dispatch, StorageError> {
+        self.read(jobs::dispatch).await
+    }
+
+    async fn set_dispatch(&self, paused: bool, by: &str, now: i64) -> Result<bool, StorageError> {
+        let by = by.to_owned();
+        self.write(move |conn| jobs::set_dispatch(conn, paused, &by, now))
             .await
     }
 

@@ -14,6 +14,7 @@ use crate::config::{CheckAtStart, SqliteConfig, Synchronous};
 const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0001_jobs.sql"),
     include_str!("../../../migrations/sqlite/0002_expected_jobs.sql"),
+    include_str!("../../../migrations/sqlite/0003_history.sql"),
 ];
 
 /// The WAL file is truncated back to this size when it rewinds. Above the size it reaches in

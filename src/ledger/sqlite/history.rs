@@ -1,0 +1,116 @@
+//! Each job's history on SQLite: its attempts and the operators' actions, appended in the
+//! transaction of the change they record, at most [`HISTORY_PER_JOB`] of each per job.
+
+use rusqlite::{params, Connection, Row};
+
+use crate::ledger::model::{ActionRecord, AttemptRecord, Failure, HISTORY_PER_JOB};
+
+/// Parameters: job_id, kept. Keeps the newest `kept` attempts of the job; reads only the job's
+/// own entries of the index, so it costs what the job's history holds.
+const TRIM_ATTEMPTS_SQL: &str = "DELETE FROM job_attempts WHERE job_id = ?1 AND id < (
+    SELECT id FROM job_attempts WHERE job_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2 - 1)";
+const TRIM_ACTIONS_SQL: &str = "DELETE FROM job_actions WHERE job_id = ?1 AND id < (
+    SELECT id FROM job_actions WHERE job_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2 - 1)";
+pub const ATTEMPTS_OF_JOB_SQL: &str = "SELECT number, cause, receiver, started_at, ended_at,
+        outcome, exit_status, http_status, error
+    FROM job_attempts WHERE job_id = ?1 ORDER BY id";
+pub const ACTIONS_OF_JOB_SQL: &str =
+    "SELECT at, action, actor, reason FROM job_actions WHERE job_id = ?1 ORDER BY id";
+
+/// Records the start of attempt `number`.
+pub fn record_start(
+    conn: &Connection,
+    job_id: &str,
+    number: u32,
+    cause: &str,
+    now: i64,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO job_attempts (job_id, number, cause, started_at) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![job_id, number, cause, now])?;
+    conn.prepare_cached(TRIM_ATTEMPTS_SQL)?
+        .execute(params![job_id, HISTORY_PER_JOB])?;
+    Ok(())
+}
+
+/// Records how the running attempt `number` ended.
+pub fn record_end(
+    conn: &Connection,
+    job_id: &str,
+    number: i64,
+    outcome: &str,
+    failure: Option<&Failure>,
+    now: i64,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "UPDATE job_attempts SET ended_at = ?3, outcome = ?4, exit_status = ?5,
+                                 http_status = ?6, error = ?7
+         WHERE job_id = ?1 AND number = ?2 AND ended_at IS NULL",
+    )?
+    .execute(params![
+        job_id,
+        number,
+        now,
+        outcome,
+        failure.and_then(|f| f.exit_status),
+        failure.and_then(|f| f.http_status),
+        failure.map(|f| f.error.as_str()),
+    ])?;
+    Ok(())
+}
+
+/// Records an action on the job: who, and why.
+pub fn record_action(
+    conn: &Connection,
+    job_id: &str,
+    action: &str,
+    actor: &str,
+    reason: Option<&str>,
+    now: i64,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO job_actions (job_id, at, action, actor, reason) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![job_id, now, action, actor, reason])?;
+    conn.prepare_cached(TRIM_ACTIONS_SQL)?
+        .execute(params![job_id, HISTORY_PER_JOB])?;
+    Ok(())
+}
+
+fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
+    Ok(AttemptRecord {
+        number: row.get(0)?,
+        cause: row.get(1)?,
+        receiver: row.get(2)?,
+        started_at: row.get(3)?,
+        ended_at: row.get(4)?,
+        outcome: row.get(5)?,
+        exit_status: row.get(6)?,
+        http_status: row.get(7)?,
+        error: row.get(8)?,
+    })
+}
+
+/// The job's attempts and actions, oldest first.
+pub fn history_of(
+    conn: &Connection,
+    job_id: &str,
+) -> rusqlite::Result<(Vec<AttemptRecord>, Vec<ActionRecord>)> {
+    let attempts = conn
+        .prepare_cached(ATTEMPTS_OF_JOB_SQL)?
+        .query_map([job_id], attempt_from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    let actions = conn
+        .prepare_cached(ACTIONS_OF_JOB_SQL)?
+        .query_map([job_id], |row| {
+            Ok(ActionRecord {
+                at: row.get(0)?,
+                action: row.get(1)?,
+                actor: row.get(2)?,
+                reason: row.get(3)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok((attempts, actions))
+}
