@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{Config, Secret};
+use crate::duplicates::DuplicateTally;
 use crate::event_type::EventType;
 use crate::job_id::JobId;
 use crate::ledger::{ClaimOutcome, Ledger, NewClaim, Source, StorageError};
@@ -243,6 +244,7 @@ pub struct Ingest {
     queue: Option<Queue>,
     /// The recent refusals, for the admin listener.
     refusals: Arc<Refusals>,
+    duplicates: Arc<DuplicateTally>,
 }
 
 impl Ingest {
@@ -251,7 +253,7 @@ impl Ingest {
         secrets: Vec<Secret>,
         ledger: Arc<Ledger>,
         queue: Option<Queue>,
-        refusals: Arc<Refusals>,
+        (refusals, duplicates): (Arc<Refusals>, Arc<DuplicateTally>),
     ) -> Self {
         let server = &config.server;
         Self {
@@ -265,6 +267,7 @@ impl Ingest {
             ledger,
             queue,
             refusals,
+            duplicates,
         }
     }
 
@@ -287,6 +290,7 @@ impl Ingest {
             Ok((job_id, outcome)) => {
                 let duplicate = outcome == ClaimOutcome::Duplicate;
                 let outcome = if duplicate {
+                    self.duplicates.record(&job_id);
                     DeliveryOutcome::Duplicate
                 } else {
                     DeliveryOutcome::Claimed

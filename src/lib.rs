@@ -13,6 +13,7 @@
 mod admin;
 pub mod check;
 pub mod config;
+pub mod duplicates;
 pub mod event_type;
 mod handler;
 pub mod http_client;

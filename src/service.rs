@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::Admin;
 use crate::config::Config;
+use crate::duplicates::DuplicateTally;
 use crate::instance_lock::InstanceLock;
 use crate::ledger::{self, Ledger};
 use crate::reconcile::Reconciler;
@@ -114,6 +115,8 @@ pub async fn run_on(
         None => tracing::warn!("no [sume_api] configured: reconciliation is off (a job whose webhook never arrives is not polled)"),
     }
     let refusals = Arc::new(Refusals::default());
+    let duplicates = Arc::new(DuplicateTally::default());
+    tasks.spawn(duplicates.clone().run(ledger.clone(), stop.clone()));
     let seen_by_admin = (ledger.clone(), queue.clone(), refusals.clone());
     if let Some(admin) = start_admin(&config, seen_by_admin, &stop).await? {
         tasks.spawn(admin);
@@ -121,7 +124,13 @@ pub async fn run_on(
 
     let app = Arc::new(App {
         webhook_path: config.server.webhook_path.clone(),
-        ingest: ingest::Ingest::new(&config, secrets, ledger.clone(), queue, refusals),
+        ingest: ingest::Ingest::new(
+            &config,
+            secrets,
+            ledger.clone(),
+            queue,
+            (refusals, duplicates),
+        ),
         ledger: ledger.clone(),
         expose_metrics: config.server.expose_metrics,
     });

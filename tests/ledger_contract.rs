@@ -670,6 +670,20 @@ on_both_ledgers! {
         ledger.close().await;
     }
 
+    /// Duplicate counts add up per job; a job no longer in the ledger is skipped.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn duplicates_are_counted_per_job() {
+        let (_dir, ledger) = fresh().await;
+        claimed(&ledger, "popular").await;
+        let seen = |count, at| vec![("gone".to_owned(), 1, 5), ("popular".to_owned(), count, at)];
+        ledger.record_duplicates(&seen(2, 1_000)).await.unwrap();
+        ledger.record_duplicates(&seen(3, 900)).await.unwrap();
+        let job = ledger.show_job("popular").await.unwrap().unwrap();
+        assert_eq!((job.duplicates, job.last_duplicate_at), (5, Some(1_000)));
+        assert!(ledger.show_job("gone").await.unwrap().is_none());
+        ledger.close().await;
+    }
+
     /// Pausing dispatch is recorded once, with who; resuming likewise.
     #[tokio::test(flavor = "multi_thread")]
     async fn dispatch_can_be_paused_and_resumed() {

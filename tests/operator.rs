@@ -150,6 +150,42 @@ on_both_ledgers! {
     }
 }
 
+/// Duplicates are answered at once and counted on their job within a second or so.
+#[tokio::test(flavor = "multi_thread")]
+async fn duplicate_deliveries_are_counted_on_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let config = operator_config(dir.path(), admin_port, 0);
+    let server = TestServer::start_in(dir, &config).await;
+    for _ in 0..3 {
+        assert_eq!(server.deliver(&job_body("again")).await.status, 200);
+    }
+    let counted = eventually(Duration::from_secs(5), || {
+        server.value("SELECT duplicates FROM jobs WHERE job_id = ?1", &["again"]) == 2
+    })
+    .await;
+    assert!(
+        counted,
+        "{}",
+        server.value("SELECT duplicates FROM jobs WHERE job_id = ?1", &["again"])
+    );
+    let (_, job) = admin(Method::GET, admin_port, "/v1/jobs/again").await;
+    assert!(job["last_duplicate_at"].as_i64().unwrap() >= job["received_at"].as_i64().unwrap());
+    // Counted on shutdown too.
+    assert_eq!(server.deliver(&job_body("again")).await.status, 200);
+    let (result, dir) = server.stop().await;
+    result.unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join("ledger.sqlite3")).unwrap();
+    let count: i64 = conn
+        .query_row(
+            "SELECT duplicates FROM jobs WHERE job_id = 'again'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(count, 3);
+}
+
 /// Refused deliveries are in the admin listener's ring, newest first, with the peer and why;
 /// a flood of them keeps only the newest.
 #[tokio::test(flavor = "multi_thread")]

@@ -11,6 +11,10 @@ UPDATE jobs SET next_attempt_cause = 'backoff' WHERE state = 'retrying';
 UPDATE jobs SET next_attempt_cause = 'poll' WHERE state = 'claimed' AND source = 'poll';
 -- When retention purged the body (the tombstone's date).
 ALTER TABLE jobs ADD COLUMN body_purged_at INTEGER;
+-- Deliveries after the first (Sume's retries and redeliveries), and when the last one came;
+-- written every second, not with each answer.
+ALTER TABLE jobs ADD COLUMN duplicates INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN last_duplicate_at INTEGER;
 
 CREATE TABLE job_attempts (
     id          INTEGER PRIMARY KEY,

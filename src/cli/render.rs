@@ -248,6 +248,13 @@ fn timeline(job: &JobDetail) -> Vec<(i64, String)> {
         }
         events.push((action.at, line));
     }
+    if let Some(at) = job.last_duplicate_at {
+        let n = job.duplicates;
+        events.push((
+            at,
+            format!("the last of {n} duplicate deliveries (answered, not run)"),
+        ));
+    }
     if let Some(at) = job.body_purged_at {
         events.push((at, "body purged by retention".into()));
     }

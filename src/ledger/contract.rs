@@ -187,6 +187,10 @@ macro_rules! operations {
         /// Stops after everything queued before this call is committed.
         fn close(&self) -> ();
 
+        /// Adds duplicate deliveries to their jobs' counts: (job_id, how many, when the last
+        /// came); a job no longer in the ledger is skipped.
+        fn record_duplicates(&self, seen: &[(String, u32, i64)]) -> Result<(), StorageError>;
+
         /// One page of jobs, newest first, optionally in one state, after `after` (the end of
         /// the page before); each list reads its own index in order.
         fn list_jobs(&self, state: Option<State>, after: Option<&Cursor>, limit: usize)

@@ -271,6 +271,9 @@ pub struct JobDetail {
     pub body: Option<String>,
     /// When retention purged the body.
     pub body_purged_at: Option<i64>,
+    /// Deliveries after the first (written every second), and when the last came.
+    pub duplicates: u32,
+    pub last_duplicate_at: Option<i64>,
     /// Why the next attempt will run, while the job waits for it.
     pub next_attempt_cause: String,
     /// Every attempt kept, oldest first.

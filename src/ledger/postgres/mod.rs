@@ -597,6 +597,8 @@ impl Backend for PostgresLedger {
             body: row.get(11),
             body_purged_at: row.get(12),
             next_attempt_cause: row.get(13),
+            duplicates: row.get::<_, i32>(14).unsigned_abs(),
+            last_duplicate_at: row.get(15),
             history: history
                 .iter()
                 .map(|row| AttemptRecord {
@@ -701,6 +703,18 @@ impl Backend for PostgresLedger {
             return Ok(true);
         }
         Ok(false)
+    }
+
+    async fn record_duplicates(&self, seen: &[(String, u32, i64)]) -> Result<(), StorageError> {
+        let job_ids: Vec<&str> = seen.iter().map(|(job_id, _, _)| job_id.as_str()).collect();
+        let counts: Vec<i32> = seen
+            .iter()
+            .map(|(_, count, _)| i32::try_from(*count).unwrap_or(i32::MAX))
+            .collect();
+        let lasts: Vec<i64> = seen.iter().map(|(_, _, last)| *last).collect();
+        self.execute(sql::RECORD_DUPLICATES_SQL, &[&job_ids, &counts, &lasts])
+            .await
+            .map(drop)
     }
 
     async fn dispatch(&self) -> Result<Dispatch, StorageError> {

@@ -66,7 +66,7 @@ pub const GIVE_UP_SQL: &str =
      WHERE job_id = ?1 AND state IN ('claimed', 'retrying')";
 pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
          next_attempt_at, finished_at, last_error, lease_expires_at, updated_at, body,
-         body_purged_at, next_attempt_cause
+         body_purged_at, next_attempt_cause, duplicates, last_duplicate_at
      FROM jobs WHERE job_id = ?1";
 /// Parameters: job_id, now.
 pub const RETRY_JOB_SQL: &str =
@@ -355,6 +355,8 @@ pub fn show_job(conn: &Connection, job_id: &str) -> rusqlite::Result<Option<JobD
                 body: row.get(11)?,
                 body_purged_at: row.get(12)?,
                 next_attempt_cause: row.get(13)?,
+                duplicates: row.get(14)?,
+                last_duplicate_at: row.get(15)?,
                 history: Vec::new(),
                 actions: Vec::new(),
             })
@@ -505,6 +507,19 @@ pub fn count_retry_matching(
             })
         },
     )
+}
+
+/// Adds duplicate deliveries to their jobs' counts.
+pub fn record_duplicates(conn: &Connection, seen: &[(String, u32, i64)]) -> rusqlite::Result<()> {
+    let mut statement = conn.prepare_cached(
+        "UPDATE jobs SET duplicates = duplicates + ?2,
+                         last_duplicate_at = max(coalesce(last_duplicate_at, 0), ?3)
+         WHERE job_id = ?1",
+    )?;
+    for (job_id, count, last) in seen {
+        statement.execute(params![job_id, count, last])?;
+    }
+    Ok(())
 }
 
 /// Whether the workers run jobs.

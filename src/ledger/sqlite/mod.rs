@@ -481,6 +481,12 @@ impl Backend for SqliteLedger {
             .await
     }
 
+    async fn record_duplicates(&self, seen: &[(String, u32, i64)]) -> Result<(), StorageError> {
+        let seen = seen.to_vec();
+        self.write(move |conn| jobs::record_duplicates(conn, &seen))
+            .await
+    }
+
     async fn dispatch(&self) -> Result<Dispatch, StorageError> {
         self.read(jobs::dispatch).await
     }

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The operator's commands on a large ledger: how long `jobs list` (every state, first page and
+# a page deep in the list), `jobs stats`, `jobs show` and a bulk-retry count take on a ledger of
+# $JOBS jobs (97 % done, 2 % dead, 1 % waiting, each with its attempt in the history), as the
+# operator runs them: the CLI's wall time, process start included. Prints p50 and p99 of $RUNS
+# runs each. Env: JOBS (1000000), RUNS (20), BIN (built with --features bench if unset).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-1000000}; RUNS=${RUNS:-20}
+source bench/lib.sh
+dir="$work/ledger"; mkdir -p "$dir"
+write_config "$dir" ""
+start_receiver "$dir"; stop_receiver >/dev/null   # creates and migrates the ledger
+echo "filling a ledger with $JOBS jobs..." >&2
+sqlite3 "$dir/ledger.sqlite3" >/dev/null <<SQL
+PRAGMA journal_mode = WAL;
+BEGIN;
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $JOBS)
+INSERT INTO jobs (job_id, state, source, event_type, body, received_at, attempts,
+                  next_attempt_at, finished_at, last_error, updated_at)
+SELECT 'job-' || i,
+       CASE WHEN i % 100 = 0 THEN 'retrying' WHEN i % 50 = 1 THEN 'dead' ELSE 'done' END,
+       'webhook', 'job.completed',
+       '{"job_id":"job-' || i || '","type":"job.completed","result":{"pad":"' || hex(zeroblob(300)) || '"}}',
+       now - i * 10, 1,
+       CASE WHEN i % 100 = 0 THEN now + i END,
+       CASE WHEN i % 100 = 0 THEN NULL ELSE now - i * 10 + 50 END,
+       CASE WHEN i % 100 = 0 OR i % 50 = 1 THEN
+            CASE WHEN i % 3 = 0 THEN 'handler answered 502 Bad Gateway' ELSE 'exited with status 1' END
+       END,
+       now
+FROM n, (SELECT CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) AS now);
+INSERT INTO job_attempts (job_id, number, cause, started_at, ended_at, outcome, error)
+SELECT job_id, 1, 'first', received_at, received_at + 40,
+       CASE state WHEN 'done' THEN 'done' WHEN 'dead' THEN 'dead' ELSE 'failed' END, last_error
+FROM jobs;
+COMMIT;
+PRAGMA wal_checkpoint(TRUNCATE);
+SQL
+echo "  $(sqlite3 "$dir/ledger.sqlite3" 'SELECT state, count(*) FROM jobs GROUP BY state' | tr '\n' ' ')($(du -h "$dir/ledger.sqlite3" | cut -f1))" >&2
+deep=$(sqlite3 "$dir/ledger.sqlite3" "SELECT received_at || ':' || job_id FROM jobs ORDER BY received_at DESC LIMIT 1 OFFSET $((JOBS / 2))")
+deep_dead=$(sqlite3 "$dir/ledger.sqlite3" "SELECT finished_at || ':' || job_id FROM jobs WHERE state = 'dead' ORDER BY finished_at DESC LIMIT 1 OFFSET $((JOBS / 100))")
+
+# time_command NAME ARGS...: p50 and p99 wall time of $RUNS runs, in ms.
+time_command() {
+  local name=$1; shift
+  python3 - "$RUNS" "$name" "$BIN" --config "$dir/config.toml" "$@" <<'PY'
+import subprocess, sys, time
+runs, name, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+times = []
+for _ in range(runs):
+    started = time.perf_counter()
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    times.append((time.perf_counter() - started) * 1000)
+    if done.returncode != 0:
+        sys.exit(f"{name} failed: {argv}")
+times.sort()
+p = lambda q: times[min(len(times) - 1, int(q * len(times)))]
+print(f"{name:<44} p50 {p(0.5):7.1f} ms   p99 {p(0.99):7.1f} ms")
+PY
+}
+time_command "jobs list"                         jobs list
+time_command "jobs list, half-way down (--after)" jobs list --after "$deep"
+for state in claimed retrying running done dead; do
+  time_command "jobs list --state $state"        jobs list --state "$state"
+done
+time_command "jobs list --state dead, deep"      jobs list --state dead --after "$deep_dead"
+time_command "jobs stats"                        jobs stats
+time_command "jobs show"                         jobs show job-4242
+time_command "jobs retry --state dead (count)"   jobs retry --state dead --error-contains 502
+time_command "jobs retry --state dead --since 1h (count)" jobs retry --state dead --since 1h
+time_command "sume-receiver --version (process start)" --version

@@ -1,0 +1,74 @@
+//! Duplicate deliveries per job: counted in memory on the request path, written to the ledger
+//! every second, so that a duplicate costs the claim path no write of its own.
+//!
+//! The counts are for people (`jobs show`): a crash loses at most the last second of them,
+//! and past [`MAX_PENDING`] distinct jobs in one second the rest go uncounted (a flood of
+//! replayed deliveries cannot grow memory).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::job_id::JobId;
+use crate::ledger::{now_ms, Ledger};
+use crate::logging::Escaped;
+
+/// Distinct jobs whose duplicates wait for the next write.
+pub const MAX_PENDING: usize = 10_000;
+/// How often the counts are written.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+pub struct DuplicateTally {
+    /// Per job: duplicates since the last write, and when the last one came (Unix ms).
+    pending: Mutex<HashMap<JobId, (u32, i64)>>,
+}
+
+impl DuplicateTally {
+    pub fn record(&self, job_id: &JobId) {
+        let now = now_ms();
+        let mut pending = self.pending.lock().expect("not poisoned");
+        if let Some((count, last)) = pending.get_mut(job_id) {
+            *count = count.saturating_add(1);
+            *last = now;
+        } else if pending.len() < MAX_PENDING {
+            pending.insert(job_id.clone(), (1, now));
+        }
+    }
+
+    /// Writes what was counted since the last write; how many jobs it updated.
+    pub async fn flush_once(&self, ledger: &Ledger) -> usize {
+        let taken = std::mem::take(&mut *self.pending.lock().expect("not poisoned"));
+        if taken.is_empty() {
+            return 0;
+        }
+        let mut seen: Vec<(String, u32, i64)> = taken
+            .into_iter()
+            .map(|(job_id, (count, last))| (job_id.as_str().to_owned(), count, last))
+            .collect();
+        // One order for every writer: concurrent writes lock rows the same way round.
+        seen.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        match ledger.record_duplicates(&seen).await {
+            Ok(()) => seen.len(),
+            Err(error) => {
+                let error = error.to_string();
+                tracing::warn!(jobs = seen.len(), error = %Escaped(&error), "could not write duplicate counts; they are lost (the deliveries were answered)");
+                0
+            }
+        }
+    }
+
+    /// Writes the counts every [`FLUSH_EVERY`] until `stop`, then once more.
+    pub async fn run(self: Arc<Self>, ledger: Arc<Ledger>, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(FLUSH_EVERY) => {}
+                () = stop.cancelled() => break,
+            }
+            self.flush_once(&ledger).await;
+        }
+        self.flush_once(&ledger).await;
+    }
+}
