@@ -18,6 +18,7 @@ use hyper::header::AUTHORIZATION;
 use hyper::{Method, Request, Response, StatusCode};
 
 use crate::config::Secret;
+use crate::console::Console;
 use crate::ingest::json_response;
 use crate::job_id::JobId;
 use crate::ledger::{self, duration_ms, now_ms, Ledger};
@@ -32,6 +33,8 @@ pub struct Admin {
     /// The local worker, woken when an action makes a job due; `None` without a handler.
     pub queue: Option<Queue>,
     pub refusals: Arc<Refusals>,
+    /// `/console/...`: the pages, with their own sign-in.
+    pub console: Console,
 }
 
 /// Registers `job_id` as expected, first polled `reconcile_after` from now. `true` if new.
@@ -45,22 +48,11 @@ pub async fn expect(
     ledger.expect_job(&job_id, now, first_poll).await
 }
 
-/// Whether `candidate` is the token, compared in constant time.
-fn bearer_matches(token: &Secret, candidate: &str) -> bool {
-    use sha2::Digest;
-    // Comparing digests keeps the time independent of where the strings first differ.
-    let (a, b) = (
-        sha2::Sha256::digest(token.expose()),
-        sha2::Sha256::digest(candidate),
-    );
-    a.iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
-}
-
 impl Router for Admin {
     async fn route(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
+        if Console::owns(request.uri().path()) {
+            return self.console.handle(request, peer).await;
+        }
         // Read-only and on loopback by default: Prometheus and health checks need no token.
         if let Some(response) = crate::server::operational(&self.ledger, &request).await {
             return response;
@@ -72,7 +64,7 @@ impl Router for Admin {
             .and_then(|value| value.trim().split_once(' '))
             // RFC 9110: the scheme is case-insensitive.
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .is_some_and(|(_, token)| bearer_matches(&self.token, token.trim()));
+            .is_some_and(|(_, token)| self.token.matches(token.trim()));
         if !authorized {
             return error_response(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
         }
@@ -152,18 +144,6 @@ fn decode_job_id(encoded: &str) -> Result<JobId, String> {
     }
 }
 
-/// The value of `name` in a query string, percent-decoded.
-fn query_value(query: &str, name: &str) -> Option<String> {
-    query.split('&').find_map(|pair| {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        (key == name).then(|| {
-            percent_encoding::percent_decode_str(&value.replace('+', " "))
-                .decode_utf8_lossy()
-                .into_owned()
-        })
-    })
-}
-
 fn storage_unavailable(error: &ledger::StorageError) -> Response<Full<Bytes>> {
     tracing::warn!(%error, "an admin request found the ledger unavailable");
     error_response(
@@ -215,7 +195,8 @@ impl Admin {
             },
             "run-now" => self.ledger.run_now(job_id.as_str(), by, now).await,
             _ => {
-                let Some(reason) = query_value(query, "reason").filter(|r| !r.trim().is_empty())
+                let Some(reason) =
+                    crate::console::form_value(query, "reason").filter(|r| !r.trim().is_empty())
                 else {
                     return error_response(StatusCode::BAD_REQUEST, "cancel needs ?reason=");
                 };
@@ -256,20 +237,6 @@ impl Admin {
                 }
             }
             Err(error) => storage_unavailable(&error),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_bearer_token_matches_only_itself() {
-        let token = Secret::new("t0ken");
-        assert!(bearer_matches(&token, "t0ken"));
-        for other in ["t0ke", "t0ken ", ""] {
-            assert!(!bearer_matches(&token, other), "{other:?}");
         }
     }
 }

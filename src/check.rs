@@ -51,6 +51,12 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
             "admin.token_file",
             admin.token().map(drop),
         );
+        credential(
+            &mut findings,
+            unreadable,
+            "admin.read_token_file",
+            admin.read_token().map(drop),
+        );
     }
     match &config.database {
         // Not connected to here: `serve` says at start if the server cannot be reached.

@@ -13,6 +13,7 @@
 mod admin;
 pub mod check;
 pub mod config;
+mod console;
 pub mod duplicates;
 pub mod event_type;
 mod handler;
@@ -30,6 +31,7 @@ mod process;
 pub mod reconcile;
 mod refusals;
 mod repeat;
+mod rollup;
 mod server;
 mod service;
 pub mod signature;

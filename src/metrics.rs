@@ -5,6 +5,7 @@
 //! memory) are read at scrape time and passed in as a [`Snapshot`]. A leaf module: it knows
 //! labels, not the types of the modules that record into it.
 
+use crate::rollup::{Series, ROLLUP};
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::{LazyLock, Mutex};
 
@@ -329,6 +330,12 @@ impl Metrics {
         self.deliveries
             .get_or_create(&[("outcome", outcome.label())])
             .inc();
+        ROLLUP.record(match outcome {
+            DeliveryOutcome::Claimed => Series::Claimed,
+            DeliveryOutcome::Duplicate => Series::Duplicate,
+            DeliveryOutcome::Unavailable => Series::Unavailable,
+            _ => Series::Refused,
+        });
     }
 
     /// Deliveries since start: (claimed, duplicates, refused for any reason).
@@ -346,6 +353,19 @@ impl Metrics {
             }
         }
         totals
+    }
+
+    /// Done and dead jobs (as `/metrics` shows them).
+    pub fn finished_jobs(&self) -> (i64, i64) {
+        (
+            self.finished[DONE].load(Relaxed),
+            self.finished[DEAD].load(Relaxed),
+        )
+    }
+
+    /// Since start: leases the sweeper took back, jobs polls recovered, expectations given up.
+    pub fn maintenance_totals(&self) -> (u64, u64, u64) {
+        (self.swept.get(), self.recovered.get(), self.given_up.get())
     }
 
     pub fn record_commit(&self, batch_size: usize, committed: bool) {
@@ -367,6 +387,11 @@ impl Metrics {
     }
 
     pub fn record_attempt_end(&self, result: AttemptResult, seconds: Option<f64>) {
+        ROLLUP.record(match result {
+            AttemptResult::Done => Series::Done,
+            AttemptResult::Failed => Series::Failed,
+            AttemptResult::Dead => Series::Dead,
+        });
         let label = match result {
             AttemptResult::Done => "done",
             AttemptResult::Failed | AttemptResult::Dead => "failed",

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::Admin;
 use crate::config::Config;
+use crate::console::Console;
 use crate::duplicates::DuplicateTally;
 use crate::instance_lock::InstanceLock;
 use crate::ledger::{self, Ledger};
@@ -234,12 +235,19 @@ async fn start_admin(
     let listener = TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen on {address} (admin.listen)"))?;
+    let console = Console::new(
+        config,
+        (ledger.clone(), queue.clone(), refusals.clone()),
+        token.clone(),
+        admin.read_token()?,
+    );
     let admin = Arc::new(Admin {
         ledger,
         token,
         reconcile_after: config.reconcile_after(),
         queue,
         refusals,
+        console,
     });
     tracing::info!(listen = %address, "admin listener on");
     let (server_config, stop) = (config.server.clone(), stop.clone());

@@ -347,7 +347,7 @@ async fn the_operator_statements_read_indexes_in_order() {
     ];
     for (state, index) in states {
         for after in [false, true] {
-            let sql = ledger::list_jobs_sql(state, after, ledger::Placeholder::Question);
+            let sql = ledger::list_jobs_sql(state, after, ledger::Dialect::Sqlite);
             let plan = query_plan(&conn, &sql);
             assert!(plan.contains(&format!("INDEX {index}")), "{sql}\n=> {plan}");
             // Only ties of the time are sorted (by job_id), never the list.
@@ -379,7 +379,7 @@ async fn the_operator_statements_read_indexes_in_order() {
             &["jobs_finished"],
         ),
         (
-            ledger::stats_sql(ledger::Placeholder::Question),
+            ledger::stats_sql(ledger::Dialect::Sqlite),
             &["jobs_due", "jobs_leased", "jobs_received", "jobs_dead"],
         ),
         (

@@ -332,12 +332,15 @@ impl Config {
 
     fn resolve_paths(&mut self, base_dir: &Path) {
         self.database.resolve_paths(base_dir);
+        let (admin_token, admin_read_token) = match self.admin.as_mut() {
+            Some(admin) => (admin.token_file.as_mut(), admin.read_token_file.as_mut()),
+            None => (None, None),
+        };
         let files = [
             self.signature.secrets_file.as_mut(),
             self.sume_api.as_mut().map(|api| &mut api.api_key_file),
-            self.admin
-                .as_mut()
-                .and_then(|admin| admin.token_file.as_mut()),
+            admin_token,
+            admin_read_token,
         ];
         for file in files.into_iter().flatten() {
             *file = base_dir.join(&*file);

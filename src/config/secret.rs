@@ -19,6 +19,21 @@ impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// Whether `candidate` is this secret, compared in constant time (a bearer token, a
+    /// console sign-in).
+    pub fn matches(&self, candidate: &str) -> bool {
+        use sha2::Digest;
+        // Comparing digests keeps the time independent of where the strings first differ.
+        let (a, b) = (
+            sha2::Sha256::digest(&self.0),
+            sha2::Sha256::digest(candidate),
+        );
+        a.iter()
+            .zip(b.iter())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+    }
 }
 
 /// Reads a file holding one secret (surrounding whitespace dropped); `key` names it in errors.
@@ -41,5 +56,19 @@ impl AsRef<[u8]> for Secret {
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Secret([redacted])")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_matches_only_itself() {
+        let token = Secret::new("t0ken");
+        assert!(token.matches("t0ken"));
+        for other in ["t0ke", "t0ken ", ""] {
+            assert!(!token.matches(other), "{other:?}");
+        }
     }
 }

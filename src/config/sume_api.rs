@@ -70,9 +70,20 @@ fn default_max_poll_backoff() -> Duration {
 pub struct AdminConfig {
     #[serde(default = "default_admin_listen")]
     pub listen: SocketAddr,
-    /// The bearer token clients of the admin listener must send; no file, no listener.
-    /// Read when the service starts.
+    /// The bearer token clients of the admin listener must send, and the console's operator
+    /// sign-in; no file, no listener. Read when the service starts.
     pub token_file: Option<PathBuf>,
+    /// A second token that signs in to the console to look only (no actions).
+    pub read_token_file: Option<PathBuf>,
+    /// Whether the console offers actions (retry, run now, cancel, pause) to a session signed
+    /// in with the operator token. Off: the console only shows.
+    #[serde(default)]
+    pub console_actions: bool,
+    /// Host names the console answers to, besides the listen address, `localhost`,
+    /// `127.0.0.1` and `[::1]` (a page asked for under any other Host is refused: DNS
+    /// rebinding).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
 }
 
 impl AdminConfig {
@@ -81,6 +92,14 @@ impl AdminConfig {
         self.token_file
             .as_deref()
             .map(|file| read_secret_file("admin.token_file", file))
+            .transpose()
+    }
+
+    /// The token from `read_token_file`, if one is configured.
+    pub fn read_token(&self) -> anyhow::Result<Option<Secret>> {
+        self.read_token_file
+            .as_deref()
+            .map(|file| read_secret_file("admin.read_token_file", file))
             .transpose()
     }
 }

@@ -11,9 +11,9 @@ use std::future::Future;
 
 use super::error::StorageError;
 use super::model::{
-    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation,
-    JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
-    RetryCount, RetryError, RetryFilter, State,
+    Attempt, AttemptEnd, ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs,
+    Expectation, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
+    RetentionStep, RetryCount, RetryError, RetryFilter, State,
 };
 
 /// One operation of the [`Backend`] trait, from [`operations!`].
@@ -208,6 +208,9 @@ macro_rules! operations {
         /// so repeating this until it returns 0 takes them all, a batch at a time.
         fn retry_matching(&self, filter: &RetryFilter, by: &str, reason: &str, now: i64,
                           limit: usize) -> Result<usize, StorageError>;
+
+        /// Dead jobs grouped by error signature, the largest groups first, at most `limit`.
+        fn dead_groups(&self, limit: usize) -> Result<Vec<DeadGroup>, StorageError>;
 
         /// What [`Backend::retry_matching`] would take in all, counted exactly.
         fn count_retry_matching(&self, filter: &RetryFilter)

@@ -25,11 +25,11 @@ pub use contract::Backend;
 pub use error::{Cause, StorageError, StorageLost, STORAGE_LOST_EXIT_STATUS};
 pub use model::{
     duration_ms, now_ms, ActionRecord, Attempt, AttemptEnd, AttemptRecord, ClaimOutcome, Cursor,
-    Dispatch, DueExpectation, DueJobs, Expectation, Failure, JobDetail, JobPage, JobStats,
-    JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount, RetryError,
-    RetryFilter, Source, State, HISTORY_PER_JOB,
+    DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, Failure, JobDetail, JobPage,
+    JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount,
+    RetryError, RetryFilter, Source, State, HISTORY_PER_JOB,
 };
-pub use portable_sql::{list_jobs_sql, stats_sql, Placeholder, COUNT_BY_STATE_SQL};
+pub use portable_sql::{dead_groups_sql, list_jobs_sql, stats_sql, Dialect, COUNT_BY_STATE_SQL};
 use postgres::PostgresLedger;
 pub use sqlite::{backup, BackupReport, SqliteLedger};
 #[cfg(feature = "bench")]

@@ -470,6 +470,16 @@ pub enum RetentionStep {
     DeleteResolvedExpectations,
 }
 
+/// Dead jobs with the same error signature (see the console's dead letters).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadGroup {
+    pub signature: String,
+    pub jobs: u64,
+    pub last_finished_at: Option<i64>,
+    /// One of them, to look at.
+    pub example_job_id: String,
+}
+
 /// Whether the workers run jobs, and who said so last.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Dispatch {

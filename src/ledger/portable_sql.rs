@@ -1,5 +1,6 @@
 //! The SQL that reads the same in SQLite's dialect and PostgreSQL's (the counts behind the
-//! metrics, the lists of `jobs list`): written once; each backend runs it.
+//! metrics and `jobs stats`, the lists of `jobs list`, the console's dead-letter groups):
+//! written once; each backend runs it.
 
 use super::model::State;
 
@@ -33,7 +34,7 @@ pub const COUNT_BY_STATE_SQL: &str = "
 
 /// The three figures of `jobs stats` after the counts: the oldest unfinished job, received
 /// since the first parameter, dead since the second; each reads a range of an index.
-pub fn stats_sql(placeholder: Placeholder) -> String {
+pub fn stats_sql(placeholder: Dialect) -> String {
     format!(
         "SELECT ({OLDEST_UNFINISHED_SQL}),
                 (SELECT count(*) FROM jobs WHERE received_at >= {}),
@@ -43,22 +44,48 @@ pub fn stats_sql(placeholder: Placeholder) -> String {
     )
 }
 
-/// How a dialect writes parameter `n` (1-based).
+/// The dialect of the SQL that is the same but for its parameters and a few functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placeholder {
-    /// SQLite: `?1`
-    Question,
-    /// PostgreSQL: `$1`
-    Dollar,
+pub enum Dialect {
+    /// `?1`, `instr(haystack, needle)`
+    Sqlite,
+    /// `$1`, `strpos(haystack, needle)`
+    Postgres,
 }
 
-impl Placeholder {
+impl Dialect {
+    /// Parameter `n` (1-based).
     fn at(self, n: usize) -> String {
         match self {
-            Placeholder::Question => format!("?{n}"),
-            Placeholder::Dollar => format!("${n}"),
+            Dialect::Sqlite => format!("?{n}"),
+            Dialect::Postgres => format!("${n}"),
         }
     }
+
+    /// The 1-based position of `needle` in `haystack`, 0 if absent.
+    fn position(self, haystack: &str, needle: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("instr({haystack}, {needle})"),
+            Dialect::Postgres => format!("strpos({haystack}, {needle})"),
+        }
+    }
+}
+
+/// Dead jobs grouped by their error's signature: the error before the handler's own output
+/// (`; stderr:`), at most 120 characters of it; the largest groups first. Parameter: limit.
+/// Reads every dead job (the dead index, then each row): dead jobs are the few.
+pub fn dead_groups_sql(dialect: Dialect) -> String {
+    let error = "coalesce(last_error, '')";
+    let cut = dialect.position(error, "'; stderr:'");
+    format!(
+        "SELECT signature, count(*), max(finished_at), max(job_id) FROM (
+             SELECT job_id, finished_at,
+                    substr(CASE WHEN {cut} > 0 THEN substr({error}, 1, {cut} - 1)
+                                ELSE {error} END, 1, 120) AS signature
+             FROM jobs WHERE state = 'dead') AS dead
+         GROUP BY signature ORDER BY count(*) DESC, signature LIMIT {}",
+        dialect.at(1)
+    )
 }
 
 /// The time a list of jobs in `state` is ordered by (newest first), and the condition that
@@ -86,7 +113,7 @@ pub fn list_order(state: Option<State>) -> (&'static str, &'static str) {
 
 /// One page of `jobs list`: parameters limit, then (with `after`) the cursor's time and
 /// job_id. The first column is the time the list is ordered by (the cursor's).
-pub fn list_jobs_sql(state: Option<State>, after: bool, placeholder: Placeholder) -> String {
+pub fn list_jobs_sql(state: Option<State>, after: bool, placeholder: Dialect) -> String {
     let (time, condition) = list_order(state);
     let keyset = if after {
         // Not a row value: SQLite seeks on the first term only in this form.

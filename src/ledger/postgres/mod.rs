@@ -39,9 +39,9 @@ use super::error::{Cause, StorageError};
 use super::model::{duration_ms, now_ms};
 use super::model::{
     expectation_counts, unfinished_counts, ActionRecord, Attempt, AttemptEnd, AttemptRecord,
-    ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation, JobDetail, JobPage,
-    JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount,
-    RetryError, RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
+    ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, JobDetail,
+    JobPage, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
+    RetryCount, RetryError, RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
 };
 use super::portable_sql;
 use crate::config::{PostgresConfig, PostgresUrl};
@@ -553,7 +553,7 @@ impl Backend for PostgresLedger {
         limit: usize,
     ) -> Result<JobPage, StorageError> {
         let sql =
-            portable_sql::list_jobs_sql(state, after.is_some(), portable_sql::Placeholder::Dollar);
+            portable_sql::list_jobs_sql(state, after.is_some(), portable_sql::Dialect::Postgres);
         let limit_param = limit as i64;
         let rows = match after {
             Some(cursor) => {
@@ -675,6 +675,20 @@ impl Backend for PostgresLedger {
         Ok(job_ids.len())
     }
 
+    async fn dead_groups(&self, limit: usize) -> Result<Vec<DeadGroup>, StorageError> {
+        let sql = portable_sql::dead_groups_sql(portable_sql::Dialect::Postgres);
+        let rows = self.query(&sql, &[&(limit as i64)]).await?;
+        Ok(rows
+            .iter()
+            .map(|row| DeadGroup {
+                signature: row.get(0),
+                jobs: row.get::<_, i64>(1).unsigned_abs(),
+                last_finished_at: row.get(2),
+                example_job_id: row.get(3),
+            })
+            .collect())
+    }
+
     async fn count_retry_matching(&self, filter: &RetryFilter) -> Result<RetryCount, StorageError> {
         let rows = self
             .query(
@@ -741,7 +755,7 @@ impl Backend for PostgresLedger {
     async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {
         let by_state = self.query(portable_sql::COUNT_BY_STATE_SQL, &[]).await?;
         let (hour_ago, day_ago) = JobStats::since(now);
-        let stats_sql = portable_sql::stats_sql(portable_sql::Placeholder::Dollar);
+        let stats_sql = portable_sql::stats_sql(portable_sql::Dialect::Postgres);
         let counts = self.query(&stats_sql, &[&hour_ago, &day_ago]).await?;
         let row = counts
             .first()

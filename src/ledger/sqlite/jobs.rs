@@ -7,14 +7,14 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use super::history::{history_of, record_action, record_end, record_start};
 use crate::event_type::EventType;
 use crate::job_id::JobId;
-use crate::ledger::model::Dispatch;
 use crate::ledger::model::{
     unfinished_counts, Attempt, AttemptEnd, ClaimOutcome, Cursor, DueJobs, JobDetail, JobPage,
     JobStats, JobSummary, LeasedAttempt, NewClaim, RetryCount, RetryError, RetryFilter, Source,
     State,
 };
+use crate::ledger::model::{DeadGroup, Dispatch};
 use crate::ledger::portable_sql::{
-    list_jobs_sql, stats_sql, Placeholder, COUNT_BY_STATE_SQL, COUNT_FINISHED_SQL,
+    dead_groups_sql, list_jobs_sql, stats_sql, Dialect, COUNT_BY_STATE_SQL, COUNT_FINISHED_SQL,
     COUNT_UNFINISHED_SQL, OLDEST_UNFINISHED_SQL,
 };
 
@@ -307,11 +307,8 @@ pub fn list_jobs(
     after: Option<&Cursor>,
     limit: usize,
 ) -> rusqlite::Result<JobPage> {
-    let mut statement = conn.prepare_cached(&list_jobs_sql(
-        state,
-        after.is_some(),
-        Placeholder::Question,
-    ))?;
+    let mut statement =
+        conn.prepare_cached(&list_jobs_sql(state, after.is_some(), Dialect::Sqlite))?;
     let limit_param = limit as i64;
     let rows = match after {
         Some(cursor) => statement.query_map(
@@ -402,7 +399,7 @@ pub fn job_stats(conn: &Connection, now: i64) -> rusqlite::Result<JobStats> {
         .collect::<rusqlite::Result<_>>()?;
     let (hour_ago, day_ago) = JobStats::since(now);
     let counts = conn
-        .prepare_cached(&stats_sql(Placeholder::Question))?
+        .prepare_cached(&stats_sql(Dialect::Sqlite))?
         .query_row([hour_ago, day_ago], |row| {
             Ok((row.get(0)?, row.get(1)?, row.get(2)?))
         })?;
@@ -520,6 +517,20 @@ pub fn record_duplicates(conn: &Connection, seen: &[(String, u32, i64)]) -> rusq
         statement.execute(params![job_id, count, last])?;
     }
     Ok(())
+}
+
+/// Dead jobs grouped by error signature.
+pub fn dead_groups(conn: &Connection, limit: usize) -> rusqlite::Result<Vec<DeadGroup>> {
+    let mut statement = conn.prepare_cached(&dead_groups_sql(Dialect::Sqlite))?;
+    let rows = statement.query_map([limit as i64], |row| {
+        Ok(DeadGroup {
+            signature: row.get(0)?,
+            jobs: row.get::<_, i64>(1)?.unsigned_abs(),
+            last_finished_at: row.get(2)?,
+            example_job_id: row.get(3)?,
+        })
+    })?;
+    rows.collect()
 }
 
 /// Whether the workers run jobs.

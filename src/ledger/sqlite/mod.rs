@@ -24,9 +24,9 @@ use super::contract::Backend;
 use super::error::{Cause, StorageError};
 use super::model::now_ms;
 use super::model::{
-    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation,
-    JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
-    RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
+    Attempt, AttemptEnd, ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs,
+    Expectation, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
+    RetentionStep, RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
 };
 use crate::config::SqliteConfig;
 use crate::job_id::JobId;
@@ -467,6 +467,10 @@ impl Backend for SqliteLedger {
         let (filter, by, reason) = (filter.clone(), by.to_owned(), reason.to_owned());
         self.write(move |conn| jobs::retry_matching(conn, &filter, (&by, &reason), now, limit))
             .await
+    }
+
+    async fn dead_groups(&self, limit: usize) -> Result<Vec<DeadGroup>, StorageError> {
+        self.read(move |conn| jobs::dead_groups(conn, limit)).await
     }
 
     async fn count_retry_matching(&self, filter: &RetryFilter) -> Result<RetryCount, StorageError> {

@@ -1,0 +1,533 @@
+//! The console's pages as HTML (maud escapes every value): one function per page, from data
+//! the router read; no page reads the ledger itself.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use maud::{html, Markup, PreEscaped, DOCTYPE};
+
+use super::assets;
+use super::session::Role;
+use crate::ledger::{DeadGroup, Dispatch, Expectation, JobDetail, JobPage, State};
+use crate::metrics::Snapshot;
+use crate::refusals::Refusal;
+use crate::rollup::{LastHour, MINUTES};
+
+/// How much of a stored body a page shows (the raw download has all of it).
+const BODY_SHOWN_BYTES: usize = 64 * 1024;
+
+/// Who is looking, and what they may do.
+#[derive(Debug, Clone, Copy)]
+pub struct Viewer {
+    pub role: Role,
+    /// Actions are on in the config and this is an operator's session.
+    pub may_act: bool,
+}
+
+pub fn time(ms: Option<i64>) -> String {
+    match ms.and_then(|ms| u64::try_from(ms).ok()) {
+        Some(ms) => {
+            humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+        }
+        None => "-".into(),
+    }
+}
+
+fn duration_ms(ms: i64) -> String {
+    humantime::format_duration(Duration::from_millis(u64::try_from(ms).unwrap_or(0))).to_string()
+}
+
+/// The frame of every page: header, navigation, the page's `<main>`.
+pub fn layout(title: &str, viewer: Option<Viewer>, refresh: bool, main: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                meta name="referrer" content="no-referrer";
+                title { (title) " · sume-receiver" }
+                link rel="stylesheet" href=(assets::CSS.url());
+                script src=(assets::JS.url()) defer {}
+            }
+            body data-refresh=[refresh.then_some("5")] {
+                header {
+                    span.brand { "sume-receiver" }
+                    @if let Some(viewer) = viewer {
+                        nav {
+                            a href="/console/" { "Overview" }
+                            a href="/console/jobs" { "Jobs" }
+                            a href="/console/dead" { "Dead letters" }
+                            a href="/console/receipts" { "Receipts" }
+                            a href="/console/expected" { "Expected" }
+                            a href="/console/config" { "Config" }
+                        }
+                        span.who {
+                            (viewer.role.label())
+                            @if !viewer.may_act { " (read-only)" }
+                            " "
+                            form.inline method="post" action="/console/sign-out" {
+                                button type="submit" { "Sign out" }
+                            }
+                        }
+                    }
+                }
+                main { (main) }
+            }
+        }
+    }
+}
+
+pub fn sign_in(message: Option<&str>) -> Markup {
+    html! {
+        h1 { "Sign in" }
+        @if let Some(message) = message {
+            p.banner.bad { (message) }
+        }
+        form method="post" action="/console/sign-in" {
+            p {
+                label { "Token " input type="password" name="token" autocomplete="current-password" autofocus; }
+                " "
+                button type="submit" { "Sign in" }
+            }
+        }
+        p.muted { "The operator token is " code { "[admin] token_file" } "; a look-only one is " code { "read_token_file" } "." }
+    }
+}
+
+/// A stacked bar per minute of the last hour, drawn here: no script, no image from elsewhere.
+fn chart(hour: &LastHour, series: &[&str]) -> Markup {
+    let (width, height) = (600.0_f64, 100.0_f64);
+    let picked: Vec<&(&str, Vec<u64>)> = hour
+        .series
+        .iter()
+        .filter(|(label, _)| series.contains(label))
+        .collect();
+    let totals: Vec<u64> = (0..MINUTES)
+        .map(|minute| picked.iter().map(|(_, counts)| counts[minute]).sum())
+        .collect();
+    let peak = totals.iter().copied().max().unwrap_or(0).max(1) as f64;
+    let bar = width / MINUTES as f64;
+    html! {
+        svg.chart viewBox=(format!("0 0 {width} {height}")) preserveAspectRatio="none" role="img" {
+            title { "per minute, the last hour; highest minute: " (peak as u64) }
+            @for minute in 0..MINUTES {
+                @let mut base = height;
+                @for (label, counts) in &picked {
+                    @let h = counts[minute] as f64 / peak * (height - 4.0);
+                    @if h > 0.0 {
+                        @let y = { base -= h; base };
+                        rect class=(label) x=(format!("{:.1}", minute as f64 * bar)) y=(format!("{y:.1}"))
+                            width=(format!("{:.1}", bar - 1.0)) height=(format!("{h:.1}")) {}
+                    }
+                }
+            }
+        }
+        p.key {
+            @for (label, counts) in &picked {
+                span { svg viewBox="0 0 1 1" { rect class=(label) width="1" height="1" {} } (label) " " (counts.iter().sum::<u64>()) }
+            }
+            span.muted { "(last hour; highest minute " (peak as u64) ")" }
+        }
+    }
+}
+
+/// What the overview shows.
+pub struct Overview {
+    pub readiness: Result<(), &'static str>,
+    pub dispatch: Option<Dispatch>,
+    pub snapshot: Option<Snapshot>,
+    pub finished: (i64, i64),
+    pub totals: (u64, u64, u64),
+    pub maintenance: (u64, u64, u64),
+    pub hour: LastHour,
+    pub refusals: usize,
+    pub free_disk: Option<u64>,
+}
+
+fn bytes(value: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut size = value as f64;
+    let mut unit = 0;
+    while size >= 1024.0 && unit + 1 < UNITS.len() {
+        size /= 1024.0;
+        unit += 1;
+    }
+    format!("{size:.1} {}", UNITS[unit])
+}
+
+fn card(label: &str, value: String, class: &str) -> Markup {
+    html! { div.card { div.label { (label) } div.value class=(class) { (value) } } }
+}
+
+pub fn overview(viewer: Viewer, data: &Overview) -> Markup {
+    let paused = data.dispatch.as_ref().is_some_and(|d| d.paused);
+    let unfinished = |state: &str| {
+        data.snapshot.as_ref().map_or(0, |s| {
+            s.unfinished
+                .iter()
+                .find(|(name, _)| *name == state)
+                .map_or(0, |(_, n)| *n)
+        })
+    };
+    let oldest = data
+        .snapshot
+        .as_ref()
+        .map_or(0.0, |s| s.oldest_unfinished_age_seconds);
+    html! {
+        h1 { "Is anything wrong?" }
+        @match data.readiness {
+            Ok(()) => p.banner.ok { "Ready: a delivery sent now is claimed and acknowledged." },
+            Err(reason) => p.banner.bad { "Not ready: " (reason) },
+        }
+        @if paused {
+            @let dispatch = data.dispatch.as_ref().expect("paused");
+            p.banner.warn {
+                "Dispatch is paused (by " (dispatch.changed_by.as_deref().unwrap_or("?")) ", "
+                (time(dispatch.changed_at)) "): deliveries are claimed; no job runs."
+            }
+        }
+        @if viewer.may_act {
+            form.inline method="post" action=(if paused { "/console/dispatch/resume" } else { "/console/dispatch/pause" })
+                data-confirm=(if paused { "Resume dispatch: run due jobs again?" } else { "Pause dispatch: claim deliveries but run no job?" }) {
+                button type="submit" { (if paused { "Resume dispatch" } else { "Pause dispatch" }) }
+            }
+        }
+        div.cards {
+            (card("claimed (waiting)", unfinished("claimed").to_string(), ""))
+            (card("retrying", unfinished("retrying").to_string(), if unfinished("retrying") > 0 { "warn" } else { "" }))
+            (card("running", unfinished("running").to_string(), ""))
+            (card("done", data.finished.0.to_string(), "ok"))
+            (card("dead", data.finished.1.to_string(), if data.finished.1 > 0 { "bad" } else { "" }))
+            (card("oldest unfinished", if oldest > 0.0 { duration_ms((oldest * 1000.0) as i64) } else { "-".into() }, if oldest > 3600.0 { "warn" } else { "" }))
+            (card("refused (recent)", data.refusals.to_string(), if data.refusals > 0 { "warn" } else { "" }))
+            @if let Some(snapshot) = &data.snapshot {
+                (card("ledger", bytes(snapshot.ledger_bytes), ""))
+                @if let Some(wal) = snapshot.wal_bytes { (card("WAL", bytes(wal), "")) }
+                (card("writer queue", snapshot.claim_queue_depth.to_string(), ""))
+            }
+            @if let Some(free) = data.free_disk {
+                (card("free disk", bytes(free), if free < 1 << 30 { "bad" } else { "" }))
+            }
+        }
+        h2 { "Deliveries" }
+        (chart(&data.hour, &["claimed", "duplicate", "refused", "unavailable"]))
+        p.muted { "Since start: " (data.totals.0) " claimed, " (data.totals.1) " duplicates, " (data.totals.2) " refused or unavailable." }
+        h2 { "Attempts" }
+        (chart(&data.hour, &["done", "failed", "dead"]))
+        p.muted {
+            "Since start: " (data.maintenance.0) " leases taken back by the sweeper, "
+            (data.maintenance.1) " jobs recovered by polling Sume, " (data.maintenance.2) " expectations given up."
+        }
+    }
+}
+
+/// `/console/jobs?state=...`: one page of the list.
+pub fn jobs(state: Option<State>, page: &JobPage, limit: usize) -> Markup {
+    let states = ["claimed", "retrying", "running", "done", "dead"];
+    let chosen = state.map(State::as_str);
+    html! {
+        h1 { "Jobs" @if let Some(state) = chosen { " · " (state) } }
+        form.filters method="get" action="/console/jobs" {
+            label { "state"
+                select name="state" {
+                    option value="" selected[chosen.is_none()] { "any (by received)" }
+                    @for name in states { option value=(name) selected[chosen == Some(name)] { (name) } }
+                }
+            }
+            label { "per page" input type="number" name="limit" min="1" max="500" value=(limit); }
+            button type="submit" { "Show" }
+            a href=(format!("/console/api/jobs?{}", list_query(chosen, None, limit))) { "JSON" }
+        }
+        @if page.jobs.is_empty() {
+            p.muted { "No jobs." }
+        } @else {
+            table {
+                thead { tr { th { "job_id" } th { "state" } th.num { "attempts" } th { "event" } th { "received" } th { "next attempt" } th { "finished" } th { "last error" } } }
+                tbody {
+                    @for job in &page.jobs {
+                        tr {
+                            td.mono { a href=(job_href(&job.job_id)) { (job.job_id) } }
+                            td { (job.state) }
+                            td.num { (job.attempts) }
+                            td { (job.event_type.as_deref().unwrap_or("-")) }
+                            td { (time(Some(job.received_at))) }
+                            td { (time(job.next_attempt_at)) }
+                            td { (time(job.finished_at)) }
+                            td { (short(job.last_error.as_deref().unwrap_or("-"), 120)) }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(next) = &page.next {
+            p { a href=(format!("/console/jobs?{}", list_query(chosen, Some(&next.to_string()), limit))) { "Next page →" } }
+        }
+    }
+}
+
+/// The query string of a list page.
+pub fn list_query(state: Option<&str>, after: Option<&str>, limit: usize) -> String {
+    let mut query = format!("limit={limit}");
+    if let Some(state) = state {
+        query.push_str(&format!("&state={state}"));
+    }
+    if let Some(after) = after {
+        query.push_str(&format!("&after={}", encode(after)));
+    }
+    query
+}
+
+/// Percent-encodes all but unreserved characters: safe in a path segment and a query value.
+pub fn encode(text: &str) -> String {
+    const RESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(text, RESERVED).to_string()
+}
+
+pub fn job_href(job_id: &str) -> String {
+    format!("/console/jobs/{}", encode(job_id))
+}
+
+fn short(text: &str, max_chars: usize) -> String {
+    let line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if line.chars().count() > max_chars {
+        format!("{}…", line.chars().take(max_chars).collect::<String>())
+    } else {
+        line
+    }
+}
+
+/// One job as a timeline, its payload, and what may be done with it.
+pub fn job(viewer: Viewer, job: &JobDetail) -> Markup {
+    let summary = &job.summary;
+    let href = job_href(&summary.job_id);
+    let mut events: Vec<(i64, Markup)> = vec![(
+        summary.received_at,
+        html! { "received (" (summary.source) ")" },
+    )];
+    for attempt in &job.history {
+        events.push((
+            attempt.started_at,
+            html! {
+                "attempt " (attempt.number) " (" (attempt.cause) ")"
+                @if let Some(receiver) = &attempt.receiver { " on " (receiver) }
+                ": "
+                @match (&attempt.outcome, attempt.ended_at) {
+                    (Some(outcome), Some(ended)) => {
+                        strong class=(if outcome == "done" { "ok" } else { "bad" }) { (outcome) }
+                        " after " (duration_ms(ended - attempt.started_at))
+                    }
+                    _ => strong { "running" },
+                }
+                @if let Some(status) = attempt.exit_status { ", exit status " (status) }
+                @if let Some(status) = attempt.http_status { ", HTTP " (status) }
+                @if let Some(error) = &attempt.error { pre { (error) } }
+            },
+        ));
+    }
+    for action in &job.actions {
+        events.push((
+            action.at,
+            html! {
+                strong { (action.action) } " by " (action.actor)
+                @if let Some(reason) = &action.reason { ": " (reason) }
+            },
+        ));
+    }
+    if let Some(at) = job.last_duplicate_at {
+        events.push((
+            at,
+            html! { "the last of " (job.duplicates) " duplicate deliveries (answered, not run)" },
+        ));
+    }
+    if let Some(at) = job.body_purged_at {
+        events.push((at, html! { "body purged by retention (a tombstone remains: redeliveries stay duplicates)" }));
+    }
+    events.sort_by_key(|(at, _)| *at);
+    let waiting = matches!(summary.state.as_str(), "claimed" | "retrying");
+    html! {
+        h1 { "Job " code { (summary.job_id) } }
+        table {
+            tr { th { "state" } td { strong { (summary.state) } @if waiting { " · next attempt " (time(summary.next_attempt_at)) " (" (job.next_attempt_cause) ")" } } }
+            tr { th { "event" } td { (summary.event_type.as_deref().unwrap_or("-")) } }
+            tr { th { "attempts (this set)" } td { (summary.attempts) } }
+            tr { th { "last error" } td { (summary.last_error.as_deref().unwrap_or("-")) } }
+            tr { th { "duplicates" } td { (job.duplicates) } }
+        }
+        @if viewer.may_act {
+            p {
+                @if summary.state == "done" || summary.state == "dead" {
+                    form.inline method="post" action=(format!("{href}/retry")) data-confirm="Run this job again from its stored body?" {
+                        button type="submit" { "Retry" }
+                    }
+                }
+                @if summary.state == "retrying" {
+                    form.inline method="post" action=(format!("{href}/run-now")) {
+                        button type="submit" { "Run now" }
+                    }
+                }
+                @if waiting {
+                    " "
+                    form.inline method="post" action=(format!("{href}/cancel")) data-confirm="Cancel this job? It becomes dead and never runs." {
+                        input type="text" name="reason" required placeholder="why" maxlength="200";
+                        " " button.danger type="submit" { "Cancel" }
+                    }
+                }
+            }
+        }
+        h2 { "Timeline" }
+        ol.timeline {
+            @for (at, event) in &events {
+                li { time { (time(Some(*at))) } (event) }
+            }
+        }
+        h2 { "Payload" }
+        @match &job.body {
+            Some(body) => {
+                @let pretty = serde_json::from_str::<serde_json::Value>(body)
+                    .ok()
+                    .and_then(|value| serde_json::to_string_pretty(&value).ok())
+                    .unwrap_or_else(|| body.clone());
+                @let cut = pretty.len() > BODY_SHOWN_BYTES;
+                @let shown = (0..=BODY_SHOWN_BYTES.min(pretty.len())).rev().find(|&at| pretty.is_char_boundary(at)).unwrap_or(0);
+                pre.payload { (&pretty[..shown]) }
+                p { @if cut { "Cut at 64 KiB. " } a href=(format!("{href}/body")) { "Download the body as received" } }
+            }
+            None => p.muted { "Purged by retention " (time(job.body_purged_at)) "." },
+        }
+    }
+}
+
+pub fn dead(viewer: Viewer, groups: &[DeadGroup]) -> Markup {
+    html! {
+        h1 { "Dead letters" }
+        p.muted { "Dead jobs grouped by their error, up to the handler's own output; the largest groups first." }
+        @if groups.is_empty() {
+            p.ok { "No dead jobs." }
+        } @else {
+            table {
+                thead { tr { th.num { "jobs" } th { "error" } th { "last died" } th { "example" } @if viewer.may_act { th {} } } }
+                tbody {
+                    @for group in groups {
+                        tr {
+                            td.num { (group.jobs) }
+                            td.mono { (if group.signature.is_empty() { "(no error recorded)" } else { &group.signature }) }
+                            td { (time(group.last_finished_at)) }
+                            td.mono { a href=(job_href(&group.example_job_id)) { (group.example_job_id) } }
+                            @if viewer.may_act {
+                                td {
+                                    form.inline method="get" action="/console/dead/retry" {
+                                        input type="hidden" name="signature" value=(group.signature);
+                                        button type="submit" { "Retry this group…" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The confirmation of a group's retry, with the exact count.
+pub fn retry_group(signature: &str, count: u64, purged: u64) -> Markup {
+    html! {
+        h1 { "Retry a group of dead jobs" }
+        p { "Dead jobs whose error contains " code { (signature) } ": " strong { (count) } " can run again"
+            @if purged > 0 { " (" (purged) " more match, but retention purged their bodies)" } "." }
+        form method="post" action="/console/dead/retry" data-confirm="Retry them all?" {
+            input type="hidden" name="signature" value=(signature);
+            button type="submit" { "Retry " (count) " jobs" }
+            " " a href="/console/dead" { "Back" }
+        }
+    }
+}
+
+pub fn done(message: &str, back: &str) -> Markup {
+    html! {
+        p.banner.ok { (message) }
+        p { a href=(back) { "Back" } }
+    }
+}
+
+pub fn receipts(refusals: &[Refusal]) -> Markup {
+    html! {
+        h1 { "Receipts: refused deliveries" }
+        p.muted { "The most recent " (crate::refusals::RING_CAPACITY) " at most, newest first (also in the log as `delivery refused`)." }
+        @if refusals.is_empty() {
+            p.ok { "None refused since start." }
+        } @else {
+            table {
+                thead { tr { th { "when" } th { "peer" } th.num { "status" } th { "outcome" } th { "why" } } }
+                tbody {
+                    @for refusal in refusals {
+                        tr {
+                            td { (time(Some(refusal.at))) }
+                            td.mono { (refusal.peer) }
+                            td.num { (refusal.status) }
+                            td { (refusal.outcome) }
+                            td.mono { (refusal.reason) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub fn expected(rows: &[Expectation]) -> Markup {
+    html! {
+        h1 { "Expected jobs" }
+        p.muted { "Registered with " code { "jobs expect" } " or " code { "PUT /v1/expected/{job_id}" } ": polled at Sume when no webhook comes." }
+        @if rows.is_empty() {
+            p.muted { "None registered." }
+        } @else {
+            table {
+                thead { tr { th { "job_id" } th { "state" } th { "expected" } th { "next poll" } th.num { "polls" } th { "Sume said" } th { "last error" } } }
+                tbody {
+                    @for row in rows {
+                        tr {
+                            td.mono { a href=(job_href(&row.job_id)) { (row.job_id) } }
+                            td { (row.state) }
+                            td { (time(Some(row.expected_at))) }
+                            td { (if row.state == "waiting" { time(Some(row.next_poll_at)) } else { "-".into() }) }
+                            td.num { (row.polls) }
+                            td { (row.last_status.as_deref().unwrap_or("-")) }
+                            td { (short(row.last_error.as_deref().unwrap_or("-"), 120)) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub fn config(settings: &[(String, String)]) -> Markup {
+    html! {
+        h1 { "Config and health" }
+        p.muted { "The settings in effect (credentials are never shown)." }
+        table {
+            @for (key, value) in settings {
+                tr { th.mono { (key) } td.mono { (value) } }
+            }
+        }
+    }
+}
+
+/// A page that breaks the Content-Security-Policy on purpose: a browser test proves with it
+/// that violations are reported (and that the policy blocks them).
+pub fn csp_canary() -> Markup {
+    html! {
+        h1 { "CSP canary" }
+        p { "This page holds an inline script and an inline style; the policy blocks both and reports them." }
+        (PreEscaped("<script>document.title = 'canary ran';</script>"))
+        p style="color: red" { "Styled inline." }
+    }
+}

@@ -1,0 +1,420 @@
+//! The console over plain HTTP, as a script (or a browser with JavaScript off) sees it: the
+//! Host allowlist, sign-in and its limit, read-only sessions, same-origin POSTs, escaping of
+//! everything a stranger or a handler wrote, and the actions.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::Full;
+use hyper::{Method, Request};
+use sume_receiver::http_client::{self, Answer};
+
+const OPERATOR_TOKEN: &str = "console-operator-token";
+const READ_TOKEN: &str = "console-read-token";
+/// Written by a handler on stderr, and sent as an event type and in a payload: none of it may
+/// ever reach a page unescaped.
+const CANARY: &str = "<img src=x onerror=\"window.__xss=1\">";
+
+/// A failing handler whose stderr is the canary; an admin listener with the console.
+fn console_config(dir: &std::path::Path, admin_port: u16, actions: bool) -> String {
+    std::fs::write(dir.join("admin_token"), OPERATOR_TOKEN).unwrap();
+    std::fs::write(dir.join("read_token"), READ_TOKEN).unwrap();
+    let script = format!("echo '{CANARY}' >&2; exit 4");
+    format!(
+        "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nmax_attempts = 1\n\n\
+         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n\
+         read_token_file = \"read_token\"\nconsole_actions = {actions}\n"
+    )
+}
+
+struct Console {
+    port: u16,
+    cookie: Option<String>,
+}
+
+impl Console {
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Answer {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(format!("http://127.0.0.1:{}{path}", self.port));
+        if let Some(cookie) = &self.cookie {
+            builder = builder.header("cookie", format!("sume_console={cookie}"));
+        }
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let request = builder
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .unwrap();
+        http_client::send(
+            &http_client::new_client(),
+            request,
+            Duration::from_secs(10),
+            1 << 20,
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn get(&self, path: &str) -> Answer {
+        self.send(Method::GET, path, &[], "").await
+    }
+
+    /// A form POST as a browser sends it from the console's own page.
+    async fn post(&self, path: &str, form: &str) -> Answer {
+        let origin = format!("http://127.0.0.1:{}", self.port);
+        let headers = [
+            ("origin", origin.as_str()),
+            ("sec-fetch-site", "same-origin"),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ];
+        self.send(Method::POST, path, &headers, form).await
+    }
+
+    async fn sign_in(port: u16, token: &str) -> Console {
+        let anonymous = Console { port, cookie: None };
+        let answer = anonymous
+            .post("/console/sign-in", &format!("token={token}"))
+            .await;
+        assert_eq!(answer.status, 303, "{answer:?}");
+        let cookie = answer.headers["set-cookie"].to_str().unwrap().to_owned();
+        for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console", "Max-Age="] {
+            assert!(cookie.contains(attribute), "{cookie}");
+        }
+        let value = cookie
+            .split(';')
+            .next()
+            .unwrap()
+            .strip_prefix("sume_console=")
+            .unwrap();
+        Console {
+            port,
+            cookie: Some(value.to_owned()),
+        }
+    }
+}
+
+fn html(answer: &Answer) -> String {
+    String::from_utf8_lossy(&answer.body).into_owned()
+}
+
+/// Every page the console has, for one dead job.
+fn pages(job_href: &str) -> Vec<String> {
+    [
+        "/console/",
+        "/console/jobs",
+        "/console/jobs?state=dead",
+        job_href,
+        "/console/dead",
+        "/console/receipts",
+        "/console/expected",
+        "/console/config",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// A dead job whose id, event type, payload and error are all canaries; its console path.
+async fn dead_canary_job(server: &TestServer) -> String {
+    let job_id = format!("job{CANARY}");
+    let body = serde_json::json!({
+        "job_id": job_id,
+        "type": format!("job.completed{}", "<script>window.__xss=1</script>"),
+        "result": { "note": CANARY },
+    })
+    .to_string();
+    assert_eq!(server.deliver(&body).await.status, 200);
+    let dead = eventually(Duration::from_secs(10), || {
+        server.state_of(&job_id).as_deref() == Some("dead")
+    })
+    .await;
+    assert!(dead);
+    let encoded: String = job_id
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    format!("/console/jobs/{encoded}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_console_answers_only_its_own_host_and_signed_in_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let config = console_config(dir.path(), admin_port, false);
+    let server = TestServer::start_in(dir, &config).await;
+    let anonymous = Console {
+        port: admin_port,
+        cookie: None,
+    };
+    for host in [
+        "evil.example",
+        "evil.example:80",
+        &format!("attacker.test:{admin_port}"),
+    ] {
+        let answer = anonymous
+            .send(Method::GET, "/console/sign-in", &[("host", host)], "")
+            .await;
+        assert_eq!(answer.status, 421, "Host {host}");
+    }
+    let answer = anonymous.get("/console/").await;
+    assert_eq!(answer.status, 303);
+    assert_eq!(answer.headers["location"], "/console/sign-in");
+    let sign_in = anonymous.get("/console/sign-in").await;
+    assert_eq!(sign_in.status, 200);
+    let csp = sign_in.headers["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("default-src 'none'"),
+        "{csp}"
+    );
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(sign_in.headers["x-frame-options"], "DENY");
+    assert_eq!(
+        anonymous.get("/console/jobs").await.status,
+        303,
+        "no page without a session"
+    );
+    assert_eq!(anonymous.get("/console/api/jobs").await.status, 303);
+
+    // A sign-in posted from another site is refused before the token is even looked at.
+    let cross_site = [
+        ("sec-fetch-site", "cross-site"),
+        ("content-type", "application/x-www-form-urlencoded"),
+    ];
+    let form = format!("token={OPERATOR_TOKEN}");
+    let answer = anonymous
+        .send(Method::POST, "/console/sign-in", &cross_site, &form)
+        .await;
+    assert_eq!(answer.status, 403);
+    let foreign_origin = [("origin", "http://evil.example")];
+    let answer = anonymous
+        .send(Method::POST, "/console/sign-in", &foreign_origin, &form)
+        .await;
+    assert_eq!(answer.status, 403);
+
+    // A forged cookie is no session.
+    let forged = Console {
+        port: admin_port,
+        cookie: Some("00".repeat(32)),
+    };
+    assert_eq!(forged.get("/console/").await.status, 303);
+
+    // Wrong tokens: refused, then the sign-in is rate-limited (for the right token too).
+    for _ in 0..10 {
+        assert_eq!(
+            anonymous
+                .post("/console/sign-in", "token=guess")
+                .await
+                .status,
+            401
+        );
+    }
+    assert_eq!(anonymous.post("/console/sign-in", &form).await.status, 429);
+    server.stop().await.0.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reader_sees_every_page_escaped_and_can_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let config = console_config(dir.path(), admin_port, true);
+    let server = TestServer::start_in(dir, &config).await;
+    let job_href = dead_canary_job(&server).await;
+    server
+        .deliver_signed("{}", unix_now(), &["forged-secret"])
+        .await;
+
+    let reader = Console::sign_in(admin_port, READ_TOKEN).await;
+    for path in pages(&job_href) {
+        let answer = reader.get(&path).await;
+        assert_eq!(answer.status, 200, "{path}");
+        assert!(
+            answer.headers.contains_key("content-security-policy"),
+            "{path}"
+        );
+        let page = html(&answer);
+        assert!(
+            !page.contains("<img src=x"),
+            "{path}: unescaped canary\n{page}"
+        );
+        assert!(
+            !page.contains("<script>window"),
+            "{path}: unescaped canary\n{page}"
+        );
+        assert!(
+            !page.contains("method=\"post\" action=\"/console/jobs"),
+            "{path}: an action for a reader"
+        );
+        assert!(
+            !page.contains("/console/dispatch/"),
+            "{path}: an action for a reader"
+        );
+        assert!(
+            page.contains("reader") && page.contains("(read-only)"),
+            "{path}"
+        );
+    }
+    let detail = html(&reader.get(&job_href).await);
+    assert!(
+        detail.contains("&lt;img src=x onerror="),
+        "the canary, escaped, is shown\n{detail}"
+    );
+    assert!(detail.contains("exit status 4"), "{detail}");
+    let receipts = html(&reader.get("/console/receipts").await);
+    assert!(
+        receipts.contains("no signature entry matches"),
+        "{receipts}"
+    );
+    let dead = html(&reader.get("/console/dead").await);
+    assert!(
+        dead.contains("exited with status 4"),
+        "the group's signature\n{dead}"
+    );
+    assert!(!dead.contains("Retry this group"), "{dead}");
+
+    // The JSON twins hold the same data.
+    let twin = reader.get("/console/api/jobs?state=dead").await;
+    assert_eq!(twin.headers["content-type"], "application/json");
+    let jobs = json(&twin);
+    assert_eq!(jobs["jobs"][0]["job_id"], format!("job{CANARY}"));
+    let body = reader.get(&format!("{job_href}/body")).await;
+    assert_eq!(body.headers["content-type"], "application/octet-stream");
+    assert!(body.headers["content-disposition"]
+        .to_str()
+        .unwrap()
+        .starts_with("attachment"));
+
+    // A reader's POST is refused and changes nothing.
+    let answer = reader.post(&format!("{job_href}/retry"), "").await;
+    assert_eq!(answer.status, 403);
+    assert_eq!(reader.post("/console/dispatch/pause", "").await.status, 403);
+    assert_eq!(
+        server.state_of(&format!("job{CANARY}")).as_deref(),
+        Some("dead")
+    );
+    server.stop().await.0.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_acts_only_from_the_console_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let config = console_config(dir.path(), admin_port, true);
+    let server = TestServer::start_in(dir, &config).await;
+    let job_href = dead_canary_job(&server).await;
+    let job_id = format!("job{CANARY}");
+    let operator = Console::sign_in(admin_port, OPERATOR_TOKEN).await;
+    let detail = html(&operator.get(&job_href).await);
+    assert!(
+        detail.contains(&format!("action=\"{job_href}/retry\"")),
+        "{detail}"
+    );
+
+    // Cross-site, and with no browser header at all: refused, nothing changed.
+    let cross = [("sec-fetch-site", "cross-site")];
+    assert_eq!(
+        operator
+            .send(Method::POST, &format!("{job_href}/retry"), &cross, "")
+            .await
+            .status,
+        403
+    );
+    assert_eq!(
+        operator
+            .send(Method::POST, &format!("{job_href}/retry"), &[], "")
+            .await
+            .status,
+        403
+    );
+    assert_eq!(server.state_of(&job_id).as_deref(), Some("dead"));
+
+    // The dead-letter group: counted, then retried; each job records the console's action.
+    let dead = html(&operator.get("/console/dead").await);
+    assert!(dead.contains("Retry this group"), "{dead}");
+    let signature = "exited%20with%20status%204";
+    let confirm = html(
+        &operator
+            .get(&format!("/console/dead/retry?signature={signature}"))
+            .await,
+    );
+    assert!(
+        confirm.contains("<strong>1</strong> can run again"),
+        "{confirm}"
+    );
+    let retried = operator
+        .post("/console/dead/retry", &format!("signature={signature}"))
+        .await;
+    assert_eq!(retried.status, 200, "{}", html(&retried));
+    assert!(
+        html(&retried).contains("1 jobs are queued"),
+        "{}",
+        html(&retried)
+    );
+    let ran = eventually(Duration::from_secs(10), || {
+        server.value(
+            "SELECT count(*) FROM job_attempts WHERE job_id = ?1",
+            &[&job_id],
+        ) == 2
+    })
+    .await;
+    assert!(ran, "the group's job did not run again");
+    let actor = server.value(
+        "SELECT actor FROM job_actions WHERE job_id = ?1",
+        &[&job_id],
+    );
+    assert_eq!(actor, "console:127.0.0.1");
+
+    // Pause and resume.
+    assert_eq!(
+        operator.post("/console/dispatch/pause", "").await.status,
+        200
+    );
+    let overview = html(&operator.get("/console/").await);
+    assert!(overview.contains("Dispatch is paused"), "{overview}");
+    assert!(overview.contains("Resume dispatch"), "{overview}");
+    assert_eq!(
+        operator.post("/console/dispatch/resume", "").await.status,
+        200
+    );
+    assert!(!html(&operator.get("/console/").await).contains("Dispatch is paused"));
+
+    // Signed out, the cookie is worth nothing.
+    assert_eq!(operator.post("/console/sign-out", "").await.status, 303);
+    assert_eq!(operator.get("/console/").await.status, 303);
+    server.stop().await.0.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_actions_off_an_operator_only_looks() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let config = console_config(dir.path(), admin_port, false);
+    let server = TestServer::start_in(dir, &config).await;
+    let job_href = dead_canary_job(&server).await;
+    let operator = Console::sign_in(admin_port, OPERATOR_TOKEN).await;
+    let detail = html(&operator.get(&job_href).await);
+    assert!(!detail.contains("/retry\""), "{detail}");
+    assert_eq!(
+        operator.post(&format!("{job_href}/retry"), "").await.status,
+        403
+    );
+    assert_eq!(
+        operator.post("/console/dispatch/pause", "").await.status,
+        403
+    );
+    server.stop().await.0.unwrap();
+}
