@@ -151,14 +151,24 @@ mod tests {
         let claimed = &hour.series[0].1;
         assert_eq!((claimed[MINUTES - 2], claimed[MINUTES - 1]), (2, 0));
         assert_eq!(hour.series[6].1[MINUTES - 1], 1);
-        // An hour later the same bucket holds the new minute only.
+        // An hour later minute 1000's bucket holds the new minute only.
         rollup.record_at(Series::Claimed, 1_060);
         let hour = rollup.last_hour_at(1_060);
-        assert_eq!(hour.series[0].1.iter().sum::<u64>(), 1);
+        assert_eq!(
+            hour.series[0].1.iter().sum::<u64>(),
+            1,
+            "minute 1000's two are gone"
+        );
         assert_eq!(
             hour.series[6].1.iter().sum::<u64>(),
+            1,
+            "minute 1001 is in the hour"
+        );
+        let later = rollup.last_hour_at(1_061);
+        assert_eq!(
+            later.series[6].1.iter().sum::<u64>(),
             0,
-            "minute 1001 is over an hour old"
+            "and now it is not"
         );
     }
 }
