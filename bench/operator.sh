@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# The operator's commands on a large ledger: how long `jobs list` (every state, first page and
-# a page deep in the list), `jobs stats`, `jobs show` and a bulk-retry count take on a ledger of
-# $JOBS jobs (97 % done, 2 % dead, 1 % waiting, each with its attempt in the history), as the
-# operator runs them: the CLI's wall time, process start included. Prints p50 and p99 of $RUNS
-# runs each. Env: JOBS (1000000), RUNS (20), BIN (built with --features bench if unset).
+# The operator's tools on a large ledger of $JOBS jobs (97 % done, 2 % dead, 1 % waiting, each
+# with its attempt in the history):
+# 1. the commands, as the operator runs them (the CLI's wall time, process start included):
+#    `jobs list` (every state, first page and a page deep in the list), `jobs stats`,
+#    `jobs show`, bulk-retry counts; p50 and p99 of $RUNS runs each;
+# 2. every console page on the running service, signed in (p50 and p99 of $RUNS requests);
+# 3. ingest with the console polled once a second (overview, jobs, dead letters) against
+#    without: deliveries per second over $DURATION each, alternating, $ROUNDS pairs.
+# Env: JOBS (1000000), RUNS (20), DURATION (10s), ROUNDS (3), BIN (built if unset).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-JOBS=${JOBS:-1000000}; RUNS=${RUNS:-20}
+JOBS=${JOBS:-1000000}; RUNS=${RUNS:-20}; DURATION=${DURATION:-10s}; ROUNDS=${ROUNDS:-3}
 source bench/lib.sh
 dir="$work/ledger"; mkdir -p "$dir"
-write_config "$dir" ""
+admin_port=$((port + 1))
+echo "bench-operator-token" > "$dir/admin_token"
+write_config "$dir" "
+[admin]
+listen = \"127.0.0.1:$admin_port\"
+token_file = \"admin_token\""
 start_receiver "$dir"; stop_receiver >/dev/null   # creates and migrates the ledger
 echo "filling a ledger with $JOBS jobs..." >&2
 sqlite3 "$dir/ledger.sqlite3" >/dev/null <<SQL
@@ -70,3 +79,81 @@ time_command "jobs show"                         jobs show job-4242
 time_command "jobs retry --state dead (count)"   jobs retry --state dead --error-contains 502
 time_command "jobs retry --state dead --since 1h (count)" jobs retry --state dead --since 1h
 time_command "sume-receiver --version (process start)" --version
+
+echo "the console, signed in, on the running service:" >&2
+start_receiver "$dir"
+python3 - "$RUNS" "$admin_port" "$deep" <<'PY'
+import http.client, sys, time, urllib.parse
+runs, port, deep = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+def request(method, path, body=None, cookie=None):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Origin": f"http://127.0.0.1:{port}", "Content-Type": "application/x-www-form-urlencoded"}
+    if cookie:
+        headers["Cookie"] = cookie
+    connection.request(method, path, body=body, headers=headers)
+    answer = connection.getresponse()
+    answer.read()
+    return answer
+signed = request("POST", "/console/sign-in", "token=bench-operator-token")
+cookie = signed.getheader("Set-Cookie").split(";")[0]
+pages = ["/console/", "/console/jobs", "/console/jobs?state=dead",
+         "/console/jobs?after=" + urllib.parse.quote(deep), "/console/jobs/job-4242",
+         "/console/dead", "/console/receipts", "/console/expected", "/console/config",
+         "/console/api/jobs?state=retrying"]
+for page in pages:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        answer = request("GET", page, cookie=cookie)
+        times.append((time.perf_counter() - started) * 1000)
+        if answer.status != 200:
+            sys.exit(f"{page}: {answer.status}")
+    times.sort()
+    p = lambda q: times[min(len(times) - 1, int(q * len(times)))]
+    print(f"GET {page[:40]:<40} p50 {p(0.5):7.1f} ms   p99 {p(0.99):7.1f} ms")
+PY
+stop_receiver >/dev/null
+
+# Ingest with and without the console polled once a second, alternating.
+poll_console() {
+  python3 - "$admin_port" <<'PY' &
+import http.client, sys, time
+port = int(sys.argv[1])
+def request(method, path, body=None, cookie=None):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Origin": f"http://127.0.0.1:{port}", "Content-Type": "application/x-www-form-urlencoded"}
+    if cookie:
+        headers["Cookie"] = cookie
+    connection.request(method, path, body=body, headers=headers)
+    answer = connection.getresponse(); answer.read(); return answer
+cookie = request("POST", "/console/sign-in", "token=bench-operator-token").getheader("Set-Cookie").split(";")[0]
+while True:
+    for page in ("/console/", "/console/jobs", "/console/dead"):
+        request("GET", page, cookie=cookie)
+    time.sleep(1)
+PY
+  poller=$!
+}
+rates=()
+for round in $(seq "$ROUNDS"); do
+  for mode in plain polled; do
+    start_receiver "$dir"
+    poller=""
+    [ "$mode" = polled ] && poll_console
+    rate=$("$BIN" loadgen --config "$dir/config.toml" --json --requests 100000000 --duration "$DURATION" \
+             --connections 64 --dup-ratio 0.3 --tag "$mode$round" --no-check \
+           | python3 -c "import json,sys; print(round(json.load(sys.stdin)['per_second']))")
+    [ -n "$poller" ] && kill "$poller" 2>/dev/null
+    stop_receiver >/dev/null
+    echo "  round $round, $mode: $rate deliveries/s" >&2
+    rates+=("$mode:$rate")
+  done
+done
+python3 - "${rates[@]}" <<'PY'
+import sys
+plain = [int(r.split(":")[1]) for r in sys.argv[1:] if r.startswith("plain:")]
+polled = [int(r.split(":")[1]) for r in sys.argv[1:] if r.startswith("polled:")]
+ratios = [b / a for a, b in zip(plain, polled)]
+print(f"ingest with the console polled / without: {sum(polled)/len(polled):.0f} / {sum(plain)/len(plain):.0f} deliveries/s"
+      f" = {sum(polled)/sum(plain):.3f} (per pair: {', '.join(f'{r:.2f}' for r in ratios)}; target >= 0.95)")
+PY

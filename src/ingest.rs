@@ -21,6 +21,7 @@ use crate::ledger::{ClaimOutcome, Ledger, NewClaim, Source, StorageError};
 use crate::logging::Escaped;
 use crate::metrics::{DeliveryOutcome, METRICS};
 use crate::refusals::Refusals;
+use crate::rollup::ROLLUP;
 use crate::signature::{self, SignatureError, SignedHeaders};
 use crate::worker::Queue;
 
@@ -339,6 +340,7 @@ impl Ingest {
             unix_now(),
             self.tolerance_secs,
         )?;
+        let skew = prechecked.signed.skew_secs(unix_now());
         let reserved = prechecked.declared_length.unwrap_or(self.max_body_bytes);
         let _budget = self.budget.reserve(reserved).await?;
         let read = read_body(body, reserved, self.max_body_bytes);
@@ -346,7 +348,8 @@ impl Ingest {
             .await
             .map_err(|_| IngestError::BodyTimeout(self.body_read_timeout))??;
         let secrets = self.secrets.read().expect("not poisoned").clone();
-        prechecked.signed.verify(&secrets, &body)?;
+        let secret = prechecked.signed.verify_which(&secrets, &body)?;
+        ROLLUP.record_verified(secret, skew);
 
         let claim = parse_claim(body)?;
         let job_id = claim.job_id.clone();

@@ -1,5 +1,6 @@
-//! The last hour, minute by minute: deliveries by outcome and attempts by result, counted in
-//! fixed memory as they happen, for the console's charts (never read back from the ledger).
+//! The last hour, minute by minute: deliveries by outcome, attempts by result, which secret
+//! verified each delivery and how far the sender's clock was off, counted in fixed memory as
+//! they happen, for the console (never read back from the ledger).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -18,10 +19,14 @@ pub enum Series {
     Done,
     Failed,
     Dead,
+    /// Verified by the newest secret (the first configured)
+    NewestSecret,
+    /// Verified by an older one: a rotation still in progress at Sume
+    OlderSecret,
 }
 
 impl Series {
-    pub const ALL: [Series; 7] = [
+    pub const ALL: [Series; 9] = [
         Series::Claimed,
         Series::Duplicate,
         Series::Refused,
@@ -29,6 +34,8 @@ impl Series {
         Series::Done,
         Series::Failed,
         Series::Dead,
+        Series::NewestSecret,
+        Series::OlderSecret,
     ];
 
     pub fn label(self) -> &'static str {
@@ -40,6 +47,8 @@ impl Series {
             Series::Done => "done",
             Series::Failed => "failed",
             Series::Dead => "dead",
+            Series::NewestSecret => "newest_secret",
+            Series::OlderSecret => "older_secret",
         }
     }
 }
@@ -51,6 +60,8 @@ struct Bucket {
     /// The minute (Unix seconds / 60) the counts are for.
     minute: AtomicI64,
     counts: [AtomicU64; SERIES],
+    /// The largest clock skew of a verified delivery, in seconds (either way).
+    max_skew: AtomicU64,
 }
 
 /// A ring of [`MINUTES`] buckets; a bucket found holding an older minute starts again at 0.
@@ -64,6 +75,8 @@ pub struct LastHour {
     /// The newest minute (Unix seconds / 60).
     pub until_minute: i64,
     pub series: Vec<(&'static str, Vec<u64>)>,
+    /// Per minute, the largest clock skew of a verified delivery (seconds, either way).
+    pub max_skew_secs: Vec<u64>,
 }
 
 fn this_minute() -> i64 {
@@ -80,6 +93,7 @@ impl Rollup {
                 Bucket {
                     minute: AtomicI64::new(-1),
                     counts: [const { AtomicU64::new(0) }; SERIES],
+                    max_skew: AtomicU64::new(0),
                 }
             }; MINUTES],
         }
@@ -89,7 +103,20 @@ impl Rollup {
         self.record_at(series, this_minute());
     }
 
-    fn record_at(&self, series: Series, minute: i64) {
+    /// A verified delivery: which secret (its index, 0 the newest) and the clock skew.
+    pub fn record_verified(&self, secret: usize, skew_secs: i64) {
+        let minute = this_minute();
+        let series = if secret == 0 {
+            Series::NewestSecret
+        } else {
+            Series::OlderSecret
+        };
+        self.record_at(series, minute)
+            .max_skew
+            .fetch_max(skew_secs.unsigned_abs(), Relaxed);
+    }
+
+    fn record_at(&self, series: Series, minute: i64) -> &Bucket {
         let bucket = &self.buckets[minute.rem_euclid(MINUTES as i64) as usize];
         let held = bucket.minute.load(Relaxed);
         // One thread wins the turn of the minute and clears the counts; a count that lands
@@ -103,8 +130,16 @@ impl Rollup {
             for count in &bucket.counts {
                 count.store(0, Relaxed);
             }
+            bucket.max_skew.store(0, Relaxed);
         }
         bucket.counts[series as usize].fetch_add(1, Relaxed);
+        bucket
+    }
+
+    /// The bucket of `minute` if it still holds that minute.
+    fn bucket(&self, minute: i64) -> Option<&Bucket> {
+        let bucket = &self.buckets[minute.rem_euclid(MINUTES as i64) as usize];
+        (bucket.minute.load(Relaxed) == minute).then_some(bucket)
     }
 
     pub fn last_hour(&self) -> LastHour {
@@ -117,20 +152,23 @@ impl Rollup {
             .map(|series| {
                 let counts = (now - MINUTES as i64 + 1..=now)
                     .map(|minute| {
-                        let bucket = &self.buckets[minute.rem_euclid(MINUTES as i64) as usize];
-                        if bucket.minute.load(Relaxed) == minute {
-                            bucket.counts[*series as usize].load(Relaxed)
-                        } else {
-                            0
-                        }
+                        self.bucket(minute)
+                            .map_or(0, |bucket| bucket.counts[*series as usize].load(Relaxed))
                     })
                     .collect();
                 (series.label(), counts)
             })
             .collect();
+        let max_skew_secs = (now - MINUTES as i64 + 1..=now)
+            .map(|minute| {
+                self.bucket(minute)
+                    .map_or(0, |bucket| bucket.max_skew.load(Relaxed))
+            })
+            .collect();
         LastHour {
             until_minute: now,
             series,
+            max_skew_secs,
         }
     }
 }
@@ -140,6 +178,19 @@ pub static ROLLUP: Rollup = Rollup::new();
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn verified_deliveries_count_by_secret_and_keep_the_largest_skew() {
+        let rollup = Rollup::new();
+        let minute = this_minute();
+        rollup.record_verified(0, 3);
+        rollup.record_verified(1, -40);
+        rollup.record_verified(0, 12);
+        let hour = rollup.last_hour_at(minute);
+        let count = |label| hour.series.iter().find(|(l, _)| *l == label).unwrap().1[MINUTES - 1];
+        assert_eq!((count("newest_secret"), count("older_secret")), (2, 1));
+        assert_eq!(hour.max_skew_secs[MINUTES - 1], 40);
+    }
 
     #[test]
     fn minutes_count_apart_and_an_hour_old_bucket_starts_again() {

@@ -37,6 +37,8 @@ pub enum SignatureError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignedHeaders<'a> {
     timestamp: &'a str,
+    /// The timestamp, in Unix seconds.
+    sent_at: i64,
     digests: Vec<[u8; DIGEST_LEN]>,
 }
 
@@ -56,13 +58,26 @@ pub fn check_headers<'a>(
     if digests.is_empty() {
         return Err(SignatureError::NoEntries);
     }
-    Ok(SignedHeaders { timestamp, digests })
+    Ok(SignedHeaders {
+        timestamp,
+        sent_at,
+        digests,
+    })
 }
 
 impl SignedHeaders<'_> {
     /// Whether any entry is the HMAC of `{timestamp}.{body}` under any of `secrets`.
     pub fn verify<S: AsRef<[u8]>>(&self, secrets: &[S], body: &[u8]) -> Result<(), SignatureError> {
-        for secret in secrets {
+        self.verify_which(secrets, body).map(drop)
+    }
+
+    /// [`SignedHeaders::verify`], saying which secret verified it: its index in `secrets`.
+    pub fn verify_which<S: AsRef<[u8]>>(
+        &self,
+        secrets: &[S],
+        body: &[u8],
+    ) -> Result<usize, SignatureError> {
+        for (index, secret) in secrets.iter().enumerate() {
             let secret = secret.as_ref();
             // An empty key would make every digest forgeable; config refuses it, this is belt
             // and braces.
@@ -80,10 +95,16 @@ impl SignedHeaders<'_> {
                 .iter()
                 .any(|digest| mac.clone().verify_slice(digest).is_ok())
             {
-                return Ok(());
+                return Ok(index);
             }
         }
         Err(SignatureError::Mismatch)
+    }
+
+    /// How far the sender's clock (the timestamp) is behind `now_unix`, in seconds (negative:
+    /// ahead). Within the tolerance, by construction.
+    pub fn skew_secs(&self, now_unix: i64) -> i64 {
+        now_unix - self.sent_at
     }
 }
 
@@ -272,6 +293,27 @@ mod tests {
                 "{ts:?}"
             );
         }
+    }
+
+    /// The console shows which secret verifies deliveries (a rotation's progress) and the skew.
+    #[test]
+    fn verification_says_which_secret_matched_and_the_skew() {
+        let header = sign(&["whsec_old"], TS, BODY);
+        let signed = check_headers(TS, &header, NOW, 300).unwrap();
+        assert_eq!(
+            signed.verify_which(&["whsec_new", "whsec_old"], BODY),
+            Ok(1)
+        );
+        assert_eq!(
+            signed.verify_which(&["whsec_old", "whsec_new"], BODY),
+            Ok(0)
+        );
+        assert_eq!(
+            signed.verify_which(&["whsec_new"], BODY),
+            Err(SignatureError::Mismatch)
+        );
+        let sent: i64 = TS.parse().unwrap();
+        assert_eq!(signed.skew_secs(NOW), NOW - sent);
     }
 
     #[test]

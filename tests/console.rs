@@ -279,6 +279,12 @@ async fn a_reader_sees_every_page_escaped_and_can_change_nothing() {
         receipts.contains("no signature entry matches"),
         "{receipts}"
     );
+    // The counts are the process's (tests share it): at least this test's delivery.
+    assert!(receipts.contains(" by the newest secret, "), "{receipts}");
+    assert!(
+        !receipts.contains("<p>0 by the newest secret"),
+        "{receipts}"
+    );
     let dead = html(&reader.get("/console/dead").await);
     assert!(
         dead.contains("exited with status 4"),

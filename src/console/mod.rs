@@ -349,10 +349,12 @@ impl Console {
                 }
                 ["receipts"] => {
                     let refusals = self.refusals.recent();
+                    let hour = ROLLUP.last_hour();
+                    let json = serde_json::json!({ "refusals": refusals, "last_hour": hour });
                     Ok((
                         "Receipts".into(),
-                        pages::receipts(&refusals),
-                        serde_json::json!(refusals),
+                        pages::receipts(&refusals, &hour),
+                        json,
                         false,
                     ))
                 }

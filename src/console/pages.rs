@@ -457,9 +457,30 @@ pub fn done(message: &str, back: &str) -> Markup {
     }
 }
 
-pub fn receipts(refusals: &[Refusal]) -> Markup {
+pub fn receipts(refusals: &[Refusal], hour: &LastHour) -> Markup {
+    let total = |label: &str| {
+        hour.series
+            .iter()
+            .find(|(name, _)| *name == label)
+            .map_or(0, |(_, counts)| counts.iter().sum::<u64>())
+    };
+    let (newest, older) = (total("newest_secret"), total("older_secret"));
+    let worst_skew = hour.max_skew_secs.iter().copied().max().unwrap_or(0);
+    let recent_skew = hour.max_skew_secs.last().copied().unwrap_or(0);
     html! {
-        h1 { "Receipts: refused deliveries" }
+        h1 { "Receipts" }
+        h2 { "Which secret verified the deliveries (last hour)" }
+        p {
+            (newest) " by the newest secret, "
+            strong class=(if older > 0 { "warn" } else { "" }) { (older) } " by an older one"
+            @if older > 0 { ": Sume still signs with a secret being rotated out; keep it configured until this is 0 for a while." }
+            @else { "." }
+        }
+        h2 { "Clock skew of verified deliveries" }
+        p { "The largest difference between Sume's timestamp and this receiver's clock: "
+            strong { (worst_skew) " s" } " in the last hour, " (recent_skew) " s this minute."
+            " Past the tolerance a delivery is refused (below: timestamp is outside the tolerance)." }
+        h2 { "Refused deliveries" }
         p.muted { "The most recent " (crate::refusals::RING_CAPACITY) " at most, newest first (also in the log as `delivery refused`)." }
         @if refusals.is_empty() {
             p.ok { "None refused since start." }
