@@ -684,6 +684,23 @@ on_both_ledgers! {
         ledger.close().await;
     }
 
+    /// A shared ledger names the receivers that hold running jobs; a ledger of one process
+    /// has no one to name.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn running_jobs_are_counted_per_receiver_where_there_are_several() {
+        let (_dir, ledger) = fresh().await;
+        claimed(&ledger, "held").await;
+        started(&ledger, "held", i64::MAX).await;
+        let receivers = ledger.running_by_receiver().await.unwrap();
+        if ledger.is_shared() {
+            assert_eq!(receivers.len(), 1, "{receivers:?}");
+            assert_eq!(receivers[0].1, 1);
+        } else {
+            assert!(receivers.is_empty(), "{receivers:?}");
+        }
+        ledger.close().await;
+    }
+
     /// Pausing dispatch is recorded once, with who; resuming likewise.
     #[tokio::test(flavor = "multi_thread")]
     async fn dispatch_can_be_paused_and_resumed() {

@@ -367,16 +367,19 @@ impl Console {
                     )),
                     Err(error) => Err(Box::new(unavailable(&error))),
                 },
-                ["config"] => Ok((
-                    "Config".into(),
-                    pages::config(&self.settings),
-                    serde_json::json!(self
-                        .settings
-                        .iter()
-                        .cloned()
-                        .collect::<std::collections::BTreeMap<_, _>>()),
-                    false,
-                )),
+                ["config"] => match self.ledger.running_by_receiver().await {
+                    Ok(receivers) => {
+                        let settings: std::collections::BTreeMap<_, _> =
+                            self.settings.iter().cloned().collect();
+                        let json = serde_json::json!({
+                            "settings": settings,
+                            "running_by_receiver": receivers,
+                        });
+                        let main = pages::config(&self.settings, &receivers);
+                        Ok(("Config".into(), main, json, false))
+                    }
+                    Err(error) => Err(Box::new(unavailable(&error))),
+                },
                 ["csp-canary"] => Ok((
                     "CSP canary".into(),
                     pages::csp_canary(),

@@ -530,13 +530,24 @@ pub fn expected(rows: &[Expectation]) -> Markup {
     }
 }
 
-pub fn config(settings: &[(String, String)]) -> Markup {
+pub fn config(settings: &[(String, String)], receivers: &[(String, u64)]) -> Markup {
     html! {
         h1 { "Config and health" }
         p.muted { "The settings in effect (credentials are never shown)." }
         table {
             @for (key, value) in settings {
                 tr { th.mono { (key) } td.mono { (value) } }
+            }
+        }
+        @if !receivers.is_empty() {
+            h2 { "Receivers holding running jobs" }
+            table {
+                thead { tr { th { "receiver" } th.num { "running jobs" } } }
+                tbody {
+                    @for (receiver, running) in receivers {
+                        tr { td.mono { (receiver) } td.num { (running) } }
+                    }
+                }
             }
         }
     }

@@ -731,6 +731,14 @@ impl Backend for PostgresLedger {
             .map(drop)
     }
 
+    async fn running_by_receiver(&self) -> Result<Vec<(String, u64)>, StorageError> {
+        let rows = self.query(sql::RUNNING_BY_RECEIVER_SQL, &[]).await?;
+        Ok(rows
+            .iter()
+            .map(|row| (row.get(0), row.get::<_, i64>(1).unsigned_abs()))
+            .collect())
+    }
+
     async fn dispatch(&self) -> Result<Dispatch, StorageError> {
         let rows = self.query(sql::DISPATCH_SQL, &[]).await?;
         Ok(rows.first().map_or_else(Dispatch::default, |row| Dispatch {

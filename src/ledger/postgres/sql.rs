@@ -122,6 +122,9 @@ pub const RUN_NOW_SQL: &str = "WITH hurried AS (
         INSERT INTO job_actions (job_id, at, action, actor)
         SELECT job_id, $2, 'run_now', $3 FROM hurried)
     SELECT count(*) FROM hurried";
+/// Reads the index of running jobs only.
+pub const RUNNING_BY_RECEIVER_SQL: &str = "SELECT coalesce(leased_by, '(unnamed)'), count(*)
+    FROM jobs WHERE state = 'running' GROUP BY 1 ORDER BY 2 DESC, 1";
 pub const DISPATCH_SQL: &str = "SELECT paused, changed_at, changed_by FROM dispatch WHERE id = 1";
 /// Parameters: paused, now, actor.
 pub const SET_DISPATCH_SQL: &str = "UPDATE dispatch SET paused = $1, changed_at = $2,
