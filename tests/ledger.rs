@@ -400,4 +400,58 @@ async fn the_operator_statements_read_indexes_in_order() {
         );
         assert!(!plan.contains("TEMP B-TREE"), "a sort: {sql}\n=> {plan}");
     }
+    // The dead-letter groups read the dead jobs' index (the few), then group and sort them.
+    let sql = ledger::dead_groups_sql(ledger::Dialect::Sqlite);
+    let plan = query_plan(&conn, &sql);
+    assert!(
+        plan.starts_with("SCAN jobs USING INDEX jobs_dead"),
+        "{sql}\n=> {plan}"
+    );
+}
+
+/// The service's reads run on read-only connections, and one that runs past its time budget is
+/// interrupted: a console page or a scrape can neither write nor hold a reader for long.
+#[tokio::test(flavor = "multi_thread")]
+async fn service_reads_cannot_write_and_are_cut_at_their_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_config, ledger) = open_ledger(dir.path()).await;
+    let sqlite = ledger.sqlite().expect("a SQLite ledger");
+    let write = sqlite
+        .read_for_test(Duration::from_secs(5), |conn| {
+            conn.execute("DELETE FROM jobs", [])
+        })
+        .await;
+    assert!(
+        write.unwrap_err().to_string().contains("readonly"),
+        "a reader wrote"
+    );
+    let started = std::time::Instant::now();
+    let endless = sqlite
+        .read_for_test(Duration::from_millis(200), |conn| {
+            conn.query_row(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n)
+                 SELECT count(*) FROM n",
+                [],
+                |row| row.get::<_, i64>(0),
+            )
+        })
+        .await;
+    assert!(
+        endless.unwrap_err().to_string().contains("interrupt"),
+        "not cut"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // The connection is good for the next read, with the usual budget.
+    let jobs = sqlite
+        .read_for_test(Duration::from_secs(5), |conn| {
+            conn.query_row("SELECT count(*) FROM jobs", [], |row| row.get::<_, i64>(0))
+        })
+        .await
+        .unwrap();
+    assert_eq!(jobs, 0);
+    ledger.close().await;
 }

@@ -49,6 +49,12 @@ pub use writer::QUEUE_CAPACITY;
 pub use writer_alone::{PendingClaims, WriterAlone};
 
 const READER_POOL_SIZE: u32 = 4;
+/// A read of the service's (a console page, a scrape, the worker's look for due work) is
+/// interrupted past this: none takes more than milliseconds on an indexed ledger, and a reader
+/// that ran on would pin the WAL and hold one of the few pooled connections.
+const READ_BUDGET: Duration = Duration::from_secs(5);
+/// How many SQLite VM steps between two looks at the clock during a read.
+const READ_BUDGET_STEPS: std::os::raw::c_int = 10_000;
 
 impl From<rusqlite::Error> for StorageError {
     fn from(error: rusqlite::Error) -> Self {
@@ -73,6 +79,8 @@ impl From<r2d2::Error> for StorageError {
 pub struct SqliteLedger {
     connections: Connections,
     path: PathBuf,
+    /// [`READ_BUDGET`] in ms (tests shorten it).
+    read_budget_ms: Arc<std::sync::atomic::AtomicU64>,
 }
 
 enum Connections {
@@ -97,7 +105,11 @@ impl SqliteLedger {
             .max_size(READER_POOL_SIZE)
             .build(
                 SqliteConnectionManager::file(&config.path)
-                    .with_init(move |conn| apply_pragmas(conn, &settings)),
+                    // Readers never write: SQLite refuses it if one tried.
+                    .with_init(move |conn| {
+                        apply_pragmas(conn, &settings)?;
+                        conn.execute_batch("PRAGMA query_only = ON")
+                    }),
             )
             .context("cannot open the reader pool")?;
         let failure = Arc::new(Failure::default());
@@ -114,6 +126,13 @@ impl SqliteLedger {
                 checkpointer: Mutex::new(Some(checkpointer)),
             },
             path: config.path.clone(),
+            read_budget_ms: Arc::new(
+                READ_BUDGET
+                    .as_millis()
+                    .try_into()
+                    .unwrap_or(u64::MAX)
+                    .into(),
+            ),
         })
     }
 
@@ -125,6 +144,13 @@ impl SqliteLedger {
                 config,
             )?))),
             path: config.path.clone(),
+            read_budget_ms: Arc::new(
+                READ_BUDGET
+                    .as_millis()
+                    .try_into()
+                    .unwrap_or(u64::MAX)
+                    .into(),
+            ),
         })
     }
 
@@ -162,9 +188,23 @@ impl SqliteLedger {
         match &self.connections {
             Connections::Service { readers, .. } => {
                 let pool = readers.clone();
-                tokio::task::spawn_blocking(move || Ok(op(&*pool.get()?)?))
-                    .await
-                    .map_err(|_| StorageError::Closed)?
+                let budget = Duration::from_millis(
+                    self.read_budget_ms
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                );
+                tokio::task::spawn_blocking(move || {
+                    let conn = pool.get()?;
+                    let started = std::time::Instant::now();
+                    conn.progress_handler(
+                        READ_BUDGET_STEPS,
+                        Some(move || started.elapsed() > budget),
+                    )?;
+                    let read = op(&conn);
+                    conn.progress_handler(0, None::<fn() -> bool>)?;
+                    Ok(read?)
+                })
+                .await
+                .map_err(|_| StorageError::Closed)?
             }
             Connections::Direct(conn) => {
                 let conn = conn.clone();
@@ -205,6 +245,19 @@ impl SqliteLedger {
     /// Why the ledger failed, once it has.
     fn failure_cause(&self) -> Option<FailureCause> {
         self.writer()?.failure().cause()
+    }
+
+    /// Runs a read as the service's reads run (the reader pool, the time budget).
+    #[cfg(feature = "testing")]
+    pub async fn read_for_test<T, F>(&self, budget: Duration, op: F) -> Result<T, StorageError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let ms = u64::try_from(budget.as_millis()).unwrap_or(u64::MAX);
+        self.read_budget_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+        self.read(op).await
     }
 
     /// Runs any change on the writer, as part of a group commit: for tests of the writer
