@@ -16,7 +16,7 @@ pub mod config;
 mod console;
 pub mod duplicates;
 pub mod event_type;
-mod handler;
+pub mod handler;
 pub mod http_client;
 pub mod ingest;
 pub mod instance_lock;

@@ -404,6 +404,54 @@ async fn an_operator_acts_only_from_the_console_itself() {
     server.stop().await.0.unwrap();
 }
 
+/// An HTTP handler's answer is shown escaped too; the search box opens a job by its id.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_http_handlers_answer_is_escaped_and_a_job_found_by_id() {
+    use hyper::server::conn::http1;
+    use hyper::service::service_fn;
+    let handler = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let handler_port = handler.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = handler.accept().await.unwrap();
+            tokio::spawn(async move {
+                let service = service_fn(|_| async {
+                    let mut answer = hyper::Response::new(Full::new(Bytes::from_static(
+                        b"<script>window.__xss=3</script>",
+                    )));
+                    *answer.status_mut() = hyper::StatusCode::BAD_GATEWAY;
+                    Ok::<_, std::convert::Infallible>(answer)
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = http1::Builder::new().serve_connection(io, service).await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    std::fs::write(dir.path().join("admin_token"), OPERATOR_TOKEN).unwrap();
+    let config = format!(
+        "[handler]\nurl = \"http://127.0.0.1:{handler_port}/hook\"\nmax_attempts = 1\n\n\
+         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n"
+    );
+    let server = TestServer::start_in(dir, &config).await;
+    assert_eq!(server.deliver(&job_body("answered")).await.status, 200);
+    let dead = eventually(Duration::from_secs(10), || {
+        server.state_of("answered").as_deref() == Some("dead")
+    })
+    .await;
+    assert!(dead);
+    let operator = Console::sign_in(admin_port, OPERATOR_TOKEN).await;
+    let found = operator.get("/console/jobs?job_id=answered").await;
+    assert_eq!(found.status, 303);
+    assert_eq!(found.headers["location"], "/console/jobs/answered");
+    let page = html(&operator.get("/console/jobs/answered").await);
+    assert!(page.contains("HTTP 502"), "{page}");
+    assert!(page.contains("&lt;script&gt;window.__xss=3"), "{page}");
+    assert!(!page.contains("<script>window.__xss=3"), "{page}");
+    server.stop().await.0.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn with_actions_off_an_operator_only_looks() {
     let dir = tempfile::tempdir().unwrap();

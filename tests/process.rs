@@ -1270,6 +1270,41 @@ async fn cli_bulk_retry_pause_cancel_and_history() {
     assert!(cancelled.contains("not needed"), "{cancelled}");
     let neither = cli(&config, &["jobs", "retry"]);
     assert!(!neither.status.success());
+
+    // A replay runs the stored body through another handler once; the job stays as it was.
+    let copy = dir.path().join("replayed.json");
+    let to_file = format!("cat > {}", copy.display());
+    let replayed = cli(
+        &config,
+        &["jobs", "replay", "bad-a", "--", "sh", "-c", &to_file],
+    );
+    assert!(
+        stdout(&replayed).contains("through command sh -c"),
+        "{replayed:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&copy).unwrap(), job_body("bad-a"));
+    let failing = cli(
+        &config,
+        &["jobs", "replay", "bad-a", "--", "sh", "-c", "exit 9"],
+    );
+    assert!(!failing.status.success(), "{failing:?}");
+    assert_eq!(
+        job_rows(dir.path())["bad-a"].0,
+        "dead",
+        "a replay changes no state"
+    );
+    let story = stdout(&cli(&config, &["jobs", "show", "bad-a"]));
+    assert!(story.contains("replay by cli:"), "{story}");
+    assert!(story.contains("failed after"), "{story}");
+    assert!(story.contains("exited with status 9"), "{story}");
+    let unknown = cli(
+        &config,
+        &["jobs", "replay", "nobody", "--url", "http://127.0.0.1:9/"],
+    );
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("no job \"nobody\""),
+        "{unknown:?}"
+    );
     service.stop_cleanly().await;
 }
 

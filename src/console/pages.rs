@@ -238,6 +238,10 @@ pub fn jobs(state: Option<State>, page: &JobPage, limit: usize) -> Markup {
             button type="submit" { "Show" }
             a href=(format!("/console/api/jobs?{}", list_query(chosen, None, limit))) { "JSON" }
         }
+        form.filters method="get" action="/console/jobs" {
+            label { "job_id" input type="search" name="job_id" placeholder="exact id" maxlength="1024"; }
+            button type="submit" { "Open" }
+        }
         @if page.jobs.is_empty() {
             p.muted { "No jobs." }
         } @else {
@@ -407,7 +411,7 @@ pub fn job(viewer: Viewer, job: &JobDetail) -> Markup {
 pub fn dead(viewer: Viewer, groups: &[DeadGroup]) -> Markup {
     html! {
         h1 { "Dead letters" }
-        p.muted { "Dead jobs grouped by their error, up to the handler's own output; the largest groups first." }
+        p.muted { "Dead jobs grouped by their error, up to the handler's own output; the largest groups first (recomputed at most every 10 s)." }
         @if groups.is_empty() {
             p.ok { "No dead jobs." }
         } @else {

@@ -221,6 +221,11 @@ macro_rules! operations {
         /// `false` if it was not waiting for a retry.
         fn run_now(&self, job_id: &str, by: &str, now: i64) -> Result<bool, StorageError>;
 
+        /// Records an action on a job that changes nothing else (a replay through another
+        /// handler); `false` if the job is not in the ledger.
+        fn record_action(&self, job_id: &str, action: &str, by: &str, reason: &str, now: i64)
+            -> Result<bool, StorageError>;
+
         /// The running jobs per receiver that holds them (its name: `leased_by`); empty where
         /// one process is the only receiver.
         fn running_by_receiver(&self) -> Result<Vec<(String, u64)>, StorageError> = { Ok(Vec::new()) };

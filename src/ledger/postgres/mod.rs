@@ -731,6 +731,27 @@ impl Backend for PostgresLedger {
             .map(drop)
     }
 
+    async fn record_action(
+        &self,
+        job_id: &str,
+        action: &str,
+        by: &str,
+        reason: &str,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        let recorded = self
+            .count(
+                sql::RECORD_ACTION_SQL,
+                &[&job_id, &now, &action, &by, &reason],
+            )
+            .await?
+            == 1;
+        if recorded {
+            self.trim_actions(&[job_id]).await?;
+        }
+        Ok(recorded)
+    }
+
     async fn running_by_receiver(&self) -> Result<Vec<(String, u64)>, StorageError> {
         let rows = self.query(sql::RUNNING_BY_RECEIVER_SQL, &[]).await?;
         Ok(rows

@@ -122,6 +122,12 @@ pub const RUN_NOW_SQL: &str = "WITH hurried AS (
         INSERT INTO job_actions (job_id, at, action, actor)
         SELECT job_id, $2, 'run_now', $3 FROM hurried)
     SELECT count(*) FROM hurried";
+/// Parameters: job_id, now, action, actor, reason. One row: 1 if the job is in the ledger.
+pub const RECORD_ACTION_SQL: &str = "WITH recorded AS (
+        INSERT INTO job_actions (job_id, at, action, actor, reason)
+        SELECT job_id, $2, $3, $4, $5 FROM jobs WHERE job_id = $1
+        RETURNING job_id)
+    SELECT count(*) FROM recorded";
 /// Reads the index of running jobs only.
 pub const RUNNING_BY_RECEIVER_SQL: &str = "SELECT coalesce(leased_by, '(unnamed)'), count(*)
     FROM jobs WHERE state = 'running' GROUP BY 1 ORDER BY 2 DESC, 1";

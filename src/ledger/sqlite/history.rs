@@ -78,6 +78,22 @@ pub fn record_action(
     Ok(())
 }
 
+/// [`record_action`] for a job that may not be in the ledger; `false` if it is not.
+pub fn record_action_if_known(
+    conn: &Connection,
+    job_id: &str,
+    (action, actor, reason): (&str, &str, &str),
+    now: i64,
+) -> rusqlite::Result<bool> {
+    let known = conn
+        .prepare_cached("SELECT 1 FROM jobs WHERE job_id = ?1")?
+        .exists([job_id])?;
+    if known {
+        record_action(conn, job_id, action, actor, Some(reason), now)?;
+    }
+    Ok(known)
+}
+
 fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
     Ok(AttemptRecord {
         number: row.get(0)?,

@@ -544,6 +544,22 @@ impl Backend for SqliteLedger {
             .await
     }
 
+    async fn record_action(
+        &self,
+        job_id: &str,
+        action: &str,
+        by: &str,
+        reason: &str,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        let strings = [job_id, action, by, reason].map(str::to_owned);
+        self.write(move |conn| {
+            let [job_id, action, by, reason] = &strings;
+            history::record_action_if_known(conn, job_id, (action, by, reason), now)
+        })
+        .await
+    }
+
     async fn dispatch(&self) -> Result<Dispatch, StorageError> {
         self.read(jobs::dispatch).await
     }
