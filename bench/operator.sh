@@ -83,19 +83,11 @@ time_command "sume-receiver --version (process start)" --version
 echo "the console, signed in, on the running service:" >&2
 start_receiver "$dir"
 python3 - "$RUNS" "$admin_port" "$deep" <<'PY'
-import http.client, sys, time, urllib.parse
+import sys, time, urllib.parse
+sys.path.insert(0, "bench")
+from console_client import Console
 runs, port, deep = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-def request(method, path, body=None, cookie=None):
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Origin": f"http://127.0.0.1:{port}", "Content-Type": "application/x-www-form-urlencoded"}
-    if cookie:
-        headers["Cookie"] = cookie
-    connection.request(method, path, body=body, headers=headers)
-    answer = connection.getresponse()
-    answer.read()
-    return answer
-signed = request("POST", "/console/sign-in", "token=bench-operator-token")
-cookie = signed.getheader("Set-Cookie").split(";")[0]
+console = Console(port, "bench-operator-token")
 pages = ["/console/", "/console/jobs", "/console/jobs?state=dead",
          "/console/jobs?after=" + urllib.parse.quote(deep), "/console/jobs/job-4242",
          "/console/dead", "/console/receipts", "/console/expected", "/console/config",
@@ -104,7 +96,7 @@ for page in pages:
     times = []
     for _ in range(runs):
         started = time.perf_counter()
-        answer = request("GET", page, cookie=cookie)
+        answer = console.request("GET", page)
         times.append((time.perf_counter() - started) * 1000)
         if answer.status != 200:
             sys.exit(f"{page}: {answer.status}")
@@ -117,19 +109,13 @@ stop_receiver >/dev/null
 # Ingest with and without the console polled once a second, alternating.
 poll_console() {
   python3 - "$admin_port" <<'PY' &
-import http.client, sys, time
-port = int(sys.argv[1])
-def request(method, path, body=None, cookie=None):
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Origin": f"http://127.0.0.1:{port}", "Content-Type": "application/x-www-form-urlencoded"}
-    if cookie:
-        headers["Cookie"] = cookie
-    connection.request(method, path, body=body, headers=headers)
-    answer = connection.getresponse(); answer.read(); return answer
-cookie = request("POST", "/console/sign-in", "token=bench-operator-token").getheader("Set-Cookie").split(";")[0]
+import sys, time
+sys.path.insert(0, "bench")
+from console_client import Console
+console = Console(int(sys.argv[1]), "bench-operator-token")
 while True:
     for page in ("/console/", "/console/jobs", "/console/dead"):
-        request("GET", page, cookie=cookie)
+        console.request("GET", page)
     time.sleep(1)
 PY
   poller=$!

@@ -19,6 +19,8 @@ use crate::logging::Escaped;
 pub const MAX_PENDING: usize = 10_000;
 /// How often the counts are written.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// Counts per ledger write: claims commit between two (a long write would hold them back).
+const WRITE_BATCH: usize = 256;
 
 #[derive(Default)]
 pub struct DuplicateTally {
@@ -50,14 +52,17 @@ impl DuplicateTally {
             .collect();
         // One order for every writer: concurrent writes lock rows the same way round.
         seen.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        match ledger.record_duplicates(&seen).await {
-            Ok(()) => seen.len(),
-            Err(error) => {
+        let mut written = 0;
+        for batch in seen.chunks(WRITE_BATCH) {
+            if let Err(error) = ledger.record_duplicates(batch).await {
                 let error = error.to_string();
-                tracing::warn!(jobs = seen.len(), error = %Escaped(&error), "could not write duplicate counts; they are lost (the deliveries were answered)");
-                0
+                let lost = seen.len() - written;
+                tracing::warn!(jobs = lost, error = %Escaped(&error), "could not write duplicate counts; they are lost (the deliveries were answered)");
+                break;
             }
+            written += batch.len();
         }
+        written
     }
 
     /// Writes the counts every [`FLUSH_EVERY`] until `stop`, then once more.

@@ -160,6 +160,24 @@ async fn csp_reports(client: &Client, base: &str) -> Vec<serde_json::Value> {
     serde_json::from_str::<Vec<serde_json::Value>>(&text).unwrap_or_else(|_| panic!("{text}"))
 }
 
+/// Clicks the button labelled `label`, accepts the question it asks, waits for the answer.
+async fn click_and_confirm(client: &Client, label: &str) {
+    let xpath = format!("//button[text()='{label}']");
+    client
+        .find(Locator::XPath(&xpath))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    client.accept_alert().await.unwrap();
+    client
+        .wait()
+        .for_element(Locator::Css("p.banner"))
+        .await
+        .unwrap();
+}
+
 async fn screenshot(client: &Client, name: &str) {
     if let Ok(dir) = std::env::var("SUME_SCREENSHOTS") {
         let png = client.screenshot().await.unwrap();
@@ -308,35 +326,11 @@ async fn the_console_works_in_a_real_browser_and_keeps_its_guard() {
 
     // Pause and resume by clicking (each asks first).
     client.goto(&format!("{base}/console/")).await.unwrap();
-    client
-        .find(Locator::XPath("//button[text()='Pause dispatch']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    client.accept_alert().await.unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("p.banner"))
-        .await
-        .unwrap();
+    click_and_confirm(&client, "Pause dispatch").await;
     assert_eq!(server.value("SELECT paused FROM dispatch", &[]), 1);
     client.goto(&format!("{base}/console/")).await.unwrap();
     assert!(text_of(&client).await.contains("Dispatch is paused"));
-    client
-        .find(Locator::XPath("//button[text()='Resume dispatch']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    client.accept_alert().await.unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("p.banner"))
-        .await
-        .unwrap();
+    click_and_confirm(&client, "Resume dispatch").await;
     assert_eq!(server.value("SELECT paused FROM dispatch", &[]), 0);
 
     // A page on another origin posts a form to the console: refused; nothing changes.

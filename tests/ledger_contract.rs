@@ -579,6 +579,7 @@ on_both_ledgers! {
         ledger.retry_job("forgotten", "test", 1_000).await.unwrap();
         let attempt = started(&ledger, "forgotten", i64::MAX).await;
         ledger.finish_attempt(&attempt, &AttemptEnd::Done, 1_000).await.unwrap();
+        ledger.record_duplicates(&[("forgotten".to_owned(), 2, 1_500)]).await.unwrap();
         let purged = ledger.retention_step(RetentionStep::PurgeBodies, 2_000, 10).await.unwrap();
         assert_eq!(purged, 1);
         let tombstone = ledger.show_job("forgotten").await.unwrap().unwrap();
@@ -588,6 +589,7 @@ on_both_ledgers! {
         claimed(&ledger, "forgotten").await;
         let job = ledger.show_job("forgotten").await.unwrap().unwrap();
         assert!(job.history.is_empty() && job.actions.is_empty(), "{job:?}");
+        assert_eq!((job.duplicates, job.last_duplicate_at), (0, None));
         assert_eq!(job.body_purged_at, None);
         ledger.close().await;
     }

@@ -161,13 +161,19 @@ async fn duplicate_deliveries_are_counted_on_the_job() {
         assert_eq!(server.deliver(&job_body("again")).await.status, 200);
     }
     let counted = eventually(Duration::from_secs(5), || {
-        server.value("SELECT duplicates FROM jobs WHERE job_id = ?1", &["again"]) == 2
+        server.value(
+            "SELECT count FROM job_duplicates WHERE job_id = ?1",
+            &["again"],
+        ) == 2
     })
     .await;
     assert!(
         counted,
         "{}",
-        server.value("SELECT duplicates FROM jobs WHERE job_id = ?1", &["again"])
+        server.value(
+            "SELECT count FROM job_duplicates WHERE job_id = ?1",
+            &["again"]
+        )
     );
     let (_, job) = admin(Method::GET, admin_port, "/v1/jobs/again").await;
     assert!(job["last_duplicate_at"].as_i64().unwrap() >= job["received_at"].as_i64().unwrap());
@@ -178,7 +184,7 @@ async fn duplicate_deliveries_are_counted_on_the_job() {
     let conn = rusqlite::Connection::open(dir.path().join("ledger.sqlite3")).unwrap();
     let count: i64 = conn
         .query_row(
-            "SELECT duplicates FROM jobs WHERE job_id = 'again'",
+            "SELECT count FROM job_duplicates WHERE job_id = 'again'",
             [],
             |row| row.get(0),
         )

@@ -5,8 +5,11 @@ ALTER TABLE jobs ADD COLUMN next_attempt_cause text NOT NULL DEFAULT 'first';
 UPDATE jobs SET next_attempt_cause = 'backoff' WHERE state = 'retrying';
 UPDATE jobs SET next_attempt_cause = 'poll' WHERE state = 'claimed' AND source = 'poll';
 ALTER TABLE jobs ADD COLUMN body_purged_at bigint;
-ALTER TABLE jobs ADD COLUMN duplicates integer NOT NULL DEFAULT 0;
-ALTER TABLE jobs ADD COLUMN last_duplicate_at bigint;
+CREATE TABLE job_duplicates (
+    job_id  text    NOT NULL PRIMARY KEY REFERENCES jobs (job_id) ON DELETE CASCADE,
+    count   integer NOT NULL,
+    last_at bigint  NOT NULL
+);
 
 CREATE TABLE job_attempts (
     id          bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

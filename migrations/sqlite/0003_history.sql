@@ -11,10 +11,14 @@ UPDATE jobs SET next_attempt_cause = 'backoff' WHERE state = 'retrying';
 UPDATE jobs SET next_attempt_cause = 'poll' WHERE state = 'claimed' AND source = 'poll';
 -- When retention purged the body (the tombstone's date).
 ALTER TABLE jobs ADD COLUMN body_purged_at INTEGER;
--- Deliveries after the first (Sume's retries and redeliveries), and when the last one came;
--- written every second, not with each answer.
-ALTER TABLE jobs ADD COLUMN duplicates INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE jobs ADD COLUMN last_duplicate_at INTEGER;
+-- Deliveries after the first (Sume's retries and redeliveries) per job, and when the last one
+-- came: written every second, not with each answer, into a narrow table of their own, so that
+-- the counts rewrite small pages, not the jobs' pages with their bodies.
+CREATE TABLE job_duplicates (
+    job_id  TEXT    NOT NULL PRIMARY KEY,
+    count   INTEGER NOT NULL,
+    last_at INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
 
 CREATE TABLE job_attempts (
     id          INTEGER PRIMARY KEY,
@@ -53,6 +57,7 @@ CREATE INDEX job_actions_of_job ON job_actions (job_id, id);
 CREATE TRIGGER jobs_forget_history AFTER DELETE ON jobs BEGIN
     DELETE FROM job_attempts WHERE job_id = OLD.job_id;
     DELETE FROM job_actions WHERE job_id = OLD.job_id;
+    DELETE FROM job_duplicates WHERE job_id = OLD.job_id;
 END;
 
 -- The indexes of waiting and running jobs also hold their state and when they were received,

@@ -374,14 +374,12 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
                 .cancel_job(job_id.as_str(), &actor(), &reason, ledger::now_ms())
                 .await?
             {
-                let state = ledger
-                    .show_job(job_id.as_str())
-                    .await?
-                    .map(|job| job.summary.state);
-                match state {
-                    None => bail!("no job {job_id:?} in the ledger"),
-                    Some(state) => bail!("job {job_id:?} is {state}; only a claimed or retrying job can be cancelled"),
-                }
+                return Err(refusal(
+                    ledger,
+                    &job_id,
+                    "only a claimed or retrying job can be cancelled",
+                )
+                .await);
             }
             println!("job {job_id} is dead (cancelled); `jobs retry {job_id}` would run it again");
         }
@@ -414,14 +412,7 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
                 .run_now(job_id.as_str(), &actor(), ledger::now_ms())
                 .await?
             {
-                let state = ledger
-                    .show_job(job_id.as_str())
-                    .await?
-                    .map(|job| job.summary.state);
-                match state {
-                    None => bail!("no job {job_id:?} in the ledger"),
-                    Some(state) => bail!("job {job_id:?} is {state}; only a retrying job can be run now (`jobs retry` runs a done or dead one again)"),
-                }
+                return Err(refusal(ledger, &job_id, "only a retrying job can be run now (`jobs retry` runs a done or dead one again)").await);
             }
             println!("job {job_id} is due now{}", who_runs_it(config));
         }
@@ -457,6 +448,15 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
         JobsCommand::Redeliver { .. } => unreachable!("answered without a ledger above"),
     }
     Ok(())
+}
+
+/// Why an action changed nothing: the job is unknown, or in a state the action does not apply to.
+async fn refusal(ledger: &Ledger, job_id: &JobId, applies_to: &str) -> anyhow::Error {
+    match ledger.show_job(job_id.as_str()).await {
+        Ok(None) => anyhow::anyhow!("no job {job_id:?} in the ledger"),
+        Ok(Some(job)) => anyhow::anyhow!("job {job_id:?} is {}; {applies_to}", job.summary.state),
+        Err(error) => anyhow::Error::new(error).context("cannot read the job"),
+    }
 }
 
 /// `jobs replay`: the stored body through `url` or `command`, once, recorded in the history.

@@ -63,14 +63,18 @@ pub const GIVE_UP_SQL: &str = "WITH given_up AS (
     SELECT count(*) FROM given_up";
 pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
          next_attempt_at, finished_at, last_error, lease_expires_at, updated_at, body,
-         body_purged_at, next_attempt_cause, duplicates, last_duplicate_at
+         body_purged_at, next_attempt_cause,
+         coalesce((SELECT count FROM job_duplicates AS d WHERE d.job_id = jobs.job_id), 0),
+         (SELECT last_at FROM job_duplicates AS d WHERE d.job_id = jobs.job_id)
      FROM jobs WHERE job_id = $1";
 /// Parameters: job_ids (sorted), counts, last times.
-pub const RECORD_DUPLICATES_SQL: &str = "UPDATE jobs
-    SET duplicates = jobs.duplicates + seen.count,
-        last_duplicate_at = greatest(jobs.last_duplicate_at, seen.last)
+pub const RECORD_DUPLICATES_SQL: &str = "INSERT INTO job_duplicates (job_id, count, last_at)
+    SELECT seen.job_id, seen.count, seen.last
     FROM unnest($1::text[], $2::integer[], $3::bigint[]) AS seen (job_id, count, last)
-    WHERE jobs.job_id = seen.job_id";
+    JOIN jobs ON jobs.job_id = seen.job_id
+    ORDER BY seen.job_id
+    ON CONFLICT (job_id) DO UPDATE SET count = job_duplicates.count + excluded.count,
+                                       last_at = greatest(job_duplicates.last_at, excluded.last_at)";
 pub const ATTEMPTS_OF_JOB_SQL: &str = "SELECT number, cause, receiver, started_at, ended_at,
         outcome, exit_status, http_status, error
     FROM job_attempts WHERE job_id = $1 ORDER BY id";

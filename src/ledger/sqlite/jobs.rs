@@ -66,7 +66,9 @@ pub const GIVE_UP_SQL: &str =
      WHERE job_id = ?1 AND state IN ('claimed', 'retrying')";
 pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
          next_attempt_at, finished_at, last_error, lease_expires_at, updated_at, body,
-         body_purged_at, next_attempt_cause, duplicates, last_duplicate_at
+         body_purged_at, next_attempt_cause,
+         coalesce((SELECT count FROM job_duplicates AS d WHERE d.job_id = jobs.job_id), 0),
+         (SELECT last_at FROM job_duplicates AS d WHERE d.job_id = jobs.job_id)
      FROM jobs WHERE job_id = ?1";
 /// Parameters: job_id, now.
 pub const RETRY_JOB_SQL: &str =
@@ -509,9 +511,10 @@ pub fn count_retry_matching(
 /// Adds duplicate deliveries to their jobs' counts.
 pub fn record_duplicates(conn: &Connection, seen: &[(String, u32, i64)]) -> rusqlite::Result<()> {
     let mut statement = conn.prepare_cached(
-        "UPDATE jobs SET duplicates = duplicates + ?2,
-                         last_duplicate_at = max(coalesce(last_duplicate_at, 0), ?3)
-         WHERE job_id = ?1",
+        "INSERT INTO job_duplicates (job_id, count, last_at)
+         SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM jobs WHERE job_id = ?1)
+         ON CONFLICT (job_id) DO UPDATE SET count = count + excluded.count,
+                                            last_at = max(last_at, excluded.last_at)",
     )?;
     for (job_id, count, last) in seen {
         statement.execute(params![job_id, count, last])?;

@@ -95,6 +95,14 @@ enum Connections {
     Direct(Arc<Mutex<Connection>>),
 }
 
+fn default_read_budget() -> Arc<std::sync::atomic::AtomicU64> {
+    Arc::new(
+        u64::try_from(READ_BUDGET.as_millis())
+            .unwrap_or(u64::MAX)
+            .into(),
+    )
+}
+
 impl SqliteLedger {
     /// Creates the file if needed, checks that it is ours and whole, migrates it, and starts
     /// the writer thread.
@@ -126,13 +134,7 @@ impl SqliteLedger {
                 checkpointer: Mutex::new(Some(checkpointer)),
             },
             path: config.path.clone(),
-            read_budget_ms: Arc::new(
-                READ_BUDGET
-                    .as_millis()
-                    .try_into()
-                    .unwrap_or(u64::MAX)
-                    .into(),
-            ),
+            read_budget_ms: default_read_budget(),
         })
     }
 
@@ -144,13 +146,7 @@ impl SqliteLedger {
                 config,
             )?))),
             path: config.path.clone(),
-            read_budget_ms: Arc::new(
-                READ_BUDGET
-                    .as_millis()
-                    .try_into()
-                    .unwrap_or(u64::MAX)
-                    .into(),
-            ),
+            read_budget_ms: default_read_budget(),
         })
     }
 
