@@ -455,3 +455,52 @@ async fn service_reads_cannot_write_and_are_cut_at_their_budget() {
     assert_eq!(jobs, 0);
     ledger.close().await;
 }
+
+/// A ledger written by the release before the history (schema 2) migrates forward with its jobs:
+/// a waiting job still runs, and says why; a finished one keeps its place in the lists.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_schema_2_ledger_migrates_with_its_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+    {
+        let conn = rusqlite::Connection::open(sqlite_path(&config)).unwrap();
+        conn.execute_batch(include_str!("../migrations/sqlite/0001_jobs.sql"))
+            .unwrap();
+        conn.execute_batch(include_str!("../migrations/sqlite/0002_expected_jobs.sql"))
+            .unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             INSERT INTO jobs (job_id, state, source, body, received_at, attempts,
+                               next_attempt_at, finished_at, last_error, updated_at) VALUES
+               ('old-retrying', 'retrying', 'webhook', '{}', 1000, 1, 2000, NULL, 'boom', 1000),
+               ('old-polled', 'claimed', 'poll', '{}', 1100, 0, 1100, NULL, NULL, 1100),
+               ('old-done', 'done', 'webhook', '{}', 900, 1, NULL, 950, NULL, 950);
+             PRAGMA user_version = 2;",
+        )
+        .unwrap();
+    }
+    let ledger = Ledger::open(&config.database).await.unwrap();
+    for (job_id, cause) in [
+        ("old-retrying", "backoff"),
+        ("old-polled", "poll"),
+        ("old-done", "first"),
+    ] {
+        let job = ledger.show_job(job_id).await.unwrap().unwrap();
+        assert_eq!(job.next_attempt_cause, cause, "{job_id}");
+        assert!(job.history.is_empty() && job.duplicates == 0, "{job_id}");
+    }
+    let due = ledger.due_jobs(3_000, 10).await.unwrap();
+    assert_eq!(due.runnable.len(), 2, "{:?}", due.runnable);
+    let attempt = ledger
+        .start_attempt(&JobId::parse("old-retrying").unwrap(), 3_000, i64::MAX)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(attempt.number, 2);
+    let job = ledger.show_job("old-retrying").await.unwrap().unwrap();
+    assert_eq!(job.history[0].cause, "backoff");
+    let page = ledger.list_jobs(None, None, 10).await.unwrap();
+    let ids: Vec<&str> = page.jobs.iter().map(|job| job.job_id.as_str()).collect();
+    assert_eq!(ids, ["old-polled", "old-retrying", "old-done"]);
+    ledger.close().await;
+}
