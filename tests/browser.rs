@@ -140,14 +140,8 @@ async fn sign_in(client: &Client, base: &str, token: &str) {
         .send_keys(token)
         .await
         .unwrap();
-    client
-        .find(Locator::Css("form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    client.wait().for_element(Locator::Css("h1")).await.unwrap();
+    click(client, Locator::Css("form button")).await;
+    wait_for(client, Locator::Css("h1")).await;
 }
 
 /// The CSP reports the console received so far (as the signed-in browser reads them).
@@ -160,22 +154,20 @@ async fn csp_reports(client: &Client, base: &str) -> Vec<serde_json::Value> {
     serde_json::from_str::<Vec<serde_json::Value>>(&text).unwrap_or_else(|_| panic!("{text}"))
 }
 
+async fn click(client: &Client, target: Locator<'_>) {
+    client.find(target).await.unwrap().click().await.unwrap();
+}
+
+async fn wait_for(client: &Client, target: Locator<'_>) -> fantoccini::elements::Element {
+    client.wait().for_element(target).await.unwrap()
+}
+
 /// Clicks the button labelled `label`, accepts the question it asks, waits for the answer.
 async fn click_and_confirm(client: &Client, label: &str) {
     let xpath = format!("//button[text()='{label}']");
-    client
-        .find(Locator::XPath(&xpath))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(client, Locator::XPath(&xpath)).await;
     client.accept_alert().await.unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("p.banner"))
-        .await
-        .unwrap();
+    wait_for(client, Locator::Css("p.banner")).await;
 }
 
 async fn screenshot(client: &Client, name: &str) {
@@ -245,41 +237,17 @@ async fn the_console_works_in_a_real_browser_and_keeps_its_guard() {
         "/console/config",
     ] {
         client.goto(&format!("{base}{page}")).await.unwrap();
-        client
-            .wait()
-            .for_element(Locator::Css("main h1"))
-            .await
-            .unwrap();
+        wait_for(&client, Locator::Css("main h1")).await;
         no_canary_ran(&client, page).await;
     }
 
     // The main flow by clicking: the dead letters, the job's timeline, a retry of its group.
     client.goto(&format!("{base}/console/")).await.unwrap();
-    client
-        .find(Locator::LinkText("Dead letters"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("td.mono a"))
-        .await
-        .unwrap();
+    click(&client, Locator::LinkText("Dead letters")).await;
+    wait_for(&client, Locator::Css("td.mono a")).await;
     screenshot(&client, "dead-letters").await;
-    client
-        .find(Locator::Css("td.mono a"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("ol.timeline"))
-        .await
-        .unwrap();
+    click(&client, Locator::Css("td.mono a")).await;
+    wait_for(&client, Locator::Css("ol.timeline")).await;
     no_canary_ran(&client, "the job").await;
     let timeline = text_of(&client).await;
     assert!(timeline.contains("attempt 1 (first): dead"), "{timeline}");
@@ -289,31 +257,13 @@ async fn the_console_works_in_a_real_browser_and_keeps_its_guard() {
     );
     screenshot(&client, "job").await;
     client.back().await.unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("td form button"))
-        .await
-        .unwrap();
-    client
-        .find(Locator::Css("td form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    let confirm = client
-        .wait()
-        .for_element(Locator::Css("main form button"))
-        .await
-        .unwrap();
+    wait_for(&client, Locator::Css("td form button")).await;
+    click(&client, Locator::Css("td form button")).await;
+    let confirm = wait_for(&client, Locator::Css("main form button")).await;
     assert_eq!(confirm.text().await.unwrap(), "Retry 4 jobs");
     confirm.click().await.unwrap();
     client.accept_alert().await.unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("p.banner"))
-        .await
-        .unwrap();
+    wait_for(&client, Locator::Css("p.banner")).await;
     assert!(text_of(&client).await.contains("4 jobs are queued"));
     let ran_again = eventually(Duration::from_secs(10), || {
         server.value(
@@ -385,13 +335,7 @@ async fn the_console_works_in_a_real_browser_and_keeps_its_guard() {
 
     // A reader sees the same pages without a single button that acts.
     client.goto(&format!("{base}/console/")).await.unwrap();
-    client
-        .find(Locator::XPath("//button[text()='Sign out']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::XPath("//button[text()='Sign out']")).await;
     sign_in(&client, &base, READ_TOKEN).await;
     let buttons = client.find_all(Locator::Css("main button")).await.unwrap();
     assert!(
