@@ -141,7 +141,8 @@ async fn sign_in(client: &Client, base: &str, token: &str) {
         .await
         .unwrap();
     click(client, Locator::Css("form button")).await;
-    wait_for(client, Locator::Css("h1")).await;
+    // The navigation exists only once signed in (the sign-in page has an h1 too).
+    wait_for(client, Locator::Css("header nav")).await;
 }
 
 /// The CSP reports the console received so far (as the signed-in browser reads them).
@@ -167,7 +168,7 @@ async fn click_and_confirm(client: &Client, label: &str) {
     let xpath = format!("//button[text()='{label}']");
     click(client, Locator::XPath(&xpath)).await;
     client.accept_alert().await.unwrap();
-    wait_for(client, Locator::Css("p.banner")).await;
+    wait_for(client, Locator::Css("p#done")).await;
 }
 
 async fn screenshot(client: &Client, name: &str) {
@@ -259,11 +260,12 @@ async fn the_console_works_in_a_real_browser_and_keeps_its_guard() {
     client.back().await.unwrap();
     wait_for(&client, Locator::Css("td form button")).await;
     click(&client, Locator::Css("td form button")).await;
-    let confirm = wait_for(&client, Locator::Css("main form button")).await;
+    // The confirmation's form is main's own (the dead letters' are in the table).
+    let confirm = wait_for(&client, Locator::Css("main > form > button")).await;
     assert_eq!(confirm.text().await.unwrap(), "Retry 4 jobs");
     confirm.click().await.unwrap();
     client.accept_alert().await.unwrap();
-    wait_for(&client, Locator::Css("p.banner")).await;
+    wait_for(&client, Locator::Css("p#done")).await;
     assert!(text_of(&client).await.contains("4 jobs are queued"));
     let ran_again = eventually(Duration::from_secs(10), || {
         server.value(

@@ -456,7 +456,7 @@ pub fn retry_group(signature: &str, count: u64, purged: u64) -> Markup {
 
 pub fn done(message: &str, back: &str) -> Markup {
     html! {
-        p.banner.ok { (message) }
+        p #done .banner.ok { (message) }
         p { a href=(back) { "Back" } }
     }
 }
