@@ -54,7 +54,9 @@ impl Router for Admin {
             return self.console.handle(request, peer).await;
         }
         // Read-only and on loopback by default: Prometheus and health checks need no token.
-        if let Some(response) = crate::server::operational(&self.ledger, &request).await {
+        if let Some(response) =
+            crate::server::operational(&self.ledger, self.queue.as_ref(), &request).await
+        {
             return response;
         }
         let authorized = request
@@ -111,7 +113,7 @@ impl Router for Admin {
                 match self.ledger.set_dispatch(paused, &by, now_ms()).await {
                     Ok(changed) => {
                         if let Some(queue) = &self.queue {
-                            queue.dispatch_changed();
+                            queue.dispatch_changed(paused);
                         }
                         tracing::info!(%by, paused, changed, "dispatch changed on the admin listener");
                         json_response(

@@ -272,6 +272,11 @@ impl Ingest {
         }
     }
 
+    /// The worker's queue; `None` when no handler is configured.
+    pub fn queue(&self) -> Option<&Queue> {
+        self.queue.as_ref()
+    }
+
     pub fn replace_secrets(&self, secrets: Vec<Secret>) {
         *self.secrets.write().expect("not poisoned") = Arc::new(secrets);
     }
@@ -334,13 +339,14 @@ impl Ingest {
         request: Request<Incoming>,
     ) -> Result<(JobId, ClaimOutcome), IngestError> {
         let (parts, body) = request.into_parts();
+        let now = unix_now();
         let prechecked = precheck(
             &parts.headers,
             self.max_body_bytes,
-            unix_now(),
+            now,
             self.tolerance_secs,
         )?;
-        let skew = prechecked.signed.skew_secs(unix_now());
+        let skew = prechecked.signed.skew_secs(now);
         let reserved = prechecked.declared_length.unwrap_or(self.max_body_bytes);
         let _budget = self.budget.reserve(reserved).await?;
         let read = read_body(body, reserved, self.max_body_bytes);

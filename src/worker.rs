@@ -45,6 +45,9 @@ pub struct Queue {
     /// Set when dispatch was paused or resumed in this process: the worker reads it again
     /// before its next start.
     dispatch_changed: Arc<AtomicBool>,
+    /// Whether dispatch is paused, as this process last knew it (`/readyz` says so without a
+    /// ledger read).
+    paused: Arc<AtomicBool>,
 }
 
 impl Queue {
@@ -56,6 +59,7 @@ impl Queue {
                 held: Arc::default(),
                 ledger_changed: Arc::default(),
                 dispatch_changed: Arc::default(),
+                paused: Arc::default(),
             },
             receiver,
         )
@@ -69,9 +73,15 @@ impl Queue {
 
     /// Tells the worker that dispatch was paused or resumed: it starts nothing more before it
     /// has read the change.
-    pub fn dispatch_changed(&self) {
+    pub fn dispatch_changed(&self, paused: bool) {
+        self.paused.store(paused, Ordering::SeqCst);
         self.dispatch_changed.store(true, Ordering::SeqCst);
         self.ledger_changed.notify_one();
+    }
+
+    /// Whether dispatch is paused, as this process last knew it.
+    pub fn dispatch_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
     }
 
     /// Offers a job; `true` if it was queued now.
@@ -244,6 +254,7 @@ impl Worker {
             _ => {}
         }
         METRICS.set_dispatch_paused(read.paused);
+        self.queue.paused.store(read.paused, Ordering::SeqCst);
         self.dispatch = Some((read, now));
     }
 

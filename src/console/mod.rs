@@ -551,7 +551,7 @@ impl Console {
                 match self.ledger.set_dispatch(paused, by, now).await {
                     Ok(_) => {
                         if let Some(queue) = &self.queue {
-                            queue.dispatch_changed();
+                            queue.dispatch_changed(paused);
                         }
                         tracing::info!(%by, paused, "dispatch changed in the console");
                         (
