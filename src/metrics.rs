@@ -6,7 +6,6 @@
 //! labels, not the types of the modules that record into it.
 
 use crate::rollup::{Series, ROLLUP};
-use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::{LazyLock, Mutex};
 
 use prometheus_client::encoding::text::encode;
@@ -79,8 +78,8 @@ pub enum PollCall {
 /// What the ledger and the process look like at scrape time.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    /// Waiting and running jobs by state (`claimed`, `running`, `retrying`).
-    pub unfinished: Vec<(&'static str, u64)>,
+    /// Jobs by state, every state named: the ledger's kept counts.
+    pub jobs: Vec<(&'static str, u64)>,
     /// Age of the oldest job still waiting or running, in seconds.
     pub oldest_unfinished_age_seconds: f64,
     /// Expected jobs by state (`waiting`, `arrived`, `recovered`, `given_up`).
@@ -106,8 +105,6 @@ pub struct Metrics {
     swept: Counter,
     dispatch_paused: Gauge,
     jobs: Family<Labels, Gauge>,
-    /// done/dead: counted at start and after each retention run, plus what this process adds.
-    finished: [AtomicI64; 2],
     oldest_unfinished: Gauge<f64, std::sync::atomic::AtomicU64>,
     ledger_files: Family<Labels, Gauge>,
     polls: Family<Labels, Counter>,
@@ -124,9 +121,6 @@ pub struct Metrics {
     /// Scrapes set the snapshot gauges, then encode: one at a time.
     scrape: Mutex<()>,
 }
-
-const DONE: usize = 0;
-const DEAD: usize = 1;
 
 impl Metrics {
     fn new() -> Self {
@@ -147,7 +141,6 @@ impl Metrics {
             swept: Counter::default(),
             dispatch_paused: Gauge::default(),
             jobs: Family::default(),
-            finished: [AtomicI64::new(0), AtomicI64::new(0)],
             oldest_unfinished: Gauge::default(),
             ledger_files: Family::default(),
             polls: Family::default(),
@@ -225,8 +218,7 @@ impl Metrics {
         );
         registry.register(
             "sume_jobs",
-            "Jobs in the ledger by state (done and dead: as of the last start or retention \
-             run, plus what this process finished since)",
+            "Jobs in the ledger by state (every receiver's, on a shared ledger)",
             m.jobs.clone(),
         );
         registry.register_with_unit(
@@ -355,14 +347,6 @@ impl Metrics {
         totals
     }
 
-    /// Done and dead jobs (as `/metrics` shows them).
-    pub fn finished_jobs(&self) -> (i64, i64) {
-        (
-            self.finished[DONE].load(Relaxed),
-            self.finished[DEAD].load(Relaxed),
-        )
-    }
-
     /// Since start: leases the sweeper took back, jobs polls recovered, expectations given up.
     pub fn maintenance_totals(&self) -> (u64, u64, u64) {
         (self.swept.get(), self.recovered.get(), self.given_up.get())
@@ -402,20 +386,9 @@ impl Metrics {
                 .get_or_create(&[("result", label)])
                 .observe(seconds);
         }
-        match result {
-            AttemptResult::Done => self.finished[DONE].fetch_add(1, Relaxed),
-            AttemptResult::Dead => {
-                self.jobs_dead.inc();
-                self.finished[DEAD].fetch_add(1, Relaxed)
-            }
-            AttemptResult::Failed => 0,
-        };
-    }
-
-    /// The ledger's counts of done and dead jobs, counted afresh (at start, after retention).
-    pub fn set_finished_jobs(&self, done: u64, dead: u64) {
-        self.finished[DONE].store(i64::try_from(done).unwrap_or(i64::MAX), Relaxed);
-        self.finished[DEAD].store(i64::try_from(dead).unwrap_or(i64::MAX), Relaxed);
+        if result == AttemptResult::Dead {
+            self.jobs_dead.inc();
+        }
     }
 
     /// Whether the worker found dispatch paused when it last looked.
@@ -458,14 +431,10 @@ impl Metrics {
     /// The Prometheus text exposition, with the scrape-time values of `snapshot`.
     pub fn render(&self, snapshot: &Snapshot) -> String {
         let _one_scrape_at_a_time = self.scrape.lock().expect("not poisoned");
-        for (state, count) in &snapshot.unfinished {
+        for (state, count) in &snapshot.jobs {
             self.jobs
                 .get_or_create(&[("state", state)])
                 .set(gauge(*count));
-        }
-        for (index, state) in [(DONE, "done"), (DEAD, "dead")] {
-            let count = self.finished[index].load(Relaxed);
-            self.jobs.get_or_create(&[("state", state)]).set(count);
         }
         for (state, count) in &snapshot.expected {
             self.expected

@@ -72,10 +72,6 @@ pub async fn run_on(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let secrets = config.signing_secrets()?;
-    ledger
-        .recount_finished()
-        .await
-        .context("cannot count the ledger's finished jobs")?;
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 

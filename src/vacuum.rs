@@ -75,7 +75,7 @@ impl Vacuum {
             report.jobs_forgotten,
             report.expectations_forgotten,
         );
-        self.ledger.recount_finished().await?;
+        self.ledger.fold_counts().await?;
         if report != VacuumReport::default() {
             tracing::info!(
                 bodies_purged = report.bodies_purged,

@@ -307,7 +307,7 @@ impl Worker {
                 .ledger
                 .give_up_unrunnable(due.unrunnable, now_ms())
                 .await;
-            return match given_up.and(self.ledger.recount_finished().await) {
+            return match given_up {
                 Ok(()) => Duration::ZERO,
                 Err(error) => {
                     tracing::warn!(%error, "cannot give up jobs whose stored job_id cannot run");

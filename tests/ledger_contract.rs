@@ -129,7 +129,63 @@ on_both_ledgers! {
         assert_eq!(due.next_at, Some(now + 60_000));
         let due = ledger.due_jobs(now + 60_000, 10).await.unwrap();
         assert_eq!(due.runnable, [JobId::parse("ends-retrying").unwrap()]);
-        assert_eq!(ledger.count_finished().await.unwrap(), (1, 1));
+        let stats = ledger.job_stats(now).await.unwrap();
+        assert_eq!((stats.by_state["done"], stats.by_state["dead"]), (1, 1));
+        ledger.close().await;
+    }
+
+    /// The counts by state (`jobs stats`, `/metrics`, the console) are kept, not counted: after
+    /// every kind of change they equal what the lists hold, and a duplicate changes none.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_kept_counts_follow_every_change() {
+        let (_dir, ledger) = fresh().await;
+        let agree = |when: &'static str| {
+            let ledger = ledger.clone();
+            async move {
+                let mut listed = std::collections::BTreeMap::new();
+                for state in State::ALL {
+                    let page = ledger.list_jobs(Some(state), None, 1000).await.unwrap();
+                    listed.insert(state.as_str().to_owned(), page.jobs.len() as u64);
+                }
+                let stats = ledger.job_stats(ledger::now_ms()).await.unwrap();
+                assert_eq!(stats.by_state, listed, "{when}");
+                let snapshot = ledger.metrics_snapshot().await.unwrap();
+                for (state, count) in snapshot.jobs {
+                    assert_eq!(listed[state], count, "{when}: {state}");
+                }
+                listed
+            }
+        };
+        for job_id in ["count-a", "count-b", "count-c", "count-d", "count-e"] {
+            claimed(&ledger, job_id).await;
+        }
+        ledger.claim(new_claim("count-a")).await.unwrap();
+        assert_eq!(agree("claimed, one duplicate").await["claimed"], 5);
+        let now = ledger::now_ms();
+        let a = started(&ledger, "count-a", i64::MAX).await;
+        let b = started(&ledger, "count-b", i64::MAX).await;
+        let c = started(&ledger, "count-c", 100).await;
+        started(&ledger, "count-d", i64::MAX).await;
+        agree("running").await;
+        ledger.finish_attempt(&a, &AttemptEnd::Done, now).await.unwrap();
+        ledger.finish_attempt(&b, &failed(Some(now + 60_000)), now).await.unwrap();
+        let lease = LeasedAttempt { job_id: c.job_id.to_string(), number: c.number.into() };
+        ledger.take_back_lease(&lease, 200, now, 1, "lease expired").await.unwrap();
+        agree("done, retrying, taken back dead").await;
+        ledger.cancel_job("count-e", "test", "not wanted", now).await.unwrap();
+        ledger.give_up("count-b", "given up", now).await.unwrap();
+        agree("cancelled, given up").await;
+        ledger.retry_job("count-c", "test", now).await.unwrap();
+        ledger.run_now("count-c", "test", now).await.unwrap();
+        agree("retried").await;
+        ledger.fold_counts().await.unwrap();
+        let forgotten = ledger.retention_step(RetentionStep::DeleteFinished, i64::MAX, 10);
+        assert_eq!(forgotten.await.unwrap(), 3);
+        let listed = agree("retention forgot the finished").await;
+        assert_eq!(
+            listed.into_iter().filter(|(_, n)| *n > 0).collect::<Vec<_>>(),
+            [("claimed".to_owned(), 1), ("running".to_owned(), 1)]
+        );
         ledger.close().await;
     }
 
@@ -324,8 +380,8 @@ on_both_ledgers! {
         ledger.expect_job(&JobId::parse("snap-expected").unwrap(), now, now).await.unwrap();
         let snapshot = ledger.metrics_snapshot().await.unwrap();
         assert_eq!(
-            snapshot.unfinished,
-            [("claimed", 1), ("running", 1), ("retrying", 0)]
+            snapshot.jobs,
+            [("claimed", 1), ("running", 1), ("retrying", 0), ("done", 0), ("dead", 0)]
         );
         assert!(snapshot.expected.contains(&("waiting", 1)), "{:?}", snapshot.expected);
         assert!(snapshot.oldest_unfinished_age_seconds >= 0.0);

@@ -572,6 +572,81 @@ async fn retention_on_two_receivers_at_once_removes_each_row_once() {
         .await;
 }
 
+/// Each server process keeps its own rows of the counts by state, so two receivers never wait
+/// on each other's count rows; the rows of a process that has ended are folded into owner 0
+/// by retention, and the sums do not move.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_counts_of_ended_sessions_are_folded_and_the_sums_kept() {
+    Backend::Postgres
+        .run(
+            "the_counts_of_ended_sessions_are_folded_and_the_sums_kept",
+            async {
+                let _up = SERVER_UP.read().await;
+                let dir = tempfile::tempdir().unwrap();
+                let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+                let (first, second) = (
+                    Ledger::open(&config.database).await.unwrap(),
+                    Ledger::open(&config.database).await.unwrap(),
+                );
+                insert_jobs(
+                    &config,
+                    (0..30).map(|i| (format!("fold-{i}"), "done", "{}".to_owned(), Some(1_000))),
+                );
+                for (ledger, job_id) in [(&first, "fold-first"), (&second, "fold-second")] {
+                    let claim = sume_receiver::ledger::NewClaim {
+                        job_id: sume_receiver::job_id::JobId::parse(job_id).unwrap(),
+                        event_type: None,
+                        body: job_body(job_id),
+                        source: sume_receiver::ledger::Source::Webhook,
+                    };
+                    ledger.claim(claim).await.unwrap();
+                }
+                // A process that ended (no live server process has this pid) left 7 done.
+                ledger_execute(
+                    &config,
+                    "INSERT INTO job_counts (state, owner, jobs) VALUES ('done', 2147483000, 7)",
+                    &[],
+                );
+                let count_rows = || {
+                    ledger_rows(
+                        &config,
+                        "SELECT count(*) FROM job_counts WHERE owner <> 0",
+                        &[],
+                    )
+                };
+                let before = first
+                    .job_stats(sume_receiver::ledger::now_ms())
+                    .await
+                    .unwrap();
+                assert_eq!(before.by_state["done"], 37);
+                assert_eq!(before.by_state["claimed"], 2);
+                let owners_before = count_rows();
+                first.fold_counts().await.unwrap();
+                let after = second
+                    .job_stats(sume_receiver::ledger::now_ms())
+                    .await
+                    .unwrap();
+                assert_eq!(after.by_state, before.by_state);
+                assert_eq!(
+                    ledger_rows(
+                        &config,
+                        "SELECT count(*) FROM job_counts WHERE owner = 2147483000",
+                        &[]
+                    ),
+                    [[serde_json::json!(0)]]
+                );
+                assert_ne!(
+                    count_rows(),
+                    owners_before,
+                    "the ended process's row was folded"
+                );
+                first.close().await;
+                second.close().await;
+            },
+        )
+        .await;
+}
+
 /// An expectation due for a poll is handed to one receiver only: taking it moves its next poll
 /// a lease ahead, so another receiver looking at the same moment finds nothing due; after the
 /// lease (the first receiver died while polling) it is due again.

@@ -448,7 +448,6 @@ impl Console {
             free_disk: self.ledger_directory().and_then(|dir| free_bytes(&dir)),
             dispatch,
             snapshot,
-            finished: METRICS.finished_jobs(),
             totals: METRICS.delivery_totals(),
             maintenance: METRICS.maintenance_totals(),
             hour: ROLLUP.last_hour(),
@@ -458,9 +457,7 @@ impl Console {
             "ready": data.readiness.is_ok(),
             "not_ready_because": data.readiness.err(),
             "dispatch": data.dispatch,
-            "done": data.finished.0,
-            "dead": data.finished.1,
-            "unfinished": data.snapshot.as_ref().map(|s| s.unfinished.clone()),
+            "jobs": data.snapshot.as_ref().map(|s| s.jobs.clone()),
             "oldest_unfinished_age_seconds": data.snapshot.as_ref().map(|s| s.oldest_unfinished_age_seconds),
             "last_hour": data.hour,
         });

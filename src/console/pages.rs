@@ -136,7 +136,6 @@ pub struct Overview {
     pub readiness: Result<(), &'static str>,
     pub dispatch: Option<Dispatch>,
     pub snapshot: Option<Snapshot>,
-    pub finished: (i64, i64),
     pub totals: (u64, u64, u64),
     pub maintenance: (u64, u64, u64),
     pub hour: LastHour,
@@ -161,9 +160,9 @@ fn card(label: &str, value: String, class: &str) -> Markup {
 
 pub fn overview(viewer: Viewer, data: &Overview) -> Markup {
     let paused = data.dispatch.as_ref().is_some_and(|d| d.paused);
-    let unfinished = |state: &str| {
+    let jobs = |state: &str| {
         data.snapshot.as_ref().map_or(0, |s| {
-            s.unfinished
+            s.jobs
                 .iter()
                 .find(|(name, _)| *name == state)
                 .map_or(0, |(_, n)| *n)
@@ -193,11 +192,11 @@ pub fn overview(viewer: Viewer, data: &Overview) -> Markup {
             }
         }
         div.cards {
-            (card("claimed (waiting)", unfinished("claimed").to_string(), ""))
-            (card("retrying", unfinished("retrying").to_string(), if unfinished("retrying") > 0 { "warn" } else { "" }))
-            (card("running", unfinished("running").to_string(), ""))
-            (card("done", data.finished.0.to_string(), "ok"))
-            (card("dead", data.finished.1.to_string(), if data.finished.1 > 0 { "bad" } else { "" }))
+            (card("claimed (waiting)", jobs("claimed").to_string(), ""))
+            (card("retrying", jobs("retrying").to_string(), if jobs("retrying") > 0 { "warn" } else { "" }))
+            (card("running", jobs("running").to_string(), ""))
+            (card("done", jobs("done").to_string(), "ok"))
+            (card("dead", jobs("dead").to_string(), if jobs("dead") > 0 { "bad" } else { "" }))
             (card("oldest unfinished", if oldest > 0.0 { duration_ms((oldest * 1000.0) as i64) } else { "-".into() }, if oldest > 3600.0 { "warn" } else { "" }))
             (card("refused (recent)", data.refusals.to_string(), if data.refusals > 0 { "warn" } else { "" }))
             @if let Some(snapshot) = &data.snapshot {

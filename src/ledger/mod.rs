@@ -29,7 +29,7 @@ pub use model::{
     JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount,
     RetryError, RetryFilter, Source, State, HISTORY_PER_JOB,
 };
-pub use portable_sql::{dead_groups_sql, list_jobs_sql, stats_sql, Dialect, COUNT_BY_STATE_SQL};
+pub use portable_sql::{dead_groups_sql, list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL};
 use postgres::PostgresLedger;
 pub use sqlite::{backup, BackupReport, SqliteLedger};
 #[cfg(feature = "bench")]
@@ -126,8 +126,7 @@ impl Ledger {
     }
 
     /// Makes jobs whose stored id can never run `dead`, with the reason as their last error, so
-    /// that they stop coming back as due work. No attempt ran: only the finished count changes
-    /// ([`Ledger::recount_finished`]).
+    /// that they stop coming back as due work. No attempt ran.
     pub async fn give_up_unrunnable(
         &self,
         unrunnable: Vec<(String, String)>,
@@ -139,13 +138,6 @@ impl Ledger {
                 tracing::error!(job_id = %Escaped(job_id), reason, "job dead: its stored job_id cannot run");
             }
         }
-        Ok(())
-    }
-
-    /// Counts done and dead jobs afresh for `/metrics` (at start, after retention).
-    pub async fn recount_finished(&self) -> Result<(), StorageError> {
-        let (done, dead) = self.count_finished().await?;
-        METRICS.set_finished_jobs(done, dead);
         Ok(())
     }
 }

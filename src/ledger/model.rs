@@ -282,11 +282,9 @@ pub struct JobDetail {
     pub actions: Vec<ActionRecord>,
 }
 
-/// Names every unfinished state in `rows` of (state, count).
-pub fn unfinished_counts(rows: Vec<(String, i64)>) -> Vec<(State, u64)> {
-    let mut counts: Vec<(State, u64)> = [State::Claimed, State::Running, State::Retrying]
-        .map(|state| (state, 0))
-        .to_vec();
+/// Names every state in `rows` of (state, count), 0 for a state without a row.
+pub fn state_counts(rows: Vec<(String, i64)>) -> Vec<(State, u64)> {
+    let mut counts: Vec<(State, u64)> = State::ALL.iter().map(|&state| (state, 0)).collect();
     for (name, count) in rows {
         if let Some(entry) = counts.iter_mut().find(|(state, _)| state.as_str() == name) {
             entry.1 = count.unsigned_abs();

@@ -4,33 +4,14 @@
 
 use super::model::State;
 
-/// Reads only the partial indexes of unfinished rows, so a scrape costs the same
-/// however much history the ledger holds.
-pub const COUNT_UNFINISHED_SQL: &str =
-    "SELECT state, count(*) FROM jobs WHERE state IN ('claimed', 'retrying') GROUP BY state
-     UNION ALL
-     SELECT 'running', count(*) FROM jobs WHERE state = 'running'";
+/// The jobs in each state, from the counts that the triggers of `job_counts` keep in the
+/// transaction of every change: five rows on SQLite, a few per server process on PostgreSQL;
+/// never a count of the jobs themselves, whose finished history grows with time.
+pub const JOB_COUNTS_SQL: &str =
+    "SELECT state, CAST(sum(jobs) AS BIGINT) FROM job_counts GROUP BY state";
 pub const OLDEST_UNFINISHED_SQL: &str = "SELECT min(received_at) FROM (
          SELECT received_at FROM jobs WHERE state IN ('claimed', 'retrying')
          UNION ALL SELECT received_at FROM jobs WHERE state = 'running') AS unfinished";
-/// Walks the index of finished jobs: for the start and the retention runs, not for
-/// every scrape.
-pub const COUNT_FINISHED_SQL: &str =
-    "SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'dead')
-     FROM jobs WHERE state IN ('done', 'dead')";
-
-/// The counts by state of `jobs stats`, each from its state's own partial index without
-/// reading a row (done: the finished index's count less the dead one's). The finished index's
-/// count is the one figure whose cost grows with history.
-pub const COUNT_BY_STATE_SQL: &str = "
-     SELECT 'claimed', count(*) FROM jobs WHERE state = 'claimed' AND state IN ('claimed', 'retrying')
-     UNION ALL
-     SELECT 'retrying', count(*) FROM jobs WHERE state = 'retrying' AND state IN ('claimed', 'retrying')
-     UNION ALL SELECT 'running', count(*) FROM jobs WHERE state = 'running'
-     UNION ALL
-     SELECT 'done', (SELECT count(*) FROM jobs WHERE state IN ('done', 'dead'))
-                    - (SELECT count(*) FROM jobs WHERE state = 'dead')
-     UNION ALL SELECT 'dead', count(*) FROM jobs WHERE state = 'dead'";
 
 /// The three figures of `jobs stats` after the counts: the oldest unfinished job, received
 /// since the first parameter, dead since the second; each reads a range of an index.

@@ -38,7 +38,7 @@ use super::contract::Backend;
 use super::error::{Cause, StorageError};
 use super::model::{duration_ms, now_ms};
 use super::model::{
-    expectation_counts, unfinished_counts, ActionRecord, Attempt, AttemptEnd, AttemptRecord,
+    expectation_counts, state_counts, ActionRecord, Attempt, AttemptEnd, AttemptRecord,
     ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, JobDetail,
     JobPage, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
     RetryCount, RetryError, RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
@@ -490,7 +490,7 @@ impl Backend for PostgresLedger {
     }
 
     async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
-        let unfinished = self.query(portable_sql::COUNT_UNFINISHED_SQL, &[]).await?;
+        let counts = self.query(portable_sql::JOB_COUNTS_SQL, &[]).await?;
         let oldest = self.query(portable_sql::OLDEST_UNFINISHED_SQL, &[]).await?;
         let expected = self.query(sql::COUNT_EXPECTATIONS_SQL, &[]).await?;
         let size = self
@@ -498,13 +498,13 @@ impl Backend for PostgresLedger {
             .await?;
         let oldest: Option<i64> = oldest.first().and_then(|row| row.get(0));
         Ok(Snapshot {
-            unfinished: unfinished_counts(state_counts(&unfinished))
+            jobs: state_counts(count_rows(&counts))
                 .into_iter()
                 .map(|(state, count)| (state.as_str(), count))
                 .collect(),
             oldest_unfinished_age_seconds: oldest
                 .map_or(0.0, |at| (now_ms() - at).max(0) as f64 / 1000.0),
-            expected: expectation_counts(state_counts(&expected)),
+            expected: expectation_counts(count_rows(&expected)),
             ledger_bytes: size
                 .first()
                 .map_or(0, |row| row.get::<_, i64>(0).unsigned_abs()),
@@ -513,15 +513,8 @@ impl Backend for PostgresLedger {
         })
     }
 
-    async fn count_finished(&self) -> Result<(u64, u64), StorageError> {
-        let rows = self.query(portable_sql::COUNT_FINISHED_SQL, &[]).await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| StorageError::Unavailable(Cause::message("count returned no row")))?;
-        Ok((
-            row.get::<_, i64>(0).unsigned_abs(),
-            row.get::<_, i64>(1).unsigned_abs(),
-        ))
+    async fn fold_counts(&self) -> Result<(), StorageError> {
+        self.execute(sql::FOLD_COUNTS_SQL, &[]).await.map(drop)
     }
 
     /// Through the claim batcher, so that a wedged batcher fails the probe too.
@@ -782,7 +775,7 @@ impl Backend for PostgresLedger {
     }
 
     async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {
-        let by_state = self.query(portable_sql::COUNT_BY_STATE_SQL, &[]).await?;
+        let by_state = self.query(portable_sql::JOB_COUNTS_SQL, &[]).await?;
         let (hour_ago, day_ago) = JobStats::since(now);
         let stats_sql = portable_sql::stats_sql(portable_sql::Dialect::Postgres);
         let counts = self.query(&stats_sql, &[&hour_ago, &day_ago]).await?;
@@ -790,7 +783,7 @@ impl Backend for PostgresLedger {
             .first()
             .ok_or_else(|| StorageError::Unavailable(Cause::message("stats returned no row")))?;
         Ok(JobStats::from_counts(
-            state_counts(&by_state),
+            count_rows(&by_state),
             (row.get(0), row.get(1), row.get(2)),
         ))
     }
@@ -851,7 +844,7 @@ fn attempt_number(attempt: &Attempt) -> i32 {
 }
 
 /// (state, count) rows of a `GROUP BY state` count.
-fn state_counts(rows: &[Row]) -> Vec<(String, i64)> {
+fn count_rows(rows: &[Row]) -> Vec<(String, i64)> {
     rows.iter().map(|row| (row.get(0), row.get(1))).collect()
 }
 

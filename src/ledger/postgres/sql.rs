@@ -219,3 +219,12 @@ pub const TAKE_DUE_EXPECTATIONS_SQL: &str = "UPDATE expected_jobs SET next_poll_
                      WHERE state = 'waiting' AND next_poll_at <= $1
                      ORDER BY next_poll_at LIMIT $2 FOR UPDATE SKIP LOCKED)
     RETURNING job_id, expected_at, polls";
+/// Moves the kept counts of server processes that have ended into owner 0's rows (see
+/// migrations/postgres/0005_job_counts.sql); a live process's rows are its own, untouched.
+pub const FOLD_COUNTS_SQL: &str = "WITH ended AS (
+        DELETE FROM job_counts
+        WHERE owner <> 0 AND owner NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+        RETURNING state, jobs)
+    INSERT INTO job_counts (state, owner, jobs)
+    SELECT state, 0, sum(jobs) FROM ended GROUP BY state
+    ON CONFLICT (state, owner) DO UPDATE SET jobs = job_counts.jobs + EXCLUDED.jobs";

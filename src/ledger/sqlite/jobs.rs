@@ -8,14 +8,12 @@ use super::history::{history_of, record_action, record_end, record_start};
 use crate::event_type::EventType;
 use crate::job_id::JobId;
 use crate::ledger::model::{
-    unfinished_counts, Attempt, AttemptEnd, ClaimOutcome, Cursor, DueJobs, JobDetail, JobPage,
-    JobStats, JobSummary, LeasedAttempt, NewClaim, RetryCount, RetryError, RetryFilter, Source,
-    State,
+    state_counts, Attempt, AttemptEnd, ClaimOutcome, Cursor, DueJobs, JobDetail, JobPage, JobStats,
+    JobSummary, LeasedAttempt, NewClaim, RetryCount, RetryError, RetryFilter, Source, State,
 };
 use crate::ledger::model::{DeadGroup, Dispatch};
 use crate::ledger::portable_sql::{
-    dead_groups_sql, list_jobs_sql, stats_sql, Dialect, COUNT_BY_STATE_SQL, COUNT_FINISHED_SQL,
-    COUNT_UNFINISHED_SQL, OLDEST_UNFINISHED_SQL,
+    dead_groups_sql, list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL, OLDEST_UNFINISHED_SQL,
 };
 
 // The statements that must stay cheap however large the ledger grows; tests check that each
@@ -368,13 +366,15 @@ pub fn show_job(conn: &Connection, job_id: &str) -> rusqlite::Result<Option<JobD
     Ok(Some(job))
 }
 
-/// How many jobs wait or run, per state; every unfinished state named (0 when none).
-pub fn count_unfinished(conn: &Connection) -> rusqlite::Result<Vec<(State, u64)>> {
-    let mut statement = conn.prepare_cached(COUNT_UNFINISHED_SQL)?;
-    let rows = statement.query_map([], |row| {
-        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
-    })?;
-    Ok(unfinished_counts(rows.collect::<rusqlite::Result<_>>()?))
+/// How many jobs are in each state (the kept counts); every state named.
+pub fn job_counts(conn: &Connection) -> rusqlite::Result<Vec<(State, u64)>> {
+    Ok(state_counts(count_rows(conn)?))
+}
+
+fn count_rows(conn: &Connection) -> rusqlite::Result<Vec<(String, i64)>> {
+    let mut statement = conn.prepare_cached(JOB_COUNTS_SQL)?;
+    let rows = statement.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
+    rows.collect()
 }
 
 /// The oldest job still waiting or running: when it was received (Unix ms).
@@ -383,22 +383,9 @@ pub fn oldest_unfinished(conn: &Connection) -> rusqlite::Result<Option<i64>> {
         .query_row([], |row| row.get(0))
 }
 
-/// How many jobs are done and dead.
-pub fn count_finished(conn: &Connection) -> rusqlite::Result<(u64, u64)> {
-    conn.query_row(COUNT_FINISHED_SQL, [], |row| {
-        Ok((
-            row.get::<_, i64>(0)?.unsigned_abs(),
-            row.get::<_, i64>(1)?.unsigned_abs(),
-        ))
-    })
-}
-
 /// Counts for `jobs stats`.
 pub fn job_stats(conn: &Connection, now: i64) -> rusqlite::Result<JobStats> {
-    let mut statement = conn.prepare_cached(COUNT_BY_STATE_SQL)?;
-    let by_state = statement
-        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+    let by_state = count_rows(conn)?;
     let (hour_ago, day_ago) = JobStats::since(now);
     let counts = conn
         .prepare_cached(&stats_sql(Dialect::Sqlite))?

@@ -432,13 +432,13 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    /// Unfinished jobs by state (partial indexes only), the oldest one's age, expected jobs,
-    /// file sizes, the writer's queue.
+    /// Jobs by state (the kept counts), the oldest unfinished one's age, expected jobs, file
+    /// sizes, the writer's queue.
     async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
-        let (unfinished, oldest, expected) = self
+        let (counts, oldest, expected) = self
             .read(|conn| {
                 Ok((
-                    jobs::count_unfinished(conn)?,
+                    jobs::job_counts(conn)?,
                     jobs::oldest_unfinished(conn)?,
                     expected::count_expectations(conn)?,
                 ))
@@ -450,7 +450,7 @@ impl Backend for SqliteLedger {
             std::fs::metadata(path).map_or(0, |meta| meta.len())
         };
         Ok(Snapshot {
-            unfinished: unfinished
+            jobs: counts
                 .into_iter()
                 .map(|(state, count)| (state.as_str(), count))
                 .collect(),
@@ -461,10 +461,6 @@ impl Backend for SqliteLedger {
             wal_bytes: Some(size("-wal")),
             claim_queue_depth: self.claim_queue_depth() as u64,
         })
-    }
-
-    async fn count_finished(&self) -> Result<(u64, u64), StorageError> {
-        self.read(jobs::count_finished).await
     }
 
     async fn probe(&self) -> Result<(), StorageError> {

@@ -15,6 +15,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0001_jobs.sql"),
     include_str!("../../../migrations/sqlite/0002_expected_jobs.sql"),
     include_str!("../../../migrations/sqlite/0003_history.sql"),
+    include_str!("../../../migrations/sqlite/0004_job_counts.sql"),
 ];
 
 /// The WAL file is truncated back to this size when it rewinds. Above the size it reaches in
