@@ -5,7 +5,7 @@
 //! memory) are read at scrape time and passed in as a [`Snapshot`]. A leaf module: it knows
 //! labels, not the types of the modules that record into it.
 
-use crate::rollup::{Series, ROLLUP};
+use crate::rollup::{Series, Timing, ROLLUP};
 use std::sync::{LazyLock, Mutex};
 
 use prometheus_client::encoding::text::encode;
@@ -366,7 +366,9 @@ impl Metrics {
     pub async fn time_claim<T>(&self, claim: impl std::future::Future<Output = T>) -> T {
         let queued = std::time::Instant::now();
         let outcome = claim.await;
-        self.claim_commit.observe(queued.elapsed().as_secs_f64());
+        let waited = queued.elapsed();
+        self.claim_commit.observe(waited.as_secs_f64());
+        ROLLUP.record_timing(Timing::Ack, waited);
         outcome
     }
 
@@ -382,6 +384,8 @@ impl Metrics {
         };
         self.attempts.get_or_create(&[("result", label)]).inc();
         if let Some(seconds) = seconds {
+            let took = std::time::Duration::try_from_secs_f64(seconds).unwrap_or_default();
+            ROLLUP.record_timing(Timing::Run, took);
             self.attempt_duration
                 .get_or_create(&[("result", label)])
                 .observe(seconds);

@@ -1,9 +1,10 @@
 //! The last hour, minute by minute: deliveries by outcome, attempts by result, which secret
-//! verified each delivery and how far the sender's clock was off, counted in fixed memory as
-//! they happen, for the console (never read back from the ledger).
+//! verified each delivery, how far the sender's clock was off, how long acknowledgements and
+//! handler runs took, counted in fixed memory as they happen, for the console (never read
+//! back from the ledger).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
@@ -53,8 +54,52 @@ impl Series {
     }
 }
 
+/// What is timed per minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timing {
+    /// A delivery's wait for its claim (a commit on disk, or the duplicate's read): most of
+    /// the time Sume waits for our 2xx.
+    Ack,
+    /// A handler attempt, start to end.
+    Run,
+}
+
+impl Timing {
+    pub const ALL: [Timing; 2] = [Timing::Ack, Timing::Run];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Timing::Ack => "ack",
+            Timing::Run => "run",
+        }
+    }
+}
+
 pub const MINUTES: usize = 60;
 const SERIES: usize = Series::ALL.len();
+
+/// The durations of one kind in one minute: enough for the mean and the largest.
+struct Durations {
+    count: AtomicU64,
+    total_us: AtomicU64,
+    max_us: AtomicU64,
+}
+
+impl Durations {
+    const fn new() -> Durations {
+        Durations {
+            count: AtomicU64::new(0),
+            total_us: AtomicU64::new(0),
+            max_us: AtomicU64::new(0),
+        }
+    }
+
+    fn clear(&self) {
+        for value in [&self.count, &self.total_us, &self.max_us] {
+            value.store(0, Relaxed);
+        }
+    }
+}
 
 struct Bucket {
     /// The minute (Unix seconds / 60) the counts are for.
@@ -62,6 +107,7 @@ struct Bucket {
     counts: [AtomicU64; SERIES],
     /// The largest clock skew of a verified delivery, in seconds (either way).
     max_skew: AtomicU64,
+    timings: [Durations; Timing::ALL.len()],
 }
 
 /// A ring of [`MINUTES`] buckets; a bucket found holding an older minute starts again at 0.
@@ -77,6 +123,16 @@ pub struct LastHour {
     pub series: Vec<(&'static str, Vec<u64>)>,
     /// Per minute, the largest clock skew of a verified delivery (seconds, either way).
     pub max_skew_secs: Vec<u64>,
+    /// Per timing (`ack`, `run`), one entry per minute.
+    pub timings: Vec<(&'static str, Vec<MinuteTiming>)>,
+}
+
+/// One minute of a timing, in milliseconds (0 and 0 when nothing was timed).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct MinuteTiming {
+    pub count: u64,
+    pub mean_ms: f64,
+    pub max_ms: f64,
 }
 
 fn this_minute() -> i64 {
@@ -94,6 +150,7 @@ impl Rollup {
                     minute: AtomicI64::new(-1),
                     counts: [const { AtomicU64::new(0) }; SERIES],
                     max_skew: AtomicU64::new(0),
+                    timings: [const { Durations::new() }; Timing::ALL.len()],
                 }
             }; MINUTES],
         }
@@ -116,7 +173,26 @@ impl Rollup {
             .fetch_max(skew_secs.unsigned_abs(), Relaxed);
     }
 
+    pub fn record_timing(&self, timing: Timing, took: Duration) {
+        self.record_timing_at(timing, took, this_minute());
+    }
+
+    fn record_timing_at(&self, timing: Timing, took: Duration, minute: i64) {
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let durations = &self.bucket_of(minute).timings[timing as usize];
+        durations.count.fetch_add(1, Relaxed);
+        durations.total_us.fetch_add(micros, Relaxed);
+        durations.max_us.fetch_max(micros, Relaxed);
+    }
+
     fn record_at(&self, series: Series, minute: i64) -> &Bucket {
+        let bucket = self.bucket_of(minute);
+        bucket.counts[series as usize].fetch_add(1, Relaxed);
+        bucket
+    }
+
+    /// The bucket of `minute`, cleared first if it held an older minute.
+    fn bucket_of(&self, minute: i64) -> &Bucket {
         let bucket = &self.buckets[minute.rem_euclid(MINUTES as i64) as usize];
         let held = bucket.minute.load(Relaxed);
         // One thread wins the turn of the minute and clears the counts; a count that lands
@@ -131,8 +207,10 @@ impl Rollup {
                 count.store(0, Relaxed);
             }
             bucket.max_skew.store(0, Relaxed);
+            for durations in &bucket.timings {
+                durations.clear();
+            }
         }
-        bucket.counts[series as usize].fetch_add(1, Relaxed);
         bucket
     }
 
@@ -165,10 +243,33 @@ impl Rollup {
                     .map_or(0, |bucket| bucket.max_skew.load(Relaxed))
             })
             .collect();
+        let timings = Timing::ALL
+            .iter()
+            .map(|timing| {
+                let minutes = (now - MINUTES as i64 + 1..=now)
+                    .map(|minute| {
+                        self.bucket(minute)
+                            .map_or_else(MinuteTiming::default, |bucket| {
+                                let durations = &bucket.timings[*timing as usize];
+                                let count = durations.count.load(Relaxed);
+                                let ms = |micros: u64| micros as f64 / 1000.0;
+                                MinuteTiming {
+                                    count,
+                                    mean_ms: ms(durations.total_us.load(Relaxed))
+                                        / count.max(1) as f64,
+                                    max_ms: ms(durations.max_us.load(Relaxed)),
+                                }
+                            })
+                    })
+                    .collect();
+                (timing.label(), minutes)
+            })
+            .collect();
         LastHour {
             until_minute: now,
             series,
             max_skew_secs,
+            timings,
         }
     }
 }
@@ -190,6 +291,25 @@ mod tests {
         let count = |label| hour.series.iter().find(|(l, _)| *l == label).unwrap().1[MINUTES - 1];
         assert_eq!((count("newest_secret"), count("older_secret")), (2, 1));
         assert_eq!(hour.max_skew_secs[MINUTES - 1], 40);
+    }
+
+    #[test]
+    fn timings_keep_the_mean_and_the_largest_per_minute_and_start_again_with_it() {
+        let rollup = Rollup::new();
+        rollup.record_timing_at(Timing::Ack, Duration::from_millis(2), 1_000);
+        rollup.record_timing_at(Timing::Ack, Duration::from_millis(6), 1_000);
+        rollup.record_timing_at(Timing::Run, Duration::from_secs(3), 1_001);
+        let hour = rollup.last_hour_at(1_001);
+        let (ack, run) = (&hour.timings[0], &hour.timings[1]);
+        assert_eq!((ack.0, run.0), ("ack", "run"));
+        let minute = ack.1[MINUTES - 2];
+        assert_eq!((minute.count, minute.mean_ms, minute.max_ms), (2, 4.0, 6.0));
+        assert_eq!(ack.1[MINUTES - 1].count, 0);
+        assert_eq!(run.1[MINUTES - 1].max_ms, 3000.0);
+        // An hour later, minute 1000's bucket holds only what the new minute timed.
+        rollup.record_timing_at(Timing::Ack, Duration::from_millis(1), 1_060);
+        let minute = rollup.last_hour_at(1_060).timings[0].1[MINUTES - 1];
+        assert_eq!((minute.count, minute.mean_ms, minute.max_ms), (1, 1.0, 1.0));
     }
 
     #[test]

@@ -285,6 +285,32 @@ async fn a_reader_sees_every_page_escaped_and_can_change_nothing() {
         !receipts.contains("<p>0 by the newest secret"),
         "{receipts}"
     );
+    // The overview's counts are the ledger's; its latencies timed this test's delivery and
+    // the attempts (the rollup is the process's, shared by the tests: at least these).
+    let overview = json(&reader.get("/console/api/").await);
+    assert!(
+        overview["jobs"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!(["dead", 1])),
+        "{overview}"
+    );
+    for timing in [0, 1] {
+        let (label, minutes) = (
+            &overview["last_hour"]["timings"][timing][0],
+            overview["last_hour"]["timings"][timing][1]
+                .as_array()
+                .unwrap(),
+        );
+        let timed: u64 = minutes.iter().map(|m| m["count"].as_u64().unwrap()).sum();
+        assert!(timed >= 1, "{label}: {overview}");
+        assert!(
+            minutes.iter().any(|m| m["max_ms"].as_f64().unwrap() > 0.0),
+            "{label}"
+        );
+    }
+    let page = html(&reader.get("/console/").await);
+    assert!(page.contains("Acknowledgement latency") && page.contains("Run latency"));
     let dead = html(&reader.get("/console/dead").await);
     assert!(
         dead.contains("exited with status 4"),

@@ -131,6 +131,48 @@ fn chart(hour: &LastHour, series: &[&str]) -> Markup {
     }
 }
 
+/// One timing of the last hour (`ack`, `run`) as bars per minute: the slowest of the minute,
+/// and its mean in front.
+fn timing_chart(hour: &LastHour, timing: &str) -> Markup {
+    let (width, height) = (600.0_f64, 100.0_f64);
+    let Some((_, minutes)) = hour.timings.iter().find(|(label, _)| *label == timing) else {
+        return html! {};
+    };
+    let peak = minutes.iter().map(|m| m.max_ms).fold(0.0, f64::max);
+    let scale = |ms: f64| ms / peak.max(0.001) * (height - 4.0);
+    let bar = width / MINUTES as f64;
+    let timed: u64 = minutes.iter().map(|m| m.count).sum();
+    let mean = minutes
+        .iter()
+        .map(|m| m.mean_ms * m.count as f64)
+        .sum::<f64>()
+        / timed.max(1) as f64;
+    let ms = |value: f64| {
+        if value < 10.0 {
+            format!("{value:.2} ms")
+        } else {
+            format!("{value:.0} ms")
+        }
+    };
+    html! {
+        svg.chart viewBox=(format!("0 0 {width} {height}")) preserveAspectRatio="none" role="img" {
+            title { "per minute, the last hour: the slowest and the mean; slowest " (ms(peak)) }
+            @for (index, minute) in minutes.iter().enumerate().filter(|(_, m)| m.count > 0) {
+                @let x = index as f64 * bar;
+                rect class="slowest" x=(format!("{x:.1}")) y=(format!("{:.1}", height - scale(minute.max_ms)))
+                    width=(format!("{:.1}", bar - 1.0)) height=(format!("{:.1}", scale(minute.max_ms))) {}
+                rect class="mean" x=(format!("{x:.1}")) y=(format!("{:.1}", height - scale(minute.mean_ms)))
+                    width=(format!("{:.1}", bar - 1.0)) height=(format!("{:.1}", scale(minute.mean_ms))) {}
+            }
+        }
+        p.key {
+            span { svg viewBox="0 0 1 1" { rect class="mean" width="1" height="1" {} } "mean " (ms(mean)) }
+            span { svg viewBox="0 0 1 1" { rect class="slowest" width="1" height="1" {} } "slowest " (ms(peak)) }
+            span.muted { "(last hour, " (timed) " timed)" }
+        }
+    }
+}
+
 /// What the overview shows.
 pub struct Overview {
     pub readiness: Result<(), &'static str>,
@@ -217,6 +259,12 @@ pub fn overview(viewer: Viewer, data: &Overview) -> Markup {
             "Since start: " (data.maintenance.0) " leases taken back by the sweeper, "
             (data.maintenance.1) " jobs recovered by polling Sume, " (data.maintenance.2) " expectations given up."
         }
+        h2 { "Acknowledgement latency" }
+        p.muted { "From a verified delivery to its answer: the claim's commit on disk (Sume waits at most 10 s)." }
+        (timing_chart(&data.hour, "ack"))
+        h2 { "Run latency" }
+        p.muted { "Handler attempts, start to end." }
+        (timing_chart(&data.hour, "run"))
     }
 }
 
