@@ -323,6 +323,37 @@ async fn a_reader_sees_every_page_escaped_and_can_change_nothing() {
     assert_eq!(twin.headers["content-type"], "application/json");
     let jobs = json(&twin);
     assert_eq!(jobs["jobs"][0]["job_id"], format!("job{CANARY}"));
+    // Filters are GET parameters: the event type (exact), and the time as durations ago.
+    let found = |query: &'static str| {
+        let reader = &reader;
+        async move {
+            let page = json(&reader.get(&format!("/console/api/jobs?{query}")).await);
+            page["jobs"].as_array().unwrap().len()
+        }
+    };
+    assert_eq!(found("since=1h").await, 1);
+    assert_eq!(found("before=1h").await, 0);
+    assert_eq!(
+        found("event_type=job.completed%3Cscript%3Ewindow.__xss%3D1%3C%2Fscript%3E").await,
+        1
+    );
+    assert_eq!(found("event_type=job.failed").await, 0);
+    let bad = reader.get("/console/jobs?since=soon").await;
+    assert_eq!(bad.status, 400);
+    assert!(
+        html(&bad).contains("since: \"soon\" is not a duration"),
+        "{}",
+        html(&bad)
+    );
+    let page = html(
+        &reader
+            .get("/console/jobs?state=dead&since=1h&event_type=x")
+            .await,
+    );
+    assert!(
+        page.contains("value=\"1h\"") && page.contains("value=\"x\""),
+        "the form keeps them"
+    );
     let body = reader.get(&format!("{job_href}/body")).await;
     assert_eq!(body.headers["content-type"], "application/octet-stream");
     assert!(body.headers["content-disposition"]

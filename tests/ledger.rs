@@ -346,14 +346,14 @@ async fn the_operator_statements_read_indexes_in_order() {
         (Some(ledger::State::Dead), "jobs_dead"),
     ];
     for (state, index) in states {
-        for after in [false, true] {
-            let sql = ledger::list_jobs_sql(state, after, ledger::Dialect::Sqlite);
+        for (after, since) in [(false, false), (true, false), (false, true), (true, true)] {
+            let sql = ledger::list_jobs_sql(state, after, since, ledger::Dialect::Sqlite);
             let plan = query_plan(&conn, &sql);
             assert!(plan.contains(&format!("INDEX {index}")), "{sql}\n=> {plan}");
             // Only ties of the time are sorted (by job_id), never the list.
             let sorts = plan.replace("USE TEMP B-TREE FOR LAST TERM OF ORDER BY", "");
             assert!(!sorts.contains("TEMP B-TREE"), "a sort: {sql}\n=> {plan}");
-            if after {
+            if after || since {
                 assert!(
                     plan.contains("SEARCH jobs USING INDEX"),
                     "no seek: {sql}\n=> {plan}"
@@ -396,10 +396,16 @@ async fn the_operator_statements_read_indexes_in_order() {
         );
         assert!(!plan.contains("TEMP B-TREE"), "a sort: {sql}\n=> {plan}");
     }
-    // The counts by state read the kept counts, never the jobs.
+    // The counts by state read the partial indexes of the backlog, and the finished counts
+    // kept: never the finished jobs.
     let plan = query_plan(&conn, ledger::JOB_COUNTS_SQL);
-    assert!(plan.starts_with("SCAN job_counts"), "{plan}");
-    assert!(!plan.contains("jobs "), "{plan}");
+    for read in ["INDEX jobs_due", "INDEX jobs_leased", "SCAN job_counts"] {
+        assert!(plan.contains(read), "{read}: {plan}");
+    }
+    assert!(
+        !plan.contains("jobs_finished") && !plan.contains("jobs_dead"),
+        "{plan}"
+    );
     // The dead-letter groups read the dead jobs' index (the few), then group and sort them.
     let sql = ledger::dead_groups_sql(ledger::Dialect::Sqlite);
     let plan = query_plan(&conn, &sql);
@@ -499,7 +505,7 @@ async fn a_schema_2_ledger_migrates_with_its_jobs() {
     assert_eq!(attempt.number, 2);
     let job = ledger.show_job("old-retrying").await.unwrap().unwrap();
     assert_eq!(job.history[0].cause, "backoff");
-    let page = ledger.list_jobs(None, None, 10).await.unwrap();
+    let page = ledger.list_jobs(None, None, None, 10).await.unwrap();
     let ids: Vec<&str> = page.jobs.iter().map(|job| job.job_id.as_str()).collect();
     assert_eq!(ids, ["old-polled", "old-retrying", "old-done"]);
     ledger.close().await;

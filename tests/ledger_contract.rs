@@ -144,7 +144,7 @@ on_both_ledgers! {
             async move {
                 let mut listed = std::collections::BTreeMap::new();
                 for state in State::ALL {
-                    let page = ledger.list_jobs(Some(state), None, 1000).await.unwrap();
+                    let page = ledger.list_jobs(Some(state), None, None, 1000).await.unwrap();
                     listed.insert(state.as_str().to_owned(), page.jobs.len() as u64);
                 }
                 let stats = ledger.job_stats(ledger::now_ms()).await.unwrap();
@@ -186,6 +186,89 @@ on_both_ledgers! {
             listed.into_iter().filter(|(_, n)| *n > 0).collect::<Vec<_>>(),
             [("claimed".to_owned(), 1), ("running".to_owned(), 1)]
         );
+        ledger.close().await;
+    }
+
+    /// A list filtered by event type keeps only that type, a page at a time; `since` and
+    /// `before` bound the list's time (here: received) on both ends.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn jobs_are_found_by_event_type_and_time() {
+        let (_dir, ledger) = fresh().await;
+        for (job_id, event_type) in [
+            ("find-1", "job.completed"),
+            ("find-2", "job.failed"),
+            ("find-3", "job.completed"),
+            ("find-4", "job.failed"),
+            ("find-5", "job.completed"),
+        ] {
+            let claim = NewClaim {
+                event_type: Some(sume_receiver::event_type::EventType::parse(event_type).unwrap()),
+                ..new_claim(job_id)
+            };
+            ledger.claim(claim).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        let ids = |page: &ledger::JobPage| -> Vec<String> {
+            page.jobs.iter().map(|job| job.job_id.clone()).collect()
+        };
+        let failed = ledger::JobFilter {
+            event_type: Some("job.failed".into()),
+            ..Default::default()
+        };
+        let first = ledger.find_jobs(&failed, None, 1).await.unwrap();
+        assert_eq!(ids(&first), ["find-4"]);
+        let second = ledger.find_jobs(&failed, first.next.as_ref(), 1).await.unwrap();
+        assert_eq!(ids(&second), ["find-2"]);
+        let third = ledger.find_jobs(&failed, second.next.as_ref(), 1).await.unwrap();
+        assert!(third.jobs.is_empty() && third.next.is_none(), "{third:?}");
+        let received = |job_id: &'static str| {
+            let ledger = ledger.clone();
+            async move { ledger.show_job(job_id).await.unwrap().unwrap().summary.received_at }
+        };
+        let since = ledger::JobFilter {
+            since: Some(received("find-3").await),
+            ..Default::default()
+        };
+        let page = ledger.find_jobs(&since, None, 10).await.unwrap();
+        assert_eq!(ids(&page), ["find-5", "find-4", "find-3"]);
+        let between = ledger::JobFilter {
+            before: Some(received("find-4").await),
+            ..since.clone()
+        };
+        assert_eq!(ids(&ledger.find_jobs(&between, None, 10).await.unwrap()), ["find-3"]);
+        let both = ledger::JobFilter {
+            event_type: Some("job.completed".into()),
+            ..between
+        };
+        assert_eq!(ids(&ledger.find_jobs(&both, None, 10).await.unwrap()), ["find-3"]);
+        ledger.close().await;
+    }
+
+    /// A page filtered by a type few jobs have reads a bounded number of rows: it ends short
+    /// with where to go on, and the next page finds the job further down.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_filtered_page_reads_a_bounded_number_of_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let (config, ledger) = open_ledger(dir.path()).await;
+        claimed(&ledger, "rare-type").await;
+        // Received before the rows below: the list reaches it after all of them.
+        ledger_execute(&config, "UPDATE jobs SET received_at = 0", &[]);
+        let many = ledger::ROWS_READ_PER_FILTERED_PAGE + 500;
+        insert_jobs(
+            &config,
+            (0..many).map(|i| (format!("other-{i:05}"), "done", "{}".to_owned(), Some(1))),
+        );
+        let rare = ledger::JobFilter {
+            event_type: Some("job.completed".into()),
+            ..Default::default()
+        };
+        let first = ledger.find_jobs(&rare, None, 10).await.unwrap();
+        assert!(first.jobs.is_empty(), "{:?}", first.jobs);
+        let next = first.next.expect("a short page says where it stopped");
+        let second = ledger.find_jobs(&rare, Some(&next), 10).await.unwrap();
+        let found: Vec<&str> = second.jobs.iter().map(|job| job.job_id.as_str()).collect();
+        assert_eq!(found, ["rare-type"]);
+        assert_eq!(second.next, None);
         ledger.close().await;
     }
 
@@ -422,16 +505,16 @@ on_both_ledgers! {
             page.jobs.iter().map(|job| job.job_id.clone()).collect()
         };
         // Newest first, a page at a time: a full page names where the next one starts.
-        let first = ledger.list_jobs(None, None, 2).await.unwrap();
+        let first = ledger.list_jobs(None, None, None, 2).await.unwrap();
         assert_eq!(ids(&first), ["list-3", "list-2"]);
         let cursor = first.next.expect("a full page has a next one");
         assert_eq!(cursor.to_string().parse::<ledger::Cursor>().unwrap(), cursor);
-        let second = ledger.list_jobs(None, Some(&cursor), 2).await.unwrap();
+        let second = ledger.list_jobs(None, Some(&cursor), None, 2).await.unwrap();
         assert_eq!(ids(&second), ["list-1"]);
         assert_eq!(second.next, None);
-        let dead = ledger.list_jobs(Some(State::Dead), None, 10).await.unwrap();
+        let dead = ledger.list_jobs(Some(State::Dead), None, None, 10).await.unwrap();
         assert_eq!(ids(&dead), ["list-2"]);
-        let claimed = ledger.list_jobs(Some(State::Claimed), None, 10).await.unwrap();
+        let claimed = ledger.list_jobs(Some(State::Claimed), None, None, 10).await.unwrap();
         assert_eq!(ids(&claimed).len(), 2);
         let stats = ledger.job_stats(ledger::now_ms()).await.unwrap();
         assert_eq!(stats.by_state["claimed"], 2);

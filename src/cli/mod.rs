@@ -95,6 +95,14 @@ pub enum JobsCommand {
         /// Only jobs in this state: claimed, running, retrying, done or dead.
         #[arg(long)]
         state: Option<State>,
+        /// Only jobs of this event type (not indexed: a page reads at most 10,000 jobs of
+        /// its list, and may end short with the cursor to go on from).
+        #[arg(long, value_name = "TYPE")]
+        event_type: Option<String>,
+        /// Only jobs whose time in the list (received; due; finished) is within this long
+        /// ago ("1h", "2d").
+        #[arg(long, value_parser = humantime::parse_duration)]
+        since: Option<std::time::Duration>,
         /// At most this many jobs; a full page ends with the cursor of the next one.
         #[arg(long, default_value_t = 50)]
         limit: usize,
@@ -305,12 +313,20 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
     match command {
         JobsCommand::List {
             state,
+            event_type,
+            since,
             limit,
             after,
             json,
         } => {
+            let filter = ledger::JobFilter {
+                state,
+                event_type,
+                since: since.map(|since| ledger::now_ms() - ledger::duration_ms(since)),
+                before: None,
+            };
             let page = ledger
-                .list_jobs(state, after.as_ref(), limit)
+                .find_jobs(&filter, after.as_ref(), limit)
                 .await
                 .context("cannot list jobs")?;
             if json {

@@ -26,7 +26,9 @@ use tokio::sync::Semaphore;
 use crate::config::{Config, Secret};
 use crate::ingest::json_response;
 use crate::job_id::JobId;
-use crate::ledger::{now_ms, Cursor, DeadGroup, Ledger, RetryFilter, State};
+use crate::ledger::{
+    duration_ms, now_ms, Cursor, DeadGroup, JobFilter, Ledger, RetryFilter, State,
+};
 use crate::metrics::METRICS;
 use crate::refusals::Refusals;
 use crate::rollup::ROLLUP;
@@ -493,12 +495,43 @@ impl Console {
             .and_then(|limit| limit.parse::<usize>().ok())
             .unwrap_or(PAGE_LIMIT)
             .clamp(1, MAX_PAGE_LIMIT);
+        let given = |name| form_value(query, name).filter(|value| !value.is_empty());
+        let (event_type, since, before) = (given("event_type"), given("since"), given("before"));
+        let ago = |text: &Option<String>, name: &str| -> Result<Option<i64>, Refused> {
+            text.as_deref()
+                .map(|text| {
+                    humantime::parse_duration(text)
+                        .map(|ago| now_ms() - duration_ms(ago))
+                        .map_err(|error| {
+                            refuse(
+                                StatusCode::BAD_REQUEST,
+                                &format!(
+                                    "{name}: {text:?} is not a duration (\"1h\", \"2d\"): {error}"
+                                ),
+                            )
+                        })
+                })
+                .transpose()
+        };
+        let filter = JobFilter {
+            state,
+            event_type: event_type.clone(),
+            since: ago(&since, "since")?,
+            before: ago(&before, "before")?,
+        };
         let page = self
             .ledger
-            .list_jobs(state, after.as_ref(), limit)
+            .find_jobs(&filter, after.as_ref(), limit)
             .await
             .map_err(|e| Box::new(unavailable(&e)))?;
-        Ok((pages::jobs(state, &page, limit), serde_json::json!(page)))
+        let list = pages::ListQuery {
+            state,
+            event_type: event_type.as_deref(),
+            since: since.as_deref(),
+            before: before.as_deref(),
+            limit,
+        };
+        Ok((pages::jobs(&list, &page), serde_json::json!(page)))
     }
 
     async fn job(&self, viewer: Viewer, id: &str) -> Result<(Markup, serde_json::Value), Refused> {

@@ -268,10 +268,40 @@ pub fn overview(viewer: Viewer, data: &Overview) -> Markup {
     }
 }
 
+/// A list's filters as its query string has them (echoed into the form and the links).
+pub struct ListQuery<'a> {
+    pub state: Option<State>,
+    pub event_type: Option<&'a str>,
+    /// Durations ago, as typed ("1h").
+    pub since: Option<&'a str>,
+    pub before: Option<&'a str>,
+    pub limit: usize,
+}
+
+impl ListQuery<'_> {
+    /// The query string of this list's page after `after`.
+    pub fn to_query(&self, after: Option<&str>) -> String {
+        let mut query = format!("limit={}", self.limit);
+        for (name, value) in [
+            ("state", self.state.map(State::as_str)),
+            ("event_type", self.event_type),
+            ("since", self.since),
+            ("before", self.before),
+            ("after", after),
+        ] {
+            if let Some(value) = value {
+                query.push_str(&format!("&{name}={}", encode(value)));
+            }
+        }
+        query
+    }
+}
+
 /// `/console/jobs?state=...`: one page of the list.
-pub fn jobs(state: Option<State>, page: &JobPage, limit: usize) -> Markup {
+pub fn jobs(list: &ListQuery, page: &JobPage) -> Markup {
     let states = ["claimed", "retrying", "running", "done", "dead"];
-    let chosen = state.map(State::as_str);
+    let chosen = list.state.map(State::as_str);
+    let filtered = list.event_type.is_some();
     html! {
         h1 { "Jobs" @if let Some(state) = chosen { " · " (state) } }
         form.filters method="get" action="/console/jobs" {
@@ -281,9 +311,12 @@ pub fn jobs(state: Option<State>, page: &JobPage, limit: usize) -> Markup {
                     @for name in states { option value=(name) selected[chosen == Some(name)] { (name) } }
                 }
             }
-            label { "per page" input type="number" name="limit" min="1" max="500" value=(limit); }
+            label { "event type" input type="search" name="event_type" placeholder="job.completed" maxlength="200" value=[list.event_type]; }
+            label { "within (its list's time)" input type="text" name="since" placeholder="1h" size="6" maxlength="40" value=[list.since]; }
+            label { "older than" input type="text" name="before" placeholder="10m" size="6" maxlength="40" value=[list.before]; }
+            label { "per page" input type="number" name="limit" min="1" max="500" value=(list.limit); }
             button type="submit" { "Show" }
-            a href=(format!("/console/api/jobs?{}", list_query(chosen, None, limit))) { "JSON" }
+            a href=(format!("/console/api/jobs?{}", list.to_query(None))) { "JSON" }
         }
         form.filters method="get" action="/console/jobs" {
             label { "job_id" input type="search" name="job_id" placeholder="exact id" maxlength="1024"; }
@@ -311,21 +344,12 @@ pub fn jobs(state: Option<State>, page: &JobPage, limit: usize) -> Markup {
             }
         }
         @if let Some(next) = &page.next {
-            p { a href=(format!("/console/jobs?{}", list_query(chosen, Some(&next.to_string()), limit))) { "Next page →" } }
+            @if filtered && page.jobs.len() < list.limit {
+                p.muted { "The event type is not indexed: this page read its " (crate::ledger::ROWS_READ_PER_FILTERED_PAGE) " jobs and stopped." }
+            }
+            p { a href=(format!("/console/jobs?{}", list.to_query(Some(&next.to_string())))) { "Next page →" } }
         }
     }
-}
-
-/// The query string of a list page.
-pub fn list_query(state: Option<&str>, after: Option<&str>, limit: usize) -> String {
-    let mut query = format!("limit={limit}");
-    if let Some(state) = state {
-        query.push_str(&format!("&state={state}"));
-    }
-    if let Some(after) = after {
-        query.push_str(&format!("&after={}", encode(after)));
-    }
-    query
 }
 
 /// Percent-encodes all but unreserved characters: safe in a path segment and a query value.

@@ -170,11 +170,12 @@ macro_rules! operations {
         fn record_poll(&self, job_id: &str, result: &PollResult, now: i64)
             -> Result<(), StorageError>;
 
-        /// What `/metrics` shows of the ledger: the kept counts by state, the oldest unfinished
-        /// job (the head of a partial index), file sizes; nothing that grows with history.
+        /// What `/metrics` shows of the ledger: the jobs by state (the backlog from partial
+        /// indexes, the finished from kept counts), the oldest unfinished job (the head of a
+        /// partial index), file sizes; nothing that grows with history.
         fn metrics_snapshot(&self) -> Result<crate::metrics::Snapshot, StorageError>;
 
-        /// Merges the counts by state that ended sessions kept (PostgreSQL's per-process rows),
+        /// Merges the finished counts that ended sessions kept (PostgreSQL's per-process rows),
         /// so that reading them stays a few rows: a retention step.
         fn fold_counts(&self) -> Result<(), StorageError> = { Ok(()) };
 
@@ -193,9 +194,15 @@ macro_rules! operations {
         fn record_duplicates(&self, seen: &[(String, u32, i64)]) -> Result<(), StorageError>;
 
         /// One page of jobs, newest first, optionally in one state, after `after` (the end of
-        /// the page before); each list reads its own index in order.
-        fn list_jobs(&self, state: Option<State>, after: Option<&Cursor>, limit: usize)
-            -> Result<JobPage, StorageError>;
+        /// the page before), down to `since` (a time of the list's own); each list reads its
+        /// own index in order.
+        fn list_jobs(
+            &self,
+            state: Option<State>,
+            after: Option<&Cursor>,
+            since: Option<i64>,
+            limit: usize
+        ) -> Result<JobPage, StorageError>;
 
         /// One job with its history: every attempt and action kept.
         fn show_job(&self, job_id: &str) -> Result<Option<JobDetail>, StorageError>;

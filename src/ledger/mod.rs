@@ -25,10 +25,15 @@ pub use contract::Backend;
 pub use error::{Cause, StorageError, StorageLost, STORAGE_LOST_EXIT_STATUS};
 pub use model::{
     duration_ms, now_ms, ActionRecord, Attempt, AttemptEnd, AttemptRecord, ClaimOutcome, Cursor,
-    DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, Failure, JobDetail, JobPage,
-    JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount,
-    RetryError, RetryFilter, Source, State, HISTORY_PER_JOB,
+    DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, Failure, JobDetail, JobFilter,
+    JobPage, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
+    RetryCount, RetryError, RetryFilter, Source, State, HISTORY_PER_JOB,
 };
+/// Rows of its list a page filtered by event type reads at most.
+pub const ROWS_READ_PER_FILTERED_PAGE: usize = 10_000;
+/// Rows read per query while filtering.
+const ROWS_READ_PER_CHUNK: usize = 1_000;
+
 pub use portable_sql::{dead_groups_sql, list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL};
 use postgres::PostgresLedger;
 pub use sqlite::{backup, BackupReport, SqliteLedger};
@@ -123,6 +128,63 @@ impl Ledger {
             taken_back += 1;
         }
         Ok(taken_back)
+    }
+
+    /// One page of the jobs `filter` keeps, newest first, after `after`. The event type is not
+    /// indexed: a page reads at most [`ROWS_READ_PER_FILTERED_PAGE`] rows of its list, so
+    /// that a type few jobs have costs a bounded page, which then ends short with where to go
+    /// on.
+    pub async fn find_jobs(
+        &self,
+        filter: &JobFilter,
+        after: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<JobPage, StorageError> {
+        let mut cursor = match (after, filter.before) {
+            (Some(after), _) => Some(after.clone()),
+            // Before that time: after a cursor at it with an id that sorts first.
+            (None, Some(before)) => Some(Cursor {
+                at: before,
+                job_id: String::new(),
+            }),
+            (None, None) => None,
+        };
+        let Some(event_type) = &filter.event_type else {
+            return self
+                .list_jobs(filter.state, cursor.as_ref(), filter.since, limit)
+                .await;
+        };
+        let mut kept = Vec::new();
+        let mut read = 0;
+        while read < ROWS_READ_PER_FILTERED_PAGE {
+            let rows = self
+                .list_jobs(
+                    filter.state,
+                    cursor.as_ref(),
+                    filter.since,
+                    ROWS_READ_PER_CHUNK,
+                )
+                .await?;
+            read += rows.jobs.len();
+            for (at, job) in rows.listed_at.into_iter().zip(rows.jobs) {
+                if job.event_type.as_ref() == Some(event_type) {
+                    kept.push((at, job));
+                    if kept.len() == limit {
+                        // Full: the next page starts after the last job kept.
+                        return Ok(JobPage::from_rows(kept, limit));
+                    }
+                }
+            }
+            cursor = rows.next;
+            if cursor.is_none() {
+                break;
+            }
+        }
+        // Short: the next page (if any) starts where the reading stopped.
+        Ok(JobPage {
+            next: cursor,
+            ..JobPage::from_rows(kept, 0)
+        })
     }
 
     /// Makes jobs whose stored id can never run `dead`, with the reason as their last error, so

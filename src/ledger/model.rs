@@ -542,11 +542,29 @@ impl Serialize for Cursor {
     }
 }
 
-/// One page of `jobs list`, newest first; `next` continues it when the page is full.
+/// What a list of jobs shows: the state picks the index and the time it is ordered by
+/// (received; due; lease expiry; finished), the times bound that index's range, and the event
+/// type filters the rows read from it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobFilter {
+    pub state: Option<State>,
+    /// Only this event type.
+    pub event_type: Option<String>,
+    /// Only jobs whose time is at or after this (Unix ms).
+    pub since: Option<i64>,
+    /// Only jobs whose time is before this (Unix ms).
+    pub before: Option<i64>,
+}
+
+/// One page of `jobs list`, newest first; `next` continues it when the page is full, or when a
+/// filtered page read its most rows and stopped short.
 #[derive(Debug, Clone, Serialize)]
 pub struct JobPage {
     pub jobs: Vec<JobSummary>,
     pub next: Option<Cursor>,
+    /// Each job's time in the list's order (a cursor's time).
+    #[serde(skip)]
+    pub listed_at: Vec<i64>,
 }
 
 impl JobPage {
@@ -561,9 +579,11 @@ impl JobPage {
                 at: *at,
                 job_id: job.job_id.clone(),
             });
+        let (listed_at, jobs) = rows.into_iter().unzip();
         JobPage {
-            jobs: rows.into_iter().map(|(_, job)| job).collect(),
+            jobs,
             next,
+            listed_at,
         }
     }
 }

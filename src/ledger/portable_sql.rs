@@ -4,11 +4,16 @@
 
 use super::model::State;
 
-/// The jobs in each state, from the counts that the triggers of `job_counts` keep in the
-/// transaction of every change: five rows on SQLite, a few per server process on PostgreSQL;
-/// never a count of the jobs themselves, whose finished history grows with time.
+/// The jobs in each state. Waiting and running ones are counted from their partial indexes (a
+/// backlog); done and dead ones are the counts that the triggers of `job_counts` keep in the
+/// transaction of every change (two rows on SQLite, a few per server process on PostgreSQL),
+/// never a count of the finished history, which grows with time.
 pub const JOB_COUNTS_SQL: &str =
-    "SELECT state, CAST(sum(jobs) AS BIGINT) FROM job_counts GROUP BY state";
+    "SELECT state, count(*) FROM jobs WHERE state IN ('claimed', 'retrying') GROUP BY state
+     UNION ALL
+     SELECT 'running', count(*) FROM jobs WHERE state = 'running'
+     UNION ALL
+     SELECT state, CAST(sum(jobs) AS BIGINT) FROM job_counts GROUP BY state";
 pub const OLDEST_UNFINISHED_SQL: &str = "SELECT min(received_at) FROM (
          SELECT received_at FROM jobs WHERE state IN ('claimed', 'retrying')
          UNION ALL SELECT received_at FROM jobs WHERE state = 'running') AS unfinished";
@@ -93,20 +98,36 @@ pub fn list_order(state: Option<State>) -> (&'static str, &'static str) {
 }
 
 /// One page of `jobs list`: parameters limit, then (with `after`) the cursor's time and
-/// job_id. The first column is the time the list is ordered by (the cursor's).
-pub fn list_jobs_sql(state: Option<State>, after: bool, placeholder: Dialect) -> String {
+/// job_id, then (with `since`) the earliest time listed: the other end of the same index
+/// range. The first column is the time the list is ordered by (the cursor's).
+pub fn list_jobs_sql(
+    state: Option<State>,
+    after: bool,
+    since: bool,
+    placeholder: Dialect,
+) -> String {
     let (time, condition) = list_order(state);
+    let mut next = 2;
+    let mut parameter = || {
+        next += 1;
+        placeholder.at(next - 1)
+    };
     let keyset = if after {
         // Not a row value: SQLite seeks on the first term only in this form.
-        let (at, job_id) = (placeholder.at(2), placeholder.at(3));
+        let (at, job_id) = (parameter(), parameter());
         format!(" AND {time} <= {at} AND ({time} < {at} OR job_id < {job_id})")
+    } else {
+        String::new()
+    };
+    let earliest = if since {
+        format!(" AND {time} >= {}", parameter())
     } else {
         String::new()
     };
     format!(
         "SELECT {time}, job_id, state, source, event_type, attempts, received_at,
                 next_attempt_at, finished_at, last_error
-         FROM jobs WHERE {condition}{keyset}
+         FROM jobs WHERE {condition}{keyset}{earliest}
          ORDER BY {time} DESC, job_id DESC LIMIT {}",
         placeholder.at(1)
     )

@@ -543,18 +543,25 @@ impl Backend for PostgresLedger {
         &self,
         state: Option<State>,
         after: Option<&Cursor>,
+        since: Option<i64>,
         limit: usize,
     ) -> Result<JobPage, StorageError> {
-        let sql =
-            portable_sql::list_jobs_sql(state, after.is_some(), portable_sql::Dialect::Postgres);
+        let sql = portable_sql::list_jobs_sql(
+            state,
+            after.is_some(),
+            since.is_some(),
+            portable_sql::Dialect::Postgres,
+        );
         let limit_param = limit as i64;
-        let rows = match after {
-            Some(cursor) => {
-                self.query(&sql, &[&limit_param, &cursor.at, &cursor.job_id])
-                    .await?
-            }
-            None => self.query(&sql, &[&limit_param]).await?,
-        };
+        let mut values: Vec<&(dyn ToSql + Sync)> = vec![&limit_param];
+        if let Some(cursor) = after {
+            values.push(&cursor.at);
+            values.push(&cursor.job_id);
+        }
+        if let Some(since) = &since {
+            values.push(since);
+        }
+        let rows = self.query(&sql, &values).await?;
         let rows = rows
             .iter()
             .map(|row| {

@@ -219,7 +219,7 @@ pub const TAKE_DUE_EXPECTATIONS_SQL: &str = "UPDATE expected_jobs SET next_poll_
                      WHERE state = 'waiting' AND next_poll_at <= $1
                      ORDER BY next_poll_at LIMIT $2 FOR UPDATE SKIP LOCKED)
     RETURNING job_id, expected_at, polls";
-/// Moves the kept counts of server processes that have ended into owner 0's rows (see
+/// Moves the kept finished counts of server processes that have ended into owner 0's rows (see
 /// migrations/postgres/0005_job_counts.sql); a live process's rows are its own, untouched.
 pub const FOLD_COUNTS_SQL: &str = "WITH ended AS (
         DELETE FROM job_counts

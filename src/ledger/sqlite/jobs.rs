@@ -305,18 +305,17 @@ pub fn list_jobs(
     conn: &Connection,
     state: Option<State>,
     after: Option<&Cursor>,
+    since: Option<i64>,
     limit: usize,
 ) -> rusqlite::Result<JobPage> {
-    let mut statement =
-        conn.prepare_cached(&list_jobs_sql(state, after.is_some(), Dialect::Sqlite))?;
-    let limit_param = limit as i64;
-    let rows = match after {
-        Some(cursor) => statement.query_map(
-            params![limit_param, cursor.at, cursor.job_id],
-            paged_summary_from_row,
-        )?,
-        None => statement.query_map(params![limit_param], paged_summary_from_row)?,
-    };
+    let sql = list_jobs_sql(state, after.is_some(), since.is_some(), Dialect::Sqlite);
+    let mut statement = conn.prepare_cached(&sql)?;
+    let mut values: Vec<rusqlite::types::Value> = vec![(limit as i64).into()];
+    if let Some(cursor) = after {
+        values.extend([cursor.at.into(), cursor.job_id.clone().into()]);
+    }
+    values.extend(since.map(rusqlite::types::Value::from));
+    let rows = statement.query_map(rusqlite::params_from_iter(values), paged_summary_from_row)?;
     Ok(JobPage::from_rows(
         rows.collect::<rusqlite::Result<_>>()?,
         limit,
@@ -366,7 +365,7 @@ pub fn show_job(conn: &Connection, job_id: &str) -> rusqlite::Result<Option<JobD
     Ok(Some(job))
 }
 
-/// How many jobs are in each state (the kept counts); every state named.
+/// How many jobs are in each state; every state named.
 pub fn job_counts(conn: &Connection) -> rusqlite::Result<Vec<(State, u64)>> {
     Ok(state_counts(count_rows(conn)?))
 }

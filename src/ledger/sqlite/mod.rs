@@ -432,7 +432,7 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    /// Jobs by state (the kept counts), the oldest unfinished one's age, expected jobs, file
+    /// Jobs by state, the oldest unfinished one's age, expected jobs, file
     /// sizes, the writer's queue.
     async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
         let (counts, oldest, expected) = self
@@ -483,10 +483,11 @@ impl Backend for SqliteLedger {
         &self,
         state: Option<State>,
         after: Option<&Cursor>,
+        since: Option<i64>,
         limit: usize,
     ) -> Result<JobPage, StorageError> {
         let after = after.cloned();
-        self.read(move |conn| jobs::list_jobs(conn, state, after.as_ref(), limit))
+        self.read(move |conn| jobs::list_jobs(conn, state, after.as_ref(), since, limit))
             .await
     }
 
