@@ -572,6 +572,57 @@ async fn retention_on_two_receivers_at_once_removes_each_row_once() {
         .await;
 }
 
+/// The service's reads (console pages, scrapes) run on read-only connections whose statements
+/// the server cancels past their budget, as SQLite's are cut: a console page can neither
+/// write nor hold a connection for long.
+#[tokio::test(flavor = "multi_thread")]
+async fn service_reads_cannot_write_and_are_cut_at_their_budget() {
+    Backend::Postgres
+        .run(
+            "service_reads_cannot_write_and_are_cut_at_their_budget",
+            async {
+                let _up = SERVER_UP.read().await;
+                let dir = tempfile::tempdir().unwrap();
+                let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+                let ledger = Ledger::open(&config.database).await.unwrap();
+                let postgres = ledger.postgres().expect("a PostgreSQL ledger");
+                let write = postgres
+                    .read_for_test("DELETE FROM jobs")
+                    .await
+                    .unwrap_err();
+                assert!(
+                    write.to_string().contains("read-only transaction"),
+                    "{write}"
+                );
+                let started = std::time::Instant::now();
+                let endless = postgres
+                    .read_for_test("SELECT pg_sleep(30)")
+                    .await
+                    .unwrap_err();
+                assert!(
+                    endless.to_string().contains("statement timeout"),
+                    "{endless}"
+                );
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "{:?}",
+                    started.elapsed()
+                );
+                let rows = postgres
+                    .read_for_test("SELECT count(*) FROM jobs")
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    rows[0].get::<_, i64>(0),
+                    0,
+                    "the connection is good for the next read"
+                );
+                ledger.close().await;
+            },
+        )
+        .await;
+}
+
 /// Each server process keeps its own rows of the counts by state, so two receivers never wait
 /// on each other's count rows; the rows of a process that has ended are folded into owner 0
 /// by retention, and the sums do not move.

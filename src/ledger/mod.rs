@@ -35,7 +35,7 @@ pub const ROWS_READ_PER_FILTERED_PAGE: usize = 10_000;
 const ROWS_READ_PER_CHUNK: usize = 1_000;
 
 pub use portable_sql::{dead_groups_sql, list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL};
-use postgres::PostgresLedger;
+pub use postgres::PostgresLedger;
 pub use sqlite::{backup, BackupReport, SqliteLedger};
 #[cfg(feature = "bench")]
 pub use sqlite::{PendingClaims, WriterAlone};
@@ -88,6 +88,13 @@ impl Ledger {
         match self {
             Ledger::Sqlite(ledger) => Some(ledger),
             Ledger::Postgres(_) => None,
+        }
+    }
+
+    pub fn postgres(&self) -> Option<&PostgresLedger> {
+        match self {
+            Ledger::Postgres(ledger) => Some(ledger),
+            Ledger::Sqlite(_) => None,
         }
     }
 

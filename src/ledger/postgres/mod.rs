@@ -56,12 +56,21 @@ use start::{check_durability, connect_at_start, migrate, MIGRATIONS};
 
 /// Connections per receiver: the claim batches in flight, the worker's transitions, reads.
 const POOL_SIZE: usize = 8;
+/// Connections for the reads an operator's page or a scrape makes, apart from the pool that
+/// claims and changes jobs: a burst of console reads waits for these, never for a claim's.
+const READER_POOL_SIZE: usize = 2;
+/// The server cancels a reader's statement past this (as SQLite's service reads are cut):
+/// none takes more than milliseconds on an indexed ledger.
+const READ_BUDGET_MS: u32 = 5_000;
 /// Claims waiting for their batch; past it a delivery is refused at once (503).
 const CLAIM_QUEUE_CAPACITY: usize = 1024;
 
 /// The open PostgreSQL ledger of a running receiver.
 pub struct PostgresLedger {
     pool: Pool,
+    /// Read-only connections with a statement timeout, for the service's reads (the command
+    /// line's reads share its one connection).
+    readers: Pool,
     /// The pool's count of warnings that make a claim's outcome unknown.
     warnings: StandbyWarnings,
     /// The claim batcher's queue; `None` on the command line, which claims in place.
@@ -103,6 +112,21 @@ impl PostgresLedger {
             .wait_timeout(Some(CONNECT_TIMEOUT))
             .build()
             .context("cannot build the PostgreSQL connection pool")?;
+        let mut reader_config = pg_config.clone();
+        reader_config.options(
+            format!(
+                "{} -c default_transaction_read_only=on -c statement_timeout={READ_BUDGET_MS}",
+                pg_config.get_options().unwrap_or_default()
+            )
+            .trim(),
+        );
+        let readers = Pool::builder(tls.manager(&reader_config, StandbyWarnings::default()))
+            .max_size(READER_POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .context("cannot build the PostgreSQL readers' pool")?;
 
         let (claims, inbox) = mpsc::channel(CLAIM_QUEUE_CAPACITY);
         let stopping = CancellationToken::new();
@@ -133,6 +157,7 @@ impl PostgresLedger {
         tracing::info!(ledger = %location, "PostgreSQL ledger open");
         Ok(PostgresLedger {
             pool,
+            readers,
             warnings,
             claims: Some(claims),
             tasks: Mutex::new(Some(tasks)),
@@ -161,6 +186,26 @@ impl PostgresLedger {
             .query(&statement, params)
             .await
             .map_err(statement_error)
+    }
+
+    /// Runs a read on a reader connection: read-only, cut by the server past its budget.
+    async fn read(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StorageError> {
+        let client = self.readers.get().await.map_err(pool_error)?;
+        let statement = client.prepare_cached(sql).await.map_err(statement_error)?;
+        client
+            .query(&statement, params)
+            .await
+            .map_err(statement_error)
+    }
+
+    /// Runs a read as the service's reads run (the readers' pool and budget).
+    #[cfg(feature = "testing")]
+    pub async fn read_for_test(&self, sql: &str) -> Result<Vec<Row>, StorageError> {
+        self.read(sql, &[]).await
     }
 
     /// Runs a statement; returns how many rows it changed.
@@ -226,6 +271,7 @@ impl PostgresLedger {
             .build()
             .context("cannot build the PostgreSQL connection pool")?;
         Ok(PostgresLedger {
+            readers: pool.clone(),
             pool,
             warnings,
             claims: None,
@@ -490,11 +536,11 @@ impl Backend for PostgresLedger {
     }
 
     async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
-        let counts = self.query(portable_sql::JOB_COUNTS_SQL, &[]).await?;
-        let oldest = self.query(portable_sql::OLDEST_UNFINISHED_SQL, &[]).await?;
-        let expected = self.query(sql::COUNT_EXPECTATIONS_SQL, &[]).await?;
+        let counts = self.read(portable_sql::JOB_COUNTS_SQL, &[]).await?;
+        let oldest = self.read(portable_sql::OLDEST_UNFINISHED_SQL, &[]).await?;
+        let expected = self.read(sql::COUNT_EXPECTATIONS_SQL, &[]).await?;
         let size = self
-            .query("SELECT pg_database_size(current_database())", &[])
+            .read("SELECT pg_database_size(current_database())", &[])
             .await?;
         let oldest: Option<i64> = oldest.first().and_then(|row| row.get(0));
         Ok(Snapshot {
@@ -537,6 +583,7 @@ impl Backend for PostgresLedger {
             while tasks.join_next().await.is_some() {}
         }
         self.pool.close();
+        self.readers.close();
     }
 
     async fn list_jobs(
@@ -561,7 +608,7 @@ impl Backend for PostgresLedger {
         if let Some(since) = &since {
             values.push(since);
         }
-        let rows = self.query(&sql, &values).await?;
+        let rows = self.read(&sql, &values).await?;
         let rows = rows
             .iter()
             .map(|row| {
@@ -584,12 +631,12 @@ impl Backend for PostgresLedger {
     }
 
     async fn show_job(&self, job_id: &str) -> Result<Option<JobDetail>, StorageError> {
-        let rows = self.query(sql::SHOW_JOB_SQL, &[&job_id]).await?;
+        let rows = self.read(sql::SHOW_JOB_SQL, &[&job_id]).await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
-        let history = self.query(sql::ATTEMPTS_OF_JOB_SQL, &[&job_id]).await?;
-        let actions = self.query(sql::ACTIONS_OF_JOB_SQL, &[&job_id]).await?;
+        let history = self.read(sql::ATTEMPTS_OF_JOB_SQL, &[&job_id]).await?;
+        let actions = self.read(sql::ACTIONS_OF_JOB_SQL, &[&job_id]).await?;
         Ok(Some(JobDetail {
             summary: summary_from_row(row),
             lease_expires_at: row.get(9),
@@ -677,7 +724,7 @@ impl Backend for PostgresLedger {
 
     async fn dead_groups(&self, limit: usize) -> Result<Vec<DeadGroup>, StorageError> {
         let sql = portable_sql::dead_groups_sql(portable_sql::Dialect::Postgres);
-        let rows = self.query(&sql, &[&(limit as i64)]).await?;
+        let rows = self.read(&sql, &[&(limit as i64)]).await?;
         Ok(rows
             .iter()
             .map(|row| DeadGroup {
@@ -691,7 +738,7 @@ impl Backend for PostgresLedger {
 
     async fn count_retry_matching(&self, filter: &RetryFilter) -> Result<RetryCount, StorageError> {
         let rows = self
-            .query(
+            .read(
                 sql::COUNT_RETRY_MATCHING_SQL,
                 &[
                     &filter.state.as_str(),
@@ -753,7 +800,7 @@ impl Backend for PostgresLedger {
     }
 
     async fn running_by_receiver(&self) -> Result<Vec<(String, u64)>, StorageError> {
-        let rows = self.query(sql::RUNNING_BY_RECEIVER_SQL, &[]).await?;
+        let rows = self.read(sql::RUNNING_BY_RECEIVER_SQL, &[]).await?;
         Ok(rows
             .iter()
             .map(|row| (row.get(0), row.get::<_, i64>(1).unsigned_abs()))
@@ -782,10 +829,10 @@ impl Backend for PostgresLedger {
     }
 
     async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {
-        let by_state = self.query(portable_sql::JOB_COUNTS_SQL, &[]).await?;
+        let by_state = self.read(portable_sql::JOB_COUNTS_SQL, &[]).await?;
         let (hour_ago, day_ago) = JobStats::since(now);
         let stats_sql = portable_sql::stats_sql(portable_sql::Dialect::Postgres);
-        let counts = self.query(&stats_sql, &[&hour_ago, &day_ago]).await?;
+        let counts = self.read(&stats_sql, &[&hour_ago, &day_ago]).await?;
         let row = counts
             .first()
             .ok_or_else(|| StorageError::Unavailable(Cause::message("stats returned no row")))?;
@@ -796,13 +843,13 @@ impl Backend for PostgresLedger {
     }
 
     async fn job_ids_like(&self, pattern: &str) -> Result<Vec<String>, StorageError> {
-        let rows = self.query(sql::JOB_IDS_LIKE_SQL, &[&pattern]).await?;
+        let rows = self.read(sql::JOB_IDS_LIKE_SQL, &[&pattern]).await?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
     async fn list_expectations(&self, limit: usize) -> Result<Vec<Expectation>, StorageError> {
         let rows = self
-            .query(sql::LIST_EXPECTATIONS_SQL, &[&(limit as i64)])
+            .read(sql::LIST_EXPECTATIONS_SQL, &[&(limit as i64)])
             .await?;
         Ok(rows
             .iter()
