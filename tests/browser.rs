@@ -285,6 +285,29 @@ async fn the_console_works_in_a_real_browser_and_keeps_its_guard() {
     click_and_confirm(&client, "Resume dispatch").await;
     assert_eq!(server.value("SELECT paused FROM dispatch", &[]), 0);
 
+    // An HTTP handler's answer is attacker-influenced too (a forward to a service that echoes
+    // what it was sent): the attempt that recorded one shows it as text, and it never runs.
+    let answer = "the handler answered HTTP 502: <script>window.__xss=3</script>";
+    server.execute(
+        "INSERT INTO jobs (job_id, state, body, received_at, attempts, finished_at, last_error, \
+         updated_at) VALUES ('http-answer', 'dead', '{}', 1, 1, 2, ?1, 2)",
+        &[answer],
+    );
+    server.execute(
+        "INSERT INTO job_attempts (job_id, number, cause, started_at, ended_at, outcome, \
+         http_status, error) VALUES ('http-answer', 1, 'first', 1, 2, 'dead', 502, ?1)",
+        &[answer],
+    );
+    client
+        .goto(&format!("{base}/console/jobs/http-answer"))
+        .await
+        .unwrap();
+    wait_for(&client, Locator::Css("ol.timeline")).await;
+    no_canary_ran(&client, "an HTTP handler's answer").await;
+    let shown = text_of(&client).await;
+    assert!(shown.contains("<script>window.__xss=3</script>"), "{shown}");
+    assert!(shown.contains("HTTP 502"), "{shown}");
+
     // A page on another origin posts a form to the console: refused; nothing changes.
     let attacker = attacker_site(format!("{base}/console/dispatch/pause")).await;
     client
