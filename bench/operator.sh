@@ -6,7 +6,8 @@
 #    `jobs show`, bulk-retry counts; p50 and p99 of $RUNS runs each;
 # 2. every console page on the running service, signed in (p50 and p99 of $RUNS requests);
 # 3. ingest with the console polled once a second (overview, jobs, dead letters) against
-#    without: deliveries per second over $DURATION each, alternating, $ROUNDS pairs.
+#    without: deliveries per second and the receiver's CPU time per delivery over $DURATION
+#    each, alternating, $ROUNDS pairs.
 # Env: JOBS (1000000), RUNS (20), DURATION (10s), ROUNDS (3), BIN (built if unset).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -126,20 +127,27 @@ for round in $(seq "$ROUNDS"); do
     start_receiver "$dir"
     poller=""
     [ "$mode" = polled ] && poll_console
-    rate=$("$BIN" loadgen --config "$dir/config.toml" --json --requests 100000000 --duration "$DURATION" \
-             --connections 64 --dup-ratio 0.3 --tag "$mode$round" --no-check \
-           | python3 -c "import json,sys; print(round(json.load(sys.stdin)['per_second']))")
+    read -ra before <<<"$(usage "$receiver_pid")"
+    report=$("$BIN" loadgen --config "$dir/config.toml" --json --requests 100000000 --duration "$DURATION" \
+               --connections 64 --dup-ratio 0.3 --tag "$mode$round" --no-check)
+    read -ra after <<<"$(usage "$receiver_pid")"
     [ -n "$poller" ] && kill "$poller" 2>/dev/null
     stop_receiver >/dev/null
-    echo "  round $round, $mode: $rate deliveries/s" >&2
-    rates+=("$mode:$rate")
+    read -r rate cpu < <(echo "$report" | python3 -c "
+import json,sys; r=json.load(sys.stdin); n=max(1,r['sent'])
+print(round(r['per_second']), '%.1f' % ((${after[0]}-${before[0]})/n))")
+    echo "  round $round, $mode: $rate deliveries/s, $cpu us of the receiver's CPU per delivery" >&2
+    rates+=("$mode:$rate:$cpu")
   done
 done
 python3 - "${rates[@]}" <<'PY'
 import sys
-plain = [int(r.split(":")[1]) for r in sys.argv[1:] if r.startswith("plain:")]
-polled = [int(r.split(":")[1]) for r in sys.argv[1:] if r.startswith("polled:")]
+runs = {mode: [r.split(":")[1:] for r in sys.argv[1:] if r.startswith(mode + ":")] for mode in ("plain", "polled")}
+plain, polled = ([int(rate) for rate, _ in runs[m]] for m in ("plain", "polled"))
+plain_cpu, polled_cpu = ([float(cpu) for _, cpu in runs[m]] for m in ("plain", "polled"))
 ratios = [b / a for a, b in zip(plain, polled)]
 print(f"ingest with the console polled / without: {sum(polled)/len(polled):.0f} / {sum(plain)/len(plain):.0f} deliveries/s"
       f" = {sum(polled)/sum(plain):.3f} (per pair: {', '.join(f'{r:.2f}' for r in ratios)}; target >= 0.95)")
+print(f"the receiver's CPU per delivery, polled / without: {sum(polled_cpu)/len(polled_cpu):.1f} / {sum(plain_cpu)/len(plain_cpu):.1f} us"
+      f" = {sum(polled_cpu)/sum(plain_cpu):.3f}")
 PY

@@ -53,6 +53,9 @@ const MAX_PAGE_LIMIT: usize = 500;
 const GROUPS_SHOWN: usize = 100;
 /// How long the dead-letter groups are shown as computed (a group retry recomputes them).
 const GROUPS_FRESH: Duration = Duration::from_secs(10);
+/// How long the overview's ledger figures are shown as read: its script refreshes every 5 s,
+/// and a backlog's counts read its index (a million claimed jobs during an outage).
+const SNAPSHOT_FRESH: Duration = Duration::from_secs(5);
 /// Jobs a group retry changes per transaction (claims commit in between).
 const RETRY_BATCH: usize = 500;
 
@@ -75,7 +78,8 @@ pub struct Console {
     busy: Semaphore,
     settings: Vec<(String, String)>,
     /// The dead-letter groups read every dead job: computed at most every [`GROUPS_FRESH`].
-    groups: tokio::sync::Mutex<Option<(std::time::Instant, Vec<DeadGroup>)>>,
+    groups: Fresh<Vec<DeadGroup>>,
+    snapshot: Fresh<crate::metrics::Snapshot>,
 }
 
 impl Console {
@@ -119,7 +123,8 @@ impl Console {
             sessions: Sessions::default(),
             csp_reports: Mutex::new(VecDeque::new()),
             busy: Semaphore::new(CONCURRENT_REQUESTS),
-            groups: tokio::sync::Mutex::new(None),
+            groups: Fresh::new(GROUPS_FRESH),
+            snapshot: Fresh::new(SNAPSHOT_FRESH),
         }
     }
 
@@ -431,19 +436,17 @@ impl Console {
 
     /// The dead-letter groups, as computed at most [`GROUPS_FRESH`] ago.
     async fn dead_groups(&self) -> Result<Vec<DeadGroup>, crate::ledger::StorageError> {
-        let mut cached = self.groups.lock().await;
-        if let Some((at, groups)) = cached.as_ref() {
-            if at.elapsed() < GROUPS_FRESH {
-                return Ok(groups.clone());
-            }
-        }
-        let groups = self.ledger.dead_groups(GROUPS_SHOWN).await?;
-        *cached = Some((std::time::Instant::now(), groups.clone()));
-        Ok(groups)
+        self.groups
+            .get_or_read(|| self.ledger.dead_groups(GROUPS_SHOWN))
+            .await
     }
 
     async fn overview(&self, viewer: Viewer) -> Result<(Markup, serde_json::Value), Refused> {
-        let snapshot = self.ledger.metrics_snapshot().await.ok();
+        let snapshot = self
+            .snapshot
+            .get_or_read(|| self.ledger.metrics_snapshot())
+            .await
+            .ok();
         let dispatch = self.ledger.dispatch().await.ok();
         let data = pages::Overview {
             readiness: self.ledger.readiness(),
@@ -661,7 +664,7 @@ impl Console {
                 if let Some(queue) = &self.queue {
                     queue.look_in_ledger();
                 }
-                *self.groups.lock().await = None;
+                self.groups.forget().await;
                 tracing::info!(retried, %by, "dead-letter group retried in the console");
                 (
                     format!("{retried} jobs are queued to run again."),
@@ -869,4 +872,41 @@ fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)> {
         ));
     }
     rows
+}
+
+/// A value read from the ledger and shown as read for a while: however many viewers poll a
+/// page, the ledger pays for it once per period.
+struct Fresh<T> {
+    period: Duration,
+    read: tokio::sync::Mutex<Option<(std::time::Instant, T)>>,
+}
+
+impl<T: Clone> Fresh<T> {
+    fn new(period: Duration) -> Fresh<T> {
+        Fresh {
+            period,
+            read: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The value read less than a period ago, or `read`'s (a failed read is not kept).
+    async fn get_or_read<F, E>(&self, read: impl FnOnce() -> F) -> Result<T, E>
+    where
+        F: std::future::Future<Output = Result<T, E>>,
+    {
+        let mut kept = self.read.lock().await;
+        if let Some((at, value)) = kept.as_ref() {
+            if at.elapsed() < self.period {
+                return Ok(value.clone());
+            }
+        }
+        let value = read().await?;
+        *kept = Some((std::time::Instant::now(), value.clone()));
+        Ok(value)
+    }
+
+    /// The next look reads afresh.
+    async fn forget(&self) {
+        *self.read.lock().await = None;
+    }
 }
