@@ -105,13 +105,7 @@ impl PostgresLedger {
         pg_config.options(format!("{options} -c synchronous_commit={synchronous_commit}").trim());
 
         let warnings = StandbyWarnings::default();
-        let pool = Pool::builder(tls.manager(&pg_config, warnings.clone()))
-            .max_size(POOL_SIZE)
-            .runtime(Runtime::Tokio1)
-            .create_timeout(Some(CONNECT_TIMEOUT))
-            .wait_timeout(Some(CONNECT_TIMEOUT))
-            .build()
-            .context("cannot build the PostgreSQL connection pool")?;
+        let pool = build_pool(&tls, &pg_config, &warnings, POOL_SIZE)?;
         let mut reader_config = pg_config.clone();
         reader_config.options(
             format!(
@@ -120,13 +114,12 @@ impl PostgresLedger {
             )
             .trim(),
         );
-        let readers = Pool::builder(tls.manager(&reader_config, StandbyWarnings::default()))
-            .max_size(READER_POOL_SIZE)
-            .runtime(Runtime::Tokio1)
-            .create_timeout(Some(CONNECT_TIMEOUT))
-            .wait_timeout(Some(CONNECT_TIMEOUT))
-            .build()
-            .context("cannot build the PostgreSQL readers' pool")?;
+        let readers = build_pool(
+            &tls,
+            &reader_config,
+            &StandbyWarnings::default(),
+            READER_POOL_SIZE,
+        )?;
 
         let (claims, inbox) = mpsc::channel(CLAIM_QUEUE_CAPACITY);
         let stopping = CancellationToken::new();
@@ -263,13 +256,7 @@ impl PostgresLedger {
         }
         drop(client);
         let warnings = StandbyWarnings::default();
-        let pool = Pool::builder(tls.manager(&pg_config, warnings.clone()))
-            .max_size(1)
-            .runtime(Runtime::Tokio1)
-            .create_timeout(Some(CONNECT_TIMEOUT))
-            .wait_timeout(Some(CONNECT_TIMEOUT))
-            .build()
-            .context("cannot build the PostgreSQL connection pool")?;
+        let pool = build_pool(&tls, &pg_config, &warnings, 1)?;
         Ok(PostgresLedger {
             readers: pool.clone(),
             pool,
@@ -898,6 +885,22 @@ fn attempt_number(attempt: &Attempt) -> i32 {
 }
 
 /// (state, count) rows of a `GROUP BY state` count.
+/// A pool of at most `size` connections, each counting its notices in `warnings`.
+fn build_pool(
+    tls: &Tls,
+    config: &tokio_postgres::Config,
+    warnings: &StandbyWarnings,
+    size: usize,
+) -> anyhow::Result<Pool> {
+    Pool::builder(tls.manager(config, warnings.clone()))
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .create_timeout(Some(CONNECT_TIMEOUT))
+        .wait_timeout(Some(CONNECT_TIMEOUT))
+        .build()
+        .context("cannot build a PostgreSQL connection pool")
+}
+
 fn count_rows(rows: &[Row]) -> Vec<(String, i64)> {
     rows.iter().map(|row| (row.get(0), row.get(1))).collect()
 }
