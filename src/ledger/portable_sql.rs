@@ -99,7 +99,8 @@ pub fn list_order(state: Option<State>) -> (&'static str, &'static str) {
 
 /// One page of `jobs list`: parameters limit, then (with `after`) the cursor's time and
 /// job_id, then (with `since`) the earliest time listed: the other end of the same index
-/// range. The first column is the time the list is ordered by (the cursor's).
+/// range. The columns are a job summary's, then the time the list is ordered by (the
+/// cursor's).
 pub fn list_jobs_sql(
     state: Option<State>,
     after: bool,
@@ -125,8 +126,8 @@ pub fn list_jobs_sql(
         String::new()
     };
     format!(
-        "SELECT {time}, job_id, state, source, event_type, attempts, received_at,
-                next_attempt_at, finished_at, last_error
+        "SELECT job_id, state, source, event_type, attempts, received_at,
+                next_attempt_at, finished_at, last_error, {time}
          FROM jobs WHERE {condition}{keyset}{earliest}
          ORDER BY {time} DESC, job_id DESC LIMIT {}",
         placeholder.at(1)

@@ -599,19 +599,9 @@ impl Backend for PostgresLedger {
         let rows = rows
             .iter()
             .map(|row| {
-                let summary = JobSummary {
-                    job_id: row.get(1),
-                    state: row.get(2),
-                    source: row.get(3),
-                    event_type: row.get(4),
-                    attempts: row.get::<_, i32>(5).unsigned_abs(),
-                    received_at: row.get(6),
-                    next_attempt_at: row.get(7),
-                    finished_at: row.get(8),
-                    last_error: row.get(9),
-                };
-                let at: Option<i64> = row.get(0);
-                (at.unwrap_or(i64::MIN), summary)
+                // After the summary's nine columns; a row edited by hand may lack it.
+                let at: Option<i64> = row.get(9);
+                (at.unwrap_or(i64::MIN), summary_from_row(row))
             })
             .collect();
         Ok(JobPage::from_rows(rows, limit))

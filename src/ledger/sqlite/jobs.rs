@@ -315,29 +315,15 @@ pub fn list_jobs(
         values.extend([cursor.at.into(), cursor.job_id.clone().into()]);
     }
     values.extend(since.map(rusqlite::types::Value::from));
-    let rows = statement.query_map(rusqlite::params_from_iter(values), paged_summary_from_row)?;
+    let rows = statement.query_map(rusqlite::params_from_iter(values), |row| {
+        // After the summary's nine columns. A row edited by hand may lack its state's time:
+        // it sorts last, and ends paging.
+        let at: Option<i64> = row.get(9)?;
+        Ok((at.unwrap_or(i64::MIN), summary_from_row(row)?))
+    })?;
     Ok(JobPage::from_rows(
         rows.collect::<rusqlite::Result<_>>()?,
         limit,
-    ))
-}
-
-/// A row of [`list_jobs_sql`]: the time it is ordered by, then the summary's columns.
-fn paged_summary_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, JobSummary)> {
-    // A row edited by hand may lack its state's time: it sorts last, and ends paging.
-    Ok((
-        row.get::<_, Option<i64>>(0)?.unwrap_or(i64::MIN),
-        JobSummary {
-            job_id: row.get(1)?,
-            state: row.get(2)?,
-            source: row.get(3)?,
-            event_type: row.get(4)?,
-            attempts: row.get(5)?,
-            received_at: row.get(6)?,
-            next_attempt_at: row.get(7)?,
-            finished_at: row.get(8)?,
-            last_error: row.get(9)?,
-        },
     ))
 }
 

@@ -80,7 +80,7 @@ pub struct SqliteLedger {
     connections: Connections,
     path: PathBuf,
     /// [`READ_BUDGET`] in ms (tests shorten it).
-    read_budget_ms: Arc<std::sync::atomic::AtomicU64>,
+    read_budget_ms: std::sync::atomic::AtomicU64,
 }
 
 enum Connections {
@@ -95,12 +95,10 @@ enum Connections {
     Direct(Arc<Mutex<Connection>>),
 }
 
-fn default_read_budget() -> Arc<std::sync::atomic::AtomicU64> {
-    Arc::new(
-        u64::try_from(READ_BUDGET.as_millis())
-            .unwrap_or(u64::MAX)
-            .into(),
-    )
+fn default_read_budget() -> std::sync::atomic::AtomicU64 {
+    u64::try_from(READ_BUDGET.as_millis())
+        .unwrap_or(u64::MAX)
+        .into()
 }
 
 impl SqliteLedger {
