@@ -14,35 +14,37 @@ INSERT INTO job_counts (state, owner, jobs)
 SELECT states.state, 0, (SELECT count(*) FROM jobs WHERE jobs.state = states.state)
 FROM (VALUES ('done'), ('dead')) AS states (state);
 
--- Statement triggers: at most one upsert per statement and state, however many rows it
--- changed.
-CREATE FUNCTION jobs_count_changes() RETURNS trigger LANGUAGE plpgsql AS $$
+-- Row triggers for inserts and state changes, with WHEN conditions that PostgreSQL checks
+-- before it queues anything: a claim (inserted `claimed`) or a start costs no call and no
+-- transition table. Deletes (retention's batches of finished jobs) are counted once per
+-- statement.
+CREATE FUNCTION jobs_count_row() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        INSERT INTO job_counts (state, owner, jobs)
-        SELECT state, pg_backend_pid(), count(*) FROM new_rows
-        WHERE state IN ('done', 'dead') GROUP BY state
-        ON CONFLICT (state, owner) DO UPDATE SET jobs = job_counts.jobs + EXCLUDED.jobs;
-    ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO job_counts (state, owner, jobs)
-        SELECT state, pg_backend_pid(), -count(*) FROM old_rows
-        WHERE state IN ('done', 'dead') GROUP BY state
-        ON CONFLICT (state, owner) DO UPDATE SET jobs = job_counts.jobs + EXCLUDED.jobs;
-    ELSE
-        INSERT INTO job_counts (state, owner, jobs)
-        SELECT state, pg_backend_pid(), sum(change) FROM (
-            SELECT state, -1 AS change FROM old_rows WHERE state IN ('done', 'dead')
-            UNION ALL SELECT state, 1 FROM new_rows WHERE state IN ('done', 'dead')) AS changes
-        GROUP BY state HAVING sum(change) <> 0
-        ON CONFLICT (state, owner) DO UPDATE SET jobs = job_counts.jobs + EXCLUDED.jobs;
+    IF TG_OP = 'UPDATE' AND OLD.state IN ('done', 'dead') THEN
+        INSERT INTO job_counts (state, owner, jobs) VALUES (OLD.state, pg_backend_pid(), -1)
+        ON CONFLICT (state, owner) DO UPDATE SET jobs = job_counts.jobs - 1;
+    END IF;
+    IF NEW.state IN ('done', 'dead') THEN
+        INSERT INTO job_counts (state, owner, jobs) VALUES (NEW.state, pg_backend_pid(), 1)
+        ON CONFLICT (state, owner) DO UPDATE SET jobs = job_counts.jobs + 1;
     END IF;
     RETURN NULL;
 END
 $$;
-CREATE TRIGGER jobs_count_insert AFTER INSERT ON jobs
-    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION jobs_count_changes();
-CREATE TRIGGER jobs_count_update AFTER UPDATE ON jobs
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION jobs_count_changes();
+CREATE FUNCTION jobs_count_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO job_counts (state, owner, jobs)
+    SELECT state, pg_backend_pid(), -count(*) FROM old_rows
+    WHERE state IN ('done', 'dead') GROUP BY state
+    ON CONFLICT (state, owner) DO UPDATE SET jobs = job_counts.jobs + EXCLUDED.jobs;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER jobs_count_insert AFTER INSERT ON jobs FOR EACH ROW
+    WHEN (NEW.state IN ('done', 'dead')) EXECUTE FUNCTION jobs_count_row();
+CREATE TRIGGER jobs_count_update AFTER UPDATE OF state ON jobs FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state
+          AND (OLD.state IN ('done', 'dead') OR NEW.state IN ('done', 'dead')))
+    EXECUTE FUNCTION jobs_count_row();
 CREATE TRIGGER jobs_count_delete AFTER DELETE ON jobs
-    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION jobs_count_changes();
+    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION jobs_count_deleted();
