@@ -215,6 +215,8 @@ on_both_ledgers! {
             event_type: Some("job.failed".into()),
             ..Default::default()
         };
+        let none = ledger.find_jobs(&failed, None, 0).await.unwrap();
+        assert!(none.jobs.is_empty(), "a page of 0 holds none: {none:?}");
         let first = ledger.find_jobs(&failed, None, 1).await.unwrap();
         assert_eq!(ids(&first), ["find-4"]);
         let second = ledger.find_jobs(&failed, first.next.as_ref(), 1).await.unwrap();

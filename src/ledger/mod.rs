@@ -156,7 +156,7 @@ impl Ledger {
             }),
             (None, None) => None,
         };
-        let Some(event_type) = &filter.event_type else {
+        let Some(event_type) = filter.event_type.as_ref().filter(|_| limit > 0) else {
             return self
                 .list_jobs(filter.state, cursor.as_ref(), filter.since, limit)
                 .await;
