@@ -27,6 +27,7 @@ pub mod loadgen;
 pub mod logging;
 mod metrics;
 mod notify;
+mod payload;
 mod process;
 pub mod reconcile;
 mod refusals;

@@ -1,0 +1,220 @@
+//! The fields a delivery is keyed on, read from its verified body without building its JSON tree.
+//!
+//! A delivery's body is stored verbatim; the receiver itself only needs `job_id` and the event
+//! type. Reading them into a `serde_json::Map` allocated every key and value of the payload
+//! (the job's whole result) on the request path. This reader walks the object once, borrows the
+//! strings it keeps and skips everything else, while still refusing whatever is not one JSON
+//! object.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+/// A top-level field's value, as far as the receiver cares.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Field<'a> {
+    Text(Cow<'a, str>),
+    Null,
+    /// Any other JSON value (a number, an array...): skipped, not kept.
+    Other,
+}
+
+impl Field<'_> {
+    fn text(&self) -> Option<&str> {
+        match self {
+            Field::Text(text) => Some(text),
+            Field::Null | Field::Other => None,
+        }
+    }
+}
+
+/// The top-level fields of a delivery's object that the receiver reads.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct KeyFields<'a> {
+    pub job_id: Option<Field<'a>>,
+    type_: Option<Field<'a>>,
+    event: Option<Field<'a>>,
+}
+
+impl<'a> KeyFields<'a> {
+    /// Reads `text`, which must be exactly one JSON object. A key the receiver reads may appear
+    /// only once: with two `job_id`s, the handler's parser might key on the other one.
+    pub fn read(text: &'a str) -> Result<KeyFields<'a>, serde_json::Error> {
+        let mut deserializer = serde_json::Deserializer::from_str(text);
+        let fields = deserializer.deserialize_map(KeyFieldsVisitor)?;
+        deserializer.end()?;
+        Ok(fields)
+    }
+
+    /// The event type: `type` if it is a string, else `event` if that is one (Sume's older name).
+    pub fn event_type(&self) -> Option<&str> {
+        [&self.type_, &self.event]
+            .into_iter()
+            .find_map(|field| field.as_ref().and_then(Field::text))
+    }
+}
+
+struct KeyFieldsVisitor;
+
+impl<'de> Visitor<'de> for KeyFieldsVisitor {
+    type Value = KeyFields<'de>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = KeyFields::default();
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            let slot = match key.as_ref() {
+                "job_id" => &mut fields.job_id,
+                "type" => &mut fields.type_,
+                "event" => &mut fields.event,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            if slot.is_some() {
+                return Err(de::Error::custom(format_args!("duplicate key `{key}`")));
+            }
+            *slot = Some(map.next_value()?);
+        }
+        Ok(fields)
+    }
+}
+
+impl<'de> Deserialize<'de> for Field<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(FieldVisitor)
+    }
+}
+
+struct FieldVisitor;
+
+impl<'de> Visitor<'de> for FieldVisitor {
+    type Value = Field<'de>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("any JSON value")
+    }
+
+    fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Self::Value, E> {
+        Ok(Field::Text(Cow::Borrowed(text)))
+    }
+
+    /// A string with escapes, which the parser had to unescape into a buffer of its own.
+    fn visit_str<E>(self, text: &str) -> Result<Self::Value, E> {
+        Ok(Field::Text(Cow::Owned(text.to_owned())))
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Field::Null)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Field::Other)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Field::Other)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Field::Other)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Field::Other)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Field::Other)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Field::Other)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_key_fields_and_skips_the_rest() {
+        let fields = KeyFields::read(
+            r#"{"x":{"job_id":"inner"},"job_id":"j1","n":[1,{"a":null}],"type":"t"}"#,
+        )
+        .unwrap();
+        assert_eq!(fields.job_id, Some(Field::Text("j1".into())));
+        assert_eq!(fields.event_type(), Some("t"));
+    }
+
+    #[test]
+    fn escaped_strings_are_unescaped() {
+        let fields = KeyFields::read(r#"{"job_id":"a\u0041\"b"}"#).unwrap();
+        assert_eq!(fields.job_id, Some(Field::Text("aA\"b".into())));
+    }
+
+    #[test]
+    fn an_escaped_key_is_the_same_key() {
+        let twice = KeyFields::read(r#"{"job_id":"a","job\u005fid":"b"}"#).unwrap_err();
+        assert!(
+            twice.to_string().contains("duplicate key `job_id`"),
+            "{twice}"
+        );
+    }
+
+    #[test]
+    fn values_are_told_apart() {
+        fn job_id(text: &str) -> Option<Field<'_>> {
+            KeyFields::read(text).unwrap().job_id
+        }
+        assert_eq!(job_id(r#"{"job_id":null}"#), Some(Field::Null));
+        for other in ["7", "1.5", "true", "[\"j1\"]", "{\"id\":\"j1\"}"] {
+            let text = format!(r#"{{"job_id":{other}}}"#);
+            assert_eq!(job_id(&text), Some(Field::Other));
+        }
+        assert_eq!(job_id("{}"), None);
+    }
+
+    #[test]
+    fn the_event_type_is_type_then_event() {
+        let event_type = |text| {
+            KeyFields::read(text)
+                .unwrap()
+                .event_type()
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            event_type(r#"{"event":"e","type":"t"}"#).as_deref(),
+            Some("t")
+        );
+        assert_eq!(
+            event_type(r#"{"type":7,"event":"e"}"#).as_deref(),
+            Some("e")
+        );
+        assert_eq!(event_type(r#"{"type":null}"#), None);
+    }
+
+    #[test]
+    fn anything_but_one_object_is_refused() {
+        for text in [
+            "[\"job_id\"]",
+            "\"job_id\"",
+            "7",
+            "null",
+            "{} {}",
+            "{\"job_id\":\"a\"",
+            "",
+        ] {
+            assert!(KeyFields::read(text).is_err(), "{text}");
+        }
+        assert!(KeyFields::read(" {\"job_id\":\"a\"}\n").is_ok());
+    }
+}
