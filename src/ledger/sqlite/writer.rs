@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::failure::{self, Cause, Failure};
 use super::jobs::insert_claim;
-use super::wal_sync::{Completion, SyncWal, WalSyncer};
+use super::wal_sync::{Answerer, Completion, SyncWal, WalSyncer};
 use crate::ledger::error::StorageError;
 use crate::ledger::model::{now_ms, ClaimOutcome, NewClaim};
 use crate::throttle::Throttled;
@@ -63,7 +63,7 @@ impl Writer {
         let (queue, inbox) = mpsc::channel(QUEUE_CAPACITY);
         let stopping = Arc::new(AtomicBool::new(false));
         let last_commit_ok = Arc::new(AtomicBool::new(true));
-        let syncer = Answering::start(durability, failure.clone())?;
+        let syncer = Answering::start(durability, failure.clone(), Answerer::on_current_runtime())?;
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn({
@@ -211,6 +211,7 @@ fn claim_item(
 /// "ok" once the ledger failed.
 pub(super) struct Answering {
     syncer: Option<WalSyncer>,
+    answerer: Answerer,
     failure: Arc<Failure>,
 }
 
@@ -219,23 +220,26 @@ impl Answering {
     pub(super) fn start(
         durability: Durability,
         failure: Arc<Failure>,
+        answerer: Answerer,
     ) -> std::io::Result<Answering> {
         let syncer = match durability {
             Durability::AtCommit => None,
-            Durability::AfterWalSync(sync) => Some(WalSyncer::start(sync, failure.clone())?),
+            Durability::AfterWalSync(sync) => {
+                Some(WalSyncer::start(sync, failure.clone(), answerer.clone())?)
+            }
         };
-        Ok(Answering { syncer, failure })
+        Ok(Answering {
+            syncer,
+            answerer,
+            failure,
+        })
     }
 
     fn answer(&self, batch: Settled) {
         match (&self.syncer, batch.outcome.and(self.failure.check())) {
             (Some(syncer), Ok(())) => syncer.answer_when_durable(batch.completions, batch.wrote),
             // A failed batch left nothing to make durable.
-            (_, outcome) => {
-                for complete in batch.completions {
-                    complete(outcome.clone());
-                }
-            }
+            (_, outcome) => self.answerer.answer(batch.completions, outcome),
         }
     }
 
@@ -525,7 +529,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (conn, _reader) = ledger(&dir);
         let (sync, syncing, release) = held_sync();
-        let answering = Answering::start(Durability::AfterWalSync(sync), Arc::default()).unwrap();
+        let answering = Answering::start(
+            Durability::AfterWalSync(sync),
+            Arc::default(),
+            Answerer::inline(),
+        )
+        .unwrap();
         let slow_commit = Duration::from_secs(1);
         let first = commit_claims(&conn, vec![claim("job-a")], &answering);
         syncing.recv().unwrap();
@@ -582,7 +591,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (conn, reader) = ledger(&dir);
         let (sync, syncing, release) = held_sync();
-        let answering = Answering::start(Durability::AfterWalSync(sync), Arc::default()).unwrap();
+        let answering = Answering::start(
+            Durability::AfterWalSync(sync),
+            Arc::default(),
+            Answerer::inline(),
+        )
+        .unwrap();
         let first = commit_claims(&conn, vec![claim("job-a")], &answering);
         syncing.recv().unwrap();
         let second = commit_claims(&conn, vec![claim("job-b"), claim("job-a")], &answering);

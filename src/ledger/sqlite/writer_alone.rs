@@ -7,6 +7,7 @@ use rusqlite::{Connection, OpenFlags};
 use super::checkpoint::Checkpointer;
 use super::failure::Failure;
 use super::open::{open_connection, open_for_writing};
+use super::wal_sync::Answerer;
 use super::writer::{self, Answering};
 use crate::config::SqliteConfig;
 use crate::ledger::error::StorageError;
@@ -39,7 +40,7 @@ impl WriterAlone {
     pub fn open(config: &SqliteConfig) -> anyhow::Result<WriterAlone> {
         let (conn, durability) = open_for_writing(config)?;
         let failure = Arc::new(Failure::default());
-        let answering = Answering::start(durability, failure.clone())?;
+        let answering = Answering::start(durability, failure.clone(), Answerer::inline())?;
         let checkpointer = Checkpointer::start(
             open_connection(&config.path, config, OpenFlags::default())?,
             failure,
