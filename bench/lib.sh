@@ -92,12 +92,14 @@ metric() {
 }
 
 # usage PID: the process's CPU time so far in microseconds (user + system, every thread, from
-# /proc/PID/stat) and its context switches (voluntary and not, summed over its live threads).
+# /proc/PID/stat), its context switches (voluntary and not, summed over its live threads) and
+# the bytes it handed to write calls (wchar in /proc/PID/io: WAL frames, checkpoints, answers).
 usage() {
-  local ticks switches
+  local ticks switches written
   ticks=$(awk '{ print $14 + $15 }' "/proc/$1/stat")
   switches=$(cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { s += $2 } END { print s + 0 }')
-  echo "$(( ticks * 1000000 / $(getconf CLK_TCK) )) $switches"
+  written=$(awk '/^wchar/ { print $2 }' "/proc/$1/io")
+  echo "$(( ticks * 1000000 / $(getconf CLK_TCK) )) $switches $written"
 }
 
 # Starts the benchmark's HTTP floor (a bare hyper server) on $port, like start_receiver.

@@ -31,6 +31,8 @@ else
   BACKLOG=${BACKLOG:-100000}; WORK_CONCURRENCY=${WORK_CONCURRENCY:-"4 32"}
 fi
 export ACCESS_LOG=${ACCESS_LOG:-false}
+# /metrics on the webhook listener, read once at the end of each case (the batch sizes).
+export SERVER_KEYS="expose_metrics = true"
 DUP_RATIO=${DUP_RATIO:-0.3}; BODY_BYTES=${BODY_BYTES:-1024}
 
 source bench/lib.sh
@@ -39,8 +41,8 @@ results="$work/results.jsonl"
 loadgen() { "$BIN" loadgen --config "$1/config.toml" --json "${@:2}"; }
 
 # run_case NAME DB_EXTRA_TOML CONNECTIONS [prepare-function] -- LOADGEN_ARGS...
-# The receiver's CPU time and context switches over the load, per answered request, are
-# recorded with the report ("server_cpu_us", "server_switches").
+# The receiver's CPU time, context switches and bytes written over the load are recorded with
+# the report ("server_usage": before and after, see `usage`).
 run_case() {
   local name=$1 extra=$2 connections=$3 prepare=$4; shift 5
   local dir="$work/$name"; mkdir -p "$dir"
@@ -50,9 +52,13 @@ run_case() {
   local before after; read -ra before <<<"$(usage "$receiver_pid")"
   local report; report=$(loadgen "$dir" --connections "$connections" "$@")
   read -ra after <<<"$(usage "$receiver_pid")"
+  # Claims per group commit: the batches' size decides how many pages each claim writes.
+  local sum count batch=null
+  sum=$(metric sume_ledger_batch_size_sum); count=$(metric sume_ledger_batch_size_count)
+  [ -n "$count" ] && [ "${count%.*}" != 0 ] && batch=$(python3 -c "print($sum / $count)")
   local rss; rss=$(stop_receiver)
-  local server_usage="[${before[0]}, ${before[1]}, ${after[0]}, ${after[1]}]"
-  echo "{\"name\": \"$name\", \"connections\": $connections, \"rss_kib\": $rss, \"server_usage\": $server_usage, \"report\": $report}" >> "$results"
+  local server_usage="[${before[0]}, ${before[1]}, ${after[0]}, ${after[1]}, ${before[2]}, ${after[2]}]"
+  echo "{\"name\": \"$name\", \"connections\": $connections, \"rss_kib\": $rss, \"server_usage\": $server_usage, \"mean_batch\": $batch, \"report\": $report}" >> "$results"
   local summary
   summary=$(tail -1 "$results" | python3 -c "import json,sys; r=json.load(sys.stdin); p=r['report']; n=max(1,p['sent']); u=r['server_usage']; print('%.0f/s p99 %.2f ms, %.1f us CPU and %.2f switches per request; ledger check %s' % (p['per_second'], p['p99_ms'], (u[2]-u[0])/n, (u[3]-u[1])/n, p['ledger_check']))")
   echo "  $name: $summary; peak RSS ${rss} KiB" >&2
@@ -195,6 +201,9 @@ common=(--requests "$REQUESTS" --duration "$DURATION" --body-bytes "$BODY_BYTES"
 echo "sume-receiver benchmark: C=$CONNECTIONS B=$BODY_BYTES D=$DUP_RATIO, $DURATION or $REQUESTS requests per case" >&2
 run_alone "0-sqlite-alone"        ""      -- "${common[@]}" --dup-ratio "$DUP_RATIO"
 run_alone "0-sqlite-alone-prefilled" prefill -- "${common[@]}" --dup-ratio "$DUP_RATIO"
+# Duplicates only, through the writer's claim loop: what one indexed look-up of a claimed
+# job_id costs the storage side (the floor of case 6).
+run_alone "0d-sqlite-alone-duplicates" claim_first -- "${common[@]}" --dup-ratio 1 --tag dupset --existing "$DUP_SET"
 START=start_http_floor run_case "h-http-floor" '' "$CONNECTIONS" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO" --no-check
 run_case "1-ceiling-healthz"      ''                         "$CONNECTIONS" "" -- "${common[@]}" --healthz
 run_case "2-full-group-commit"    ''                         "$CONNECTIONS" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
@@ -239,16 +248,23 @@ def cpu(r):
     if "-alone" in r["name"]:
         return p["own_cpu_us_per_request"], p["own_context_switches_per_request"]
     return float("nan"), float("nan")  # two receivers: not measured per process here
-print(f"\n{'case':<26}{'C':>5}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'RSS MiB':>9}{'CPU us':>8}{'ctx sw':>8}  statuses")
+def batch(r):
+    """Claims per group commit over the case (receiver cases on SQLite)."""
+    return "-" if r.get("mean_batch") is None else f"{r['mean_batch']:.1f}"
+def written_kib(r):
+    """KiB the receiver handed to write calls per request (WAL frames, checkpoints, answers)."""
+    u = r.get("server_usage", [])
+    return (u[5] - u[4]) / 1024 / max(1, r["report"]["sent"]) if len(u) == 6 else float("nan")
+print(f"\n{'case':<26}{'C':>5}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'RSS MiB':>9}{'CPU us':>8}{'ctx sw':>8}{'KiB wr':>8}{'batch':>7}  statuses")
 for r in rows:
     p = r["report"]
     statuses = ",".join(f"{k}:{v}" for k, v in p["statuses"].items())
     rss = "-" if r["rss_kib"] is None else f"{r['rss_kib']/1024:.1f}"
     us, switches = cpu(r)
     print(f"{r['name']:<26}{r['connections']:>5}{p['per_second']:>10.0f}{p['p50_ms']:>9.2f}{p['p90_ms']:>9.2f}"
-          f"{p['p99_ms']:>9.2f}{p['max_ms']:>9.2f}{rss:>9}{us:>8.1f}{switches:>8.2f}  {statuses}")
+          f"{p['p99_ms']:>9.2f}{p['max_ms']:>9.2f}{rss:>9}{us:>8.1f}{switches:>8.2f}{written_kib(r):>8.2f}{batch(r):>7}  {statuses}")
 print("(sqlite-alone rows: claims/s; a claim's latency runs from its batch's start until the loop sees its answer, after committing the next batch)")
-print("(CPU us, ctx sw: per request, of the receiver's whole process; of the load generator's for the -alone rows)")
+print("(CPU us, ctx sw: per request, of the receiver's whole process; of the load generator's for the -alone rows; KiB wr: written per request by the receiver; batch: claims per group commit)")
 print(f"\n{'work case':<26}{'handler concurrency':>20}{'jobs':>9}{'jobs/s':>9}{'RSS MiB':>9}")
 for r in work.values():
     print(f"{r['name']:<26}{r['concurrency']:>20}{r['jobs']:>9}{r['jobs_per_second']:>9.0f}{r['rss_kib']/1024:>9.1f}")
@@ -259,6 +275,12 @@ floors = cpu(next(r for r in rows if r["name"] == "h-http-floor"))[0] + cpu(next
 full = next(r for r in rows if r["name"] == "2-full-group-commit")
 print(f"CPU per delivery, full path / (HTTP floor + SQLite alone): {cpu(full)[0]:.1f} / {floors:.1f} us = {cpu(full)[0] / floors:.2f}  (target <= 1.3)")
 named = {r["name"]: r for r in rows}
+dup_floors = cpu(named["h-http-floor"])[0] + cpu(named["0d-sqlite-alone-duplicates"])[0]
+print(f"CPU per delivery, duplicates only / (HTTP floor + SQLite alone, duplicates): {cpu(named['6-duplicates-only'])[0]:.1f} / {dup_floors:.1f} us = {cpu(named['6-duplicates-only'])[0] / dup_floors:.2f}  (target <= 1.2)")
+if "p0-postgres-alone" in named:
+    pg_floors = cpu(named["h-http-floor"])[0] + cpu(named["p0-postgres-alone"])[0]
+    pg = cpu(named["p2-postgres-1-receiver"])[0]
+    print(f"CPU per delivery, PostgreSQL full path (receiver only) / (HTTP floor + PostgreSQL alone's claim side): {pg:.1f} / {pg_floors:.1f} us = {pg / pg_floors:.2f}  (target <= 1.3)")
 for name in named:
     if name.startswith("sweep-full-c"):
         c = name.rsplit("-c", 1)[1]
