@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::failure::{self, Cause, Failure};
 use super::jobs::insert_claim;
-use super::wal_sync::{Answerer, Completion, SyncWal, WalSyncer};
+use super::wal_sync::{Answerer, ClaimReply, Completion, SyncWal, WalSyncer};
 use crate::ledger::error::StorageError;
 use crate::ledger::model::{now_ms, ClaimOutcome, NewClaim};
 use crate::throttle::Throttled;
@@ -30,9 +30,35 @@ use crate::throttle::Throttled;
 /// otherwise pile up.
 pub const QUEUE_CAPACITY: usize = 1024;
 
-/// Runs one caller's change inside the open transaction (`None` when it could not run: the
+/// One caller's change, run inside the open transaction by [`BatchItem::run`].
+enum BatchItem {
+    /// A claim, carried as data: no allocation of its own per delivery.
+    Claim(NewClaim, ClaimReply),
+    Change(Change),
+}
+
+/// Any other change, run in the open transaction (`None` when it could not run: the
 /// transaction did not begin, or SQLite already rolled it back).
-type BatchItem = Box<dyn FnOnce(Option<&Connection>) -> Completion + Send>;
+type Change = Box<dyn FnOnce(Option<&Connection>) -> Completion + Send>;
+
+impl BatchItem {
+    fn run(self, conn: Option<&Connection>) -> Completion {
+        match self {
+            // One `INSERT ... ON CONFLICT DO NOTHING`, which SQLite applies all or nothing by
+            // itself: a savepoint would only cost time.
+            BatchItem::Claim(claim, reply) => {
+                let outcome = match conn {
+                    Some(conn) => insert_claim(conn, &claim, now_ms()).map_err(StorageError::from),
+                    // Never sent: a batch whose items could not run does not commit, and the
+                    // caller hears why it did not.
+                    None => Err(StorageError::Closed),
+                };
+                Completion::Claim(reply, outcome)
+            }
+            BatchItem::Change(change) => change(conn),
+        }
+    }
+}
 
 pub(super) struct Writer {
     queue: mpsc::Sender<BatchItem>,
@@ -97,7 +123,7 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        let (item, answer) = batch_item(op, Isolation::Savepoint);
+        let (item, answer) = change_item(op);
         self.queue
             .send(item)
             .await
@@ -133,43 +159,30 @@ impl Writer {
         self.stopping.store(true, Ordering::SeqCst);
         // Wakes a thread waiting for work. A full queue needs no wake-up: the thread checks
         // the flag after each batch.
-        let _ = self.queue.try_send(Box::new(|_| Box::new(|_| ())));
+        let wake = |_: Option<&Connection>| Completion::Change(Box::new(|_| ()));
+        let _ = self.queue.try_send(BatchItem::Change(Box::new(wake)));
     }
 }
 
-/// How one caller's change is kept from undoing the others in its batch when it fails.
-#[derive(Clone, Copy)]
-enum Isolation {
-    /// Several statements: a savepoint undoes only this caller's on failure.
-    Savepoint,
-    /// One statement, which SQLite already applies all or nothing: a savepoint would only cost
-    /// time (a claim is one `INSERT ... ON CONFLICT DO NOTHING`).
-    SingleStatement,
-}
-
-fn batch_item<T, F>(
-    op: F,
-    isolation: Isolation,
-) -> (BatchItem, oneshot::Receiver<Result<T, StorageError>>)
+/// A change of several statements as a batch item: a savepoint undoes only this caller's
+/// statements when it fails, not the batch.
+fn change_item<T, F>(op: F) -> (BatchItem, oneshot::Receiver<Result<T, StorageError>>)
 where
     T: Send + 'static,
     F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
 {
     let (reply, answer) = oneshot::channel();
-    let item: BatchItem = Box::new(move |conn| {
-        let result = conn.map(|conn| match isolation {
-            Isolation::Savepoint => run_in_savepoint(conn, op),
-            Isolation::SingleStatement => op(conn).map_err(StorageError::from),
-        });
-        Box::new(move |committed| {
+    let item = BatchItem::Change(Box::new(move |conn| {
+        let result = conn.map(|conn| run_in_savepoint(conn, op));
+        Completion::Change(Box::new(move |committed| {
             let outcome = match (committed, result) {
                 (Ok(()), Some(result)) => result,
                 (Err(error), _) => Err(error),
                 (Ok(()), None) => unreachable!("a batch that did not run cannot commit"),
             };
             let _ = reply.send(outcome);
-        })
-    });
+        }))
+    }));
     (item, answer)
 }
 
@@ -194,17 +207,14 @@ fn run_in_savepoint<T>(
     }
 }
 
-/// A claim as a batch item: one `INSERT ... ON CONFLICT DO NOTHING`, so no savepoint.
 fn claim_item(
     claim: NewClaim,
 ) -> (
     BatchItem,
     oneshot::Receiver<Result<ClaimOutcome, StorageError>>,
 ) {
-    batch_item(
-        move |conn| insert_claim(conn, &claim, now_ms()),
-        Isolation::SingleStatement,
-    )
+    let (reply, answer) = oneshot::channel();
+    (BatchItem::Claim(claim, reply), answer)
 }
 
 /// Answers committed batches: at once, or through the WAL syncer when there is one; never
@@ -375,7 +385,7 @@ fn commit_batch(
                 // transaction of its own and its RELEASE commit it, while the batch is reported
                 // as failed: so once we are out of the transaction, nothing else runs.
                 let in_transaction = !conn.is_autocommit();
-                completions.push(item(in_transaction.then_some(conn)));
+                completions.push(item.run(in_transaction.then_some(conn)));
             }
             let committed = if conn.is_autocommit() {
                 Err(StorageError::Unavailable(
@@ -401,7 +411,7 @@ fn commit_batch(
             (completions, committed)
         }
         Err(error) => (
-            batch.map(|item| item(None)).collect::<Vec<_>>(),
+            batch.map(|item| item.run(None)).collect::<Vec<_>>(),
             Err(error.into()),
         ),
     };
