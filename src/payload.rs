@@ -67,22 +67,56 @@ impl<'de> Visitor<'de> for KeyFieldsVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut fields = KeyFields::default();
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            let slot = match key.as_ref() {
-                "job_id" => &mut fields.job_id,
-                "type" => &mut fields.type_,
-                "event" => &mut fields.event,
-                _ => {
+        while let Some(key) = map.next_key::<Key>()? {
+            let (slot, name) = match key {
+                Key::JobId => (&mut fields.job_id, "job_id"),
+                Key::Type => (&mut fields.type_, "type"),
+                Key::Event => (&mut fields.event, "event"),
+                Key::Other => {
                     map.next_value::<IgnoredAny>()?;
                     continue;
                 }
             };
             if slot.is_some() {
-                return Err(de::Error::custom(format_args!("duplicate key `{key}`")));
+                return Err(de::Error::custom(format_args!("duplicate key `{name}`")));
             }
             *slot = Some(map.next_value()?);
         }
         Ok(fields)
+    }
+}
+
+/// A top-level key, told apart without keeping it (serde's `Cow<str>` would copy every key).
+enum Key {
+    JobId,
+    Type,
+    Event,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+struct KeyVisitor;
+
+impl Visitor<'_> for KeyVisitor {
+    type Value = Key;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("an object key")
+    }
+
+    /// Escaped keys arrive here too, unescaped: `"job\u005fid"` is `job_id`.
+    fn visit_str<E>(self, key: &str) -> Result<Key, E> {
+        Ok(match key {
+            "job_id" => Key::JobId,
+            "type" => Key::Type,
+            "event" => Key::Event,
+            _ => Key::Other,
+        })
     }
 }
 
