@@ -16,6 +16,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0002_expected_jobs.sql"),
     include_str!("../../../migrations/sqlite/0003_history.sql"),
     include_str!("../../../migrations/sqlite/0004_job_counts.sql"),
+    include_str!("../../../migrations/sqlite/0005_checks_without_in_lists.sql"),
 ];
 
 /// The WAL file is truncated back to this size when it rewinds. Above the size it reaches in
@@ -234,6 +235,12 @@ fn migrate(conn: &mut Connection, path: &Path, version: usize) -> anyhow::Result
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         tx.execute_batch(sql)
             .with_context(|| format!("migration {} failed on {}", index + 1, path.display()))?;
+        // A migration may edit sqlite_schema in place (0005), which SQLite does not count as
+        // a schema change; its procedure for such edits bumps the schema version, so that
+        // connections that read the schema before read it again. After any other migration
+        // it is merely one more.
+        let schema_version: i64 = tx.query_row("PRAGMA schema_version", [], |row| row.get(0))?;
+        tx.pragma_update(None, "schema_version", schema_version + 1)?;
         tx.pragma_update(None, "user_version", (index + 1) as i64)?;
         tx.commit()?;
         tracing::info!(version = index + 1, "applied schema migration");
@@ -286,6 +293,74 @@ mod tests {
             .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
             .unwrap();
         assert_eq!(auto_vacuum, 2, "2 = incremental");
+    }
+
+    /// The opcodes SQLite compiles `sql` to.
+    fn program(conn: &Connection, sql: &str) -> Vec<String> {
+        let mut statement = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
+        let opcodes = statement.query_map([], |row| row.get(1)).unwrap();
+        opcodes.collect::<Result<_, _>>().unwrap()
+    }
+
+    const CLAIM: &str = "INSERT INTO jobs (job_id, state, source, body, received_at, \
+         next_attempt_at, updated_at) VALUES ('j1', 'claimed', 'webhook', '{}', 1, 1, 1) \
+         ON CONFLICT (job_id) DO NOTHING";
+    const ATTEMPT_END: &str = "UPDATE job_attempts SET outcome = 'done' WHERE id = 1";
+
+    /// Regression: `state IN (...)` in the jobs CHECK made every claim build a temporary
+    /// B-tree (migration 0005). A ledger migrated from version 4 keeps its rows and its checks,
+    /// for the connection that migrated it and for the next one.
+    #[test]
+    fn checks_build_no_temporary_table_and_still_refuse_what_they_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = test_config(dir.path());
+        let mut conn = open_connection(&config.path, &config, OpenFlags::default()).unwrap();
+        for sql in &MIGRATIONS[..4] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.execute_batch(&format!(
+            "PRAGMA user_version = 4; {CLAIM}; INSERT INTO job_attempts \
+             (id, job_id, number, cause, started_at) VALUES (1, 'j1', 1, 'first', 1);"
+        ))
+        .unwrap();
+        assert!(program(&conn, CLAIM).contains(&"OpenEphemeral".to_owned()));
+
+        migrate(&mut conn, &config.path, 4).unwrap();
+        let other = open_connection(&config.path, &config, OpenFlags::default()).unwrap();
+        for conn in [&conn, &other] {
+            // A statement that runs (EXPLAIN does not) checks the schema version: the one the
+            // migration bumped, so that this connection, which read the schema before, reads it
+            // again.
+            let jobs: i64 = conn
+                .query_row("SELECT count(*) FROM jobs", [], |row| row.get(0))
+                .unwrap();
+            assert_eq!(jobs, 1);
+            for sql in [CLAIM, ATTEMPT_END] {
+                let program = program(conn, sql);
+                assert!(
+                    !program.contains(&"OpenEphemeral".to_owned()),
+                    "{sql}: {program:?}"
+                );
+            }
+            let refused = |sql: &str| conn.execute_batch(sql).unwrap_err().to_string();
+            let bad_state = refused("UPDATE jobs SET state = 'finished' WHERE job_id = 'j1'");
+            assert!(bad_state.contains("CHECK constraint failed"), "{bad_state}");
+            let bad_outcome = refused("UPDATE job_attempts SET outcome = 'ok' WHERE id = 1");
+            assert!(
+                bad_outcome.contains("CHECK constraint failed"),
+                "{bad_outcome}"
+            );
+            conn.execute_batch(&format!("{ATTEMPT_END}; UPDATE jobs SET state = 'done'"))
+                .unwrap();
+        }
+        let (jobs, check): (i64, String) = conn
+            .query_row(
+                "SELECT (SELECT count(*) FROM jobs), (SELECT quick_check FROM pragma_quick_check)",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((jobs, check.as_str()), (1, "ok"));
     }
 
     #[test]
