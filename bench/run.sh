@@ -62,6 +62,7 @@ run_case() {
   local summary
   summary=$(tail -1 "$results" | python3 -c "import json,sys; r=json.load(sys.stdin); p=r['report']; n=max(1,p['sent']); u=r['server_usage']; print('%.0f/s p99 %.2f ms, %.1f us CPU and %.2f switches per request; ledger check %s' % (p['per_second'], p['p99_ms'], (u[2]-u[0])/n, (u[3]-u[1])/n, p['ledger_check']))")
   echo "  $name: $summary; peak RSS ${rss} KiB" >&2
+  rm -rf "$dir"   # a full run's ledgers would take about 8 GB by its end
 }
 
 # run_alone NAME [prepare-function] -- LOADGEN_ARGS...: the writer's claim loop, no receiver.
@@ -74,6 +75,7 @@ run_alone() {
   local report; report=$(loadgen "$dir" --sqlite-alone --connections "$connections" "$@")
   echo "{\"name\": \"$name\", \"connections\": $connections, \"rss_kib\": null, \"report\": $report}" >> "$results"
   echo "$report" | python3 -c "import json,sys; r=json.load(sys.stdin); print('  $name: %.0f claims/s, commit p99 %.2f ms; ledger check %s' % (r['per_second'], r['p99_ms'], r['ledger_check']))" >&2
+  rm -rf "$dir"
 }
 
 # Jobs a trivial handler (`true`) finished per second: the span from the first to the last
@@ -132,6 +134,7 @@ record_work() {  # NAME CONCURRENCY DIR RSS
   local done_and_rate; done_and_rate=$(jobs_per_second "$3")
   echo "{\"name\": \"$1\", \"concurrency\": $2, \"rss_kib\": $4, \"jobs\": ${done_and_rate%%|*}, \"jobs_per_second\": ${done_and_rate##*|}}" >> "$work/work.jsonl"
   echo "  $1: ${done_and_rate%%|*} jobs at ${done_and_rate##*|}/s; peak RSS $4 KiB" >&2
+  rm -rf "$3"
 }
 
 # A ledger that already holds $PREFILL finished jobs with ~1 KiB bodies and random job_ids,
