@@ -236,6 +236,25 @@ mod tests {
         assert_eq!(event_type(r#"{"type":null}"#), None);
     }
 
+    /// A stranger's body is verified before it is read, but a bug on Sume's side must not
+    /// crash us either: skipped values are walked without recursion, however deep (within
+    /// `max_body_bytes`), so no nesting can overflow the stack.
+    #[test]
+    fn deep_nesting_is_skipped_without_recursing() {
+        let depth = 1_000_000;
+        let nested = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let deep = format!(r#"{{"x":{nested},"job_id":"a","y":{{"z":{nested}}}}}"#);
+        assert_eq!(
+            KeyFields::read(&deep).unwrap().job_id,
+            Some(Field::Text("a".into()))
+        );
+        let in_job_id = format!(r#"{{"job_id":{nested}}}"#);
+        assert_eq!(
+            KeyFields::read(&in_job_id).unwrap().job_id,
+            Some(Field::Other)
+        );
+    }
+
     #[test]
     fn anything_but_one_object_is_refused() {
         for text in [

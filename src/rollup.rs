@@ -224,44 +224,41 @@ impl Rollup {
         self.last_hour_at(this_minute())
     }
 
+    /// `read` of each minute of the hour up to `now`, oldest first (`None`: nothing recorded).
+    fn each_minute<T>(&self, now: i64, read: impl Fn(Option<&Bucket>) -> T) -> Vec<T> {
+        (now - MINUTES as i64 + 1..=now)
+            .map(|minute| read(self.bucket(minute)))
+            .collect()
+    }
+
     fn last_hour_at(&self, now: i64) -> LastHour {
         let series = Series::ALL
             .iter()
             .map(|series| {
-                let counts = (now - MINUTES as i64 + 1..=now)
-                    .map(|minute| {
-                        self.bucket(minute)
-                            .map_or(0, |bucket| bucket.counts[*series as usize].load(Relaxed))
-                    })
-                    .collect();
+                let counts = self.each_minute(now, |bucket| {
+                    bucket.map_or(0, |bucket| bucket.counts[*series as usize].load(Relaxed))
+                });
                 (series.label(), counts)
             })
             .collect();
-        let max_skew_secs = (now - MINUTES as i64 + 1..=now)
-            .map(|minute| {
-                self.bucket(minute)
-                    .map_or(0, |bucket| bucket.max_skew.load(Relaxed))
-            })
-            .collect();
+        let max_skew_secs = self.each_minute(now, |bucket| {
+            bucket.map_or(0, |bucket| bucket.max_skew.load(Relaxed))
+        });
         let timings = Timing::ALL
             .iter()
             .map(|timing| {
-                let minutes = (now - MINUTES as i64 + 1..=now)
-                    .map(|minute| {
-                        self.bucket(minute)
-                            .map_or_else(MinuteTiming::default, |bucket| {
-                                let durations = &bucket.timings[*timing as usize];
-                                let count = durations.count.load(Relaxed);
-                                let ms = |micros: u64| micros as f64 / 1000.0;
-                                MinuteTiming {
-                                    count,
-                                    mean_ms: ms(durations.total_us.load(Relaxed))
-                                        / count.max(1) as f64,
-                                    max_ms: ms(durations.max_us.load(Relaxed)),
-                                }
-                            })
+                let minutes = self.each_minute(now, |bucket| {
+                    bucket.map_or_else(MinuteTiming::default, |bucket| {
+                        let durations = &bucket.timings[*timing as usize];
+                        let count = durations.count.load(Relaxed);
+                        let ms = |micros: u64| micros as f64 / 1000.0;
+                        MinuteTiming {
+                            count,
+                            mean_ms: ms(durations.total_us.load(Relaxed)) / count.max(1) as f64,
+                            max_ms: ms(durations.max_us.load(Relaxed)),
+                        }
                     })
-                    .collect();
+                });
                 (timing.label(), minutes)
             })
             .collect();

@@ -309,7 +309,9 @@ mod tests {
 
     /// Regression: `state IN (...)` in the jobs CHECK made every claim build a temporary
     /// B-tree (migration 0005). A ledger migrated from version 4 keeps its rows and its checks,
-    /// for the connection that migrated it and for the next one.
+    /// for the connection that migrated it and for one that had read the schema before (a
+    /// `sqlite3` shell left open over an upgrade): without the schema version's bump, that one
+    /// kept the old text.
     #[test]
     fn checks_build_no_temporary_table_and_still_refuse_what_they_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -324,13 +326,15 @@ mod tests {
         ))
         .unwrap();
         assert!(program(&conn, CLAIM).contains(&"OpenEphemeral".to_owned()));
+        let other = open_connection(&config.path, &config, OpenFlags::default()).unwrap();
+        other
+            .query_row("SELECT count(*) FROM jobs", [], |_| Ok(()))
+            .unwrap();
 
         migrate(&mut conn, &config.path, 4).unwrap();
-        let other = open_connection(&config.path, &config, OpenFlags::default()).unwrap();
         for conn in [&conn, &other] {
-            // A statement that runs (EXPLAIN does not) checks the schema version: the one the
-            // migration bumped, so that this connection, which read the schema before, reads it
-            // again.
+            // A statement that runs (EXPLAIN does not) checks the schema version, and finds the
+            // migration's bump.
             let jobs: i64 = conn
                 .query_row("SELECT count(*) FROM jobs", [], |row| row.get(0))
                 .unwrap();

@@ -29,7 +29,6 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
-
 use tokio::sync::oneshot;
 
 use super::failure::{Cause, Failure};

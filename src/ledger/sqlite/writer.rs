@@ -207,6 +207,7 @@ fn run_in_savepoint<T>(
     }
 }
 
+/// A claim as a batch item, and where its outcome will come.
 fn claim_item(
     claim: NewClaim,
 ) -> (
