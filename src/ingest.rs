@@ -21,6 +21,7 @@ use crate::ledger::{ClaimOutcome, Ledger, NewClaim, Source, StorageError};
 use crate::logging::Escaped;
 use crate::metrics::{DeliveryOutcome, METRICS};
 use crate::payload::{Field, KeyFields};
+use crate::raw_body::RawBody;
 use crate::refusals::Refusals;
 use crate::rollup::ROLLUP;
 use crate::signature::{self, SignatureError, SignedHeaders};
@@ -209,7 +210,7 @@ pub fn check_delivery<S: AsRef<[u8]>>(
         });
     }
     prechecked.signed.verify(secrets, body)?;
-    parse_claim(body.to_vec())
+    parse_claim(Bytes::copy_from_slice(body))
 }
 
 /// Bytes of request bodies held in memory at once, over all connections. A delivery reserves
@@ -399,24 +400,39 @@ impl Ingest {
     }
 }
 
-/// Reads the body into one buffer of the reserved size; more than `limit` bytes (a chunked body
-/// that never declared its length) is refused as soon as it arrives.
+/// Reads the body: a body that arrives in one piece (the usual case) is that piece of the
+/// connection's read buffer, not a copy; one in several pieces is joined into one buffer of the
+/// reserved size. More than `limit` bytes (a chunked body that never declared its length) is
+/// refused as soon as it arrives.
 async fn read_body(
     mut body: Incoming,
     reserved: usize,
     limit: usize,
-) -> Result<Vec<u8>, IngestError> {
-    let mut bytes = Vec::with_capacity(reserved);
+) -> Result<Bytes, IngestError> {
+    let mut first: Option<Bytes> = None;
+    let mut joined = Vec::new();
+    let mut length = 0;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|error| IngestError::BodyRead(error.to_string()))?;
-        if let Ok(data) = frame.into_data() {
-            if bytes.len() + data.len() > limit {
-                return Err(IngestError::TooLarge { limit });
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        length += data.len();
+        if length > limit {
+            return Err(IngestError::TooLarge { limit });
+        }
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            earlier => {
+                if let Some(earlier) = earlier {
+                    joined.reserve_exact(reserved.max(length));
+                    joined.extend_from_slice(&earlier);
+                }
+                joined.extend_from_slice(&data);
             }
-            bytes.extend_from_slice(&data);
         }
     }
-    Ok(bytes)
+    Ok(first.unwrap_or_else(|| Bytes::from(joined)))
 }
 
 /// A duration in milliseconds to the microsecond, for log lines (`0.024`, not
@@ -432,12 +448,12 @@ fn unix_now() -> i64 {
 }
 
 /// Reads the fields we key on from a verified body; the body itself is stored verbatim.
-pub fn parse_claim(body: Vec<u8>) -> Result<NewClaim, IngestError> {
+pub fn parse_claim(body: Bytes) -> Result<NewClaim, IngestError> {
     let bad = |reason: String| IngestError::BadPayload(reason);
-    let text = String::from_utf8(body).map_err(|_| bad("body is not UTF-8".into()))?;
+    let body = RawBody::from_utf8(body).map_err(|_| bad("body is not UTF-8".into()))?;
     let (job_id, event_type) = {
         let fields =
-            KeyFields::read(&text).map_err(|e| bad(format!("body is not a JSON object: {e}")))?;
+            KeyFields::read(&body).map_err(|e| bad(format!("body is not a JSON object: {e}")))?;
         let job_id = match &fields.job_id {
             None | Some(Field::Null) => return Err(bad("job_id is missing".into())),
             Some(Field::Text(id)) => JobId::parse(id).map_err(|error| bad(error.to_string()))?,
@@ -449,7 +465,7 @@ pub fn parse_claim(body: Vec<u8>) -> Result<NewClaim, IngestError> {
     Ok(NewClaim {
         job_id,
         event_type,
-        body: text,
+        body,
         source: Source::Webhook,
     })
 }
@@ -472,7 +488,7 @@ mod tests {
     }
 
     fn parse(body: &str) -> Result<NewClaim, IngestError> {
-        parse_claim(body.as_bytes().to_vec())
+        parse_claim(Bytes::copy_from_slice(body.as_bytes()))
     }
 
     fn reason(body: &str) -> String {
@@ -543,7 +559,7 @@ mod tests {
     fn refuses_non_objects() {
         assert!(reason("[\"job_id\"]").contains("not a JSON object"));
         assert!(reason("not json").contains("not a JSON object"));
-        assert!(parse_claim(vec![0xff, 0xfe])
+        assert!(parse_claim(Bytes::from_static(&[0xff, 0xfe]))
             .unwrap_err()
             .to_string()
             .contains("UTF-8"));

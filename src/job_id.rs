@@ -6,14 +6,16 @@
 //! leave `/v1/jobs/{id}/` once a URL is normalised).
 
 use std::fmt;
+use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 pub const MAX_JOB_ID_BYTES: usize = 255;
 
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
-pub struct JobId(String);
+/// Shared, not copied: a delivery's id goes to the ledger's writer and stays with the request
+/// for its answer, and a clone is a reference count.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobId(Arc<str>);
 
 /// Why a text is not a job id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -43,7 +45,7 @@ impl JobId {
         if text == "." || text == ".." {
             return Err(JobIdError::DotSegment);
         }
-        Ok(JobId(text.to_owned()))
+        Ok(JobId(Arc::from(text)))
     }
 
     pub fn as_str(&self) -> &str {
@@ -96,9 +98,15 @@ impl fmt::Display for JobId {
     }
 }
 
+impl Serialize for JobId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
 impl rusqlite::ToSql for JobId {
     fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        self.0.to_sql()
+        self.as_str().to_sql()
     }
 }
 

@@ -29,6 +29,7 @@ mod metrics;
 mod notify;
 mod payload;
 mod process;
+pub mod raw_body;
 pub mod reconcile;
 mod refusals;
 mod repeat;

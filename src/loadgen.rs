@@ -433,7 +433,7 @@ impl Run {
         NewClaim {
             job_id: JobId::parse(&self.job_id(index)).expect("generated ids are valid"),
             event_type: Some(EventType::parse("job.completed").expect("a valid type")),
-            body: self.body(index),
+            body: self.body(index).into(),
             source: Source::Webhook,
         }
     }

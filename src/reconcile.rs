@@ -208,7 +208,7 @@ impl Reconciler {
         let claim = NewClaim {
             job_id: job_id.clone(),
             event_type: Some(event_type),
-            body,
+            body: body.into(),
             source: Source::Poll,
         };
         Ok(match METRICS.time_claim(self.ledger.claim(claim)).await? {

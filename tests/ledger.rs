@@ -11,7 +11,7 @@ use sume_receiver::ledger::{self, ClaimOutcome, Ledger, NewClaim, Source};
 
 fn claim(job_id: String) -> NewClaim {
     NewClaim {
-        body: job_body(&job_id),
+        body: job_body(&job_id).into(),
         job_id: JobId::parse(&job_id).unwrap(),
         event_type: None,
         source: Source::Webhook,
@@ -189,7 +189,7 @@ async fn nothing_of_a_batch_commits_after_sqlite_rolled_it_back() {
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     let big = NewClaim {
-        body: format!(r#"{{"job_id":"big","pad":"{}"}}"#, "x".repeat(1 << 20)),
+        body: format!(r#"{{"job_id":"big","pad":"{}"}}"#, "x".repeat(1 << 20)).into(),
         ..claim("big".into())
     };
     let mut batch = Vec::new();

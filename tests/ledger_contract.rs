@@ -18,7 +18,7 @@ fn new_claim(job_id: &str) -> NewClaim {
     NewClaim {
         job_id: JobId::parse(job_id).unwrap(),
         event_type: Some(ledger_event_type()),
-        body: job_body(job_id),
+        body: job_body(job_id).into(),
         source: Source::Webhook,
     }
 }

@@ -647,7 +647,7 @@ async fn the_counts_of_ended_sessions_are_folded_and_the_sums_kept() {
                     let claim = sume_receiver::ledger::NewClaim {
                         job_id: sume_receiver::job_id::JobId::parse(job_id).unwrap(),
                         event_type: None,
-                        body: job_body(job_id),
+                        body: job_body(job_id).into(),
                         source: sume_receiver::ledger::Source::Webhook,
                     };
                     ledger.claim(claim).await.unwrap();
@@ -956,7 +956,7 @@ async fn a_row_postgres_refuses_fails_only_its_own_claim() {
             let claim = |job_id: String, body: String| sume_receiver::ledger::NewClaim {
                 job_id: sume_receiver::job_id::JobId::parse(&job_id).unwrap(),
                 event_type: None,
-                body,
+                body: body.into(),
                 source: sume_receiver::ledger::Source::Webhook,
             };
             for round in 0..5 {

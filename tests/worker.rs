@@ -283,7 +283,7 @@ async fn sweep_once_takes_back_expired_leases() {
         let claim = NewClaim {
             job_id: JobId::parse(job_id).unwrap(),
             event_type: None,
-            body: job_body(job_id),
+            body: job_body(job_id).into(),
             source: Source::Webhook,
         };
         ledger.claim(claim).await.unwrap();

@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::error::StorageError;
 use crate::event_type::EventType;
 use crate::job_id::JobId;
+use crate::raw_body::RawBody;
 
 /// Milliseconds since the Unix epoch: the unit of every time column.
 pub fn now_ms() -> i64 {
@@ -100,7 +101,7 @@ impl Source {
 pub struct NewClaim {
     pub job_id: JobId,
     pub event_type: Option<EventType>,
-    pub body: String,
+    pub body: RawBody,
     pub source: Source,
 }
 

@@ -111,7 +111,7 @@ pub fn insert_claim(
             claim.job_id,
             claim.source.as_str(),
             claim.event_type.as_ref().map(EventType::as_str),
-            claim.body,
+            claim.body.as_str(),
             now
         ])?;
     Ok(if inserted == 1 {
