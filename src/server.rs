@@ -3,10 +3,12 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -15,7 +17,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::GracefulConnection;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -134,19 +136,34 @@ async fn metrics(ledger: &Ledger) -> Response<Full<Bytes>> {
 /// shedding them lets a real sender in at once. A connection inside a request is not shed; one
 /// whose head completes in the very instant it is picked may be, and its client sees a reset,
 /// never a 2xx (Sume retries).
-struct Idle {
+struct Open {
     epoch: Instant,
-    connections: Mutex<(u64, HashMap<u64, Arc<Waiting>>)>,
+    connections: Mutex<(u64, HashMap<u64, Arc<Tracked>>)>,
 }
 
-struct Waiting {
+/// One open connection, as the accept loop and the shutdown see it.
+struct Tracked {
     epoch: Instant,
     /// Microseconds since `epoch` when the connection began to wait; 0 inside a request.
     since: AtomicU64,
-    shed: CancellationToken,
+    /// What the server asks of the connection (an [`Ask`]); it only ever rises.
+    asked: AtomicU8,
+    /// The connection's task, woken when `asked` rises. Registering it is two atomic
+    /// operations per poll, where a cancellation token or a watch channel takes a lock each.
+    waker: AtomicWaker,
 }
 
-impl Waiting {
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Ask {
+    Nothing = 0,
+    /// Answer the request in progress, if any, then close (shutdown).
+    Drain = 1,
+    /// Close now (shed, or the shutdown grace is over).
+    Close = 2,
+}
+
+impl Tracked {
     fn in_request(&self) {
         self.since.store(0, Ordering::Relaxed);
     }
@@ -156,28 +173,62 @@ impl Waiting {
         self.since
             .store(micros.try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
     }
+
+    fn ask(&self, ask: Ask) {
+        self.asked.fetch_max(ask as u8, Ordering::SeqCst);
+        self.waker.wake();
+    }
+
+    fn asked(&self) -> Ask {
+        match self.asked.load(Ordering::SeqCst) {
+            0 => Ask::Nothing,
+            1 => Ask::Drain,
+            _ => Ask::Close,
+        }
+    }
+
+    /// Serves `connection` until it ends or is asked to close; asked to drain, it finishes
+    /// the request in progress (hyper's graceful shutdown of the connection).
+    async fn serve<C: GracefulConnection>(&self, connection: C) -> Result<(), C::Error> {
+        let mut connection = std::pin::pin!(connection);
+        let mut draining = false;
+        std::future::poll_fn(|cx| {
+            self.waker.register(cx.waker());
+            match self.asked() {
+                Ask::Close => return Poll::Ready(Ok(())),
+                Ask::Drain if !draining => {
+                    draining = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+                Ask::Drain | Ask::Nothing => {}
+            }
+            connection.as_mut().poll(cx)
+        })
+        .await
+    }
 }
 
-impl Idle {
-    fn new() -> Idle {
-        Idle {
+impl Open {
+    fn new() -> Open {
+        Open {
             epoch: Instant::now(),
             connections: Mutex::default(),
         }
     }
 
-    fn register(&self) -> (u64, Arc<Waiting>) {
-        let waiting = Arc::new(Waiting {
+    fn register(&self) -> (u64, Arc<Tracked>) {
+        let tracked = Arc::new(Tracked {
             epoch: self.epoch,
             since: AtomicU64::new(0),
-            shed: CancellationToken::new(),
+            asked: AtomicU8::new(Ask::Nothing as u8),
+            waker: AtomicWaker::new(),
         });
-        waiting.between_requests();
+        tracked.between_requests();
         let mut connections = self.connections.lock().expect("not poisoned");
         let (last_id, open) = &mut *connections;
         *last_id += 1;
-        open.insert(*last_id, waiting.clone());
-        (*last_id, waiting)
+        open.insert(*last_id, tracked.clone());
+        (*last_id, tracked)
     }
 
     fn unregister(&self, id: u64) {
@@ -190,17 +241,23 @@ impl Idle {
         let longest = connections
             .1
             .values()
-            .filter(|waiting| !waiting.shed.is_cancelled())
-            .filter_map(|waiting| {
-                let since = waiting.since.load(Ordering::Relaxed);
-                (since != 0).then_some((since, waiting))
+            .filter(|tracked| tracked.asked() != Ask::Close)
+            .filter_map(|tracked| {
+                let since = tracked.since.load(Ordering::Relaxed);
+                (since != 0).then_some((since, tracked))
             })
             .min_by_key(|(since, _)| *since);
-        let Some((_, waiting)) = longest else {
+        let Some((_, tracked)) = longest else {
             return false;
         };
-        waiting.shed.cancel();
+        tracked.ask(Ask::Close);
         true
+    }
+
+    fn ask_all(&self, ask: Ask) {
+        for tracked in self.connections.lock().expect("not poisoned").1.values() {
+            tracked.ask(ask);
+        }
     }
 }
 
@@ -212,7 +269,8 @@ pub fn error_response(status: StatusCode, message: &str) -> Response<Full<Bytes>
     json_response(status, &serde_json::json!({ "error": message }))
 }
 
-/// Serves until `shutdown`, then stops accepting and gives open connections `grace` to finish.
+/// Serves until `shutdown`, then stops accepting, lets each open connection finish the request
+/// it is in (one waiting for a request closes at once), and closes what is left after `grace`.
 pub async fn serve<R: Router>(
     listener: TcpListener,
     app: Arc<R>,
@@ -226,13 +284,12 @@ pub async fn serve<R: Router>(
         .max_headers(config.max_headers)
         .max_buf_size(config.max_header_bytes)
         .keep_alive(true);
-    let graceful = GracefulShutdown::new();
     // One permit per open connection. At the limit, a new connection takes the place of the
     // one that has waited longest for a request head (a slow or idle client; see `Idle`);
     // with every connection inside a request, it waits for one to end, and further ones wait
     // in the kernel's backlog (or are refused when it is full) instead of becoming tasks.
     let connections = Arc::new(Semaphore::new(config.max_connections));
-    let idle = Arc::new(Idle::new());
+    let open = Arc::new(Open::new());
     let mut accept_failures = Throttled::new("accept failed; backing off");
     loop {
         let (stream, peer) = tokio::select! {
@@ -243,7 +300,7 @@ pub async fn serve<R: Router>(
                     // Out of file descriptors (a hard limit below max_connections): the
                     // connection that has waited longest for a head makes room, as at the
                     // connection limit. Anything else: back off instead of spinning.
-                    if is_out_of_descriptors(&error) && idle.shed_longest_waiting() {
+                    if is_out_of_descriptors(&error) && open.shed_longest_waiting() {
                         METRICS.record_connection_shed();
                         tokio::time::sleep(SHED_PAUSE).await;
                     } else {
@@ -258,7 +315,7 @@ pub async fn serve<R: Router>(
         let permit = match connections.clone().try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => {
-                if idle.shed_longest_waiting() {
+                if open.shed_longest_waiting() {
                     METRICS.record_connection_shed();
                 }
                 tokio::select! {
@@ -268,40 +325,39 @@ pub async fn serve<R: Router>(
             }
         };
         let _ = stream.set_nodelay(true);
-        let (id, waiting) = idle.register();
+        let (id, tracked) = open.register();
         let app = app.clone();
         let service = service_fn({
-            let waiting = waiting.clone();
+            let tracked = tracked.clone();
             move |request| {
-                let (app, waiting) = (app.clone(), waiting.clone());
+                let (app, tracked) = (app.clone(), tracked.clone());
                 async move {
-                    waiting.in_request();
+                    tracked.in_request();
                     let response = app.route(request, peer).await;
-                    waiting.between_requests();
+                    tracked.between_requests();
                     Ok::<_, Infallible>(response)
                 }
             }
         });
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
-        let idle = idle.clone();
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        let open = open.clone();
         tokio::spawn(async move {
-            tokio::select! {
-                ended = connection => {
-                    if let Err(error) = ended {
-                        tracing::debug!(%error, "connection ended with an error");
-                    }
-                }
-                () = waiting.shed.cancelled() => {}
+            if let Err(error) = tracked.serve(connection).await {
+                tracing::debug!(%error, "connection ended with an error");
             }
-            idle.unregister(id);
+            open.unregister(id);
             drop(permit);
         });
     }
     drop(listener);
+    // Every permit back means every connection closed.
+    open.ask_all(Ask::Drain);
+    let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
     tokio::select! {
-        () = graceful.shutdown() => {}
+        _ = connections.acquire_many(all) => {}
         () = tokio::time::sleep(config.shutdown_grace) => {
             tracing::warn!("connections still open after the shutdown grace; closing them");
+            open.ask_all(Ask::Close);
         }
     }
 }

@@ -133,6 +133,89 @@ async fn stalled_body(server: &TestServer, length: usize) -> tokio::net::TcpStre
     stream
 }
 
+/// The head of a signed delivery of `body`, sent alone on a new connection.
+async fn delivery_head_sent(server: &TestServer, body: &str) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let timestamp = unix_now().to_string();
+    let entries = signature::sign(&[SECRET], &timestamp, body.as_bytes());
+    let head = format!(
+        "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\n{TIMESTAMP_HEADER}: {timestamp}\r\n\
+         {SIGNATURE_HEADER}: {entries}\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+/// Everything the server sends until it closes the connection (within 5 s).
+async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("the server closed the connection")
+        .unwrap_or_default();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// At shutdown, a delivery whose body is still arriving is read, claimed and answered (and its
+/// connection then closed), while a connection waiting for its next request closes at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn at_shutdown_a_delivery_in_progress_is_answered_and_idle_connections_close() {
+    let server = TestServer::start("").await;
+    let body = job_body("in-progress-at-shutdown");
+    let mut idle = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut sending = delivery_head_sent(&server, &body).await;
+    let (first, rest) = body.split_at(10);
+    sending.write_all(first.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let stopping = tokio::spawn(server.stop());
+    assert_eq!(read_until_closed(&mut idle).await, "");
+    assert!(!stopping.is_finished(), "the stop waits for the delivery");
+    sending.write_all(rest.as_bytes()).await.unwrap();
+    let answer = read_until_closed(&mut sending).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+
+    let (result, dir) = stopping.await.unwrap();
+    result.unwrap();
+    let ledger = rusqlite::Connection::open(dir.path().join("ledger.sqlite3")).unwrap();
+    let state: String = ledger
+        .query_row(
+            "SELECT state FROM jobs WHERE job_id = 'in-progress-at-shutdown'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(state, "claimed");
+}
+
+/// Regression: connections still open when the shutdown grace ran out were left open.
+#[tokio::test(flavor = "multi_thread")]
+async fn past_the_shutdown_grace_a_delivery_still_arriving_is_cut_off_unanswered() {
+    let server = TestServer::start("[server]\nshutdown_grace = \"1s\"\n").await;
+    let body = job_body("never-finished");
+    let mut sending = delivery_head_sent(&server, &body).await;
+    sending.write_all(&body.as_bytes()[..10]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let started = Instant::now();
+    let stopping = tokio::spawn(server.stop());
+    assert_eq!(read_until_closed(&mut sending).await, "");
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(900),
+        "closed after {elapsed:?}"
+    );
+    let (result, dir) = stopping.await.unwrap();
+    result.unwrap();
+    let ledger = rusqlite::Connection::open(dir.path().join("ledger.sqlite3")).unwrap();
+    let jobs: i64 = ledger
+        .query_row("SELECT count(*) FROM jobs", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(jobs, 0);
+}
+
 /// Regression: every body was read in full before the signature headers were looked at.
 #[tokio::test(flavor = "multi_thread")]
 async fn unsigned_requests_are_refused_before_their_body_is_read() {
