@@ -2,7 +2,7 @@
 # The ingest benchmark: the HTTP ceiling and the durable path side by side, in one run, on this
 # machine. Each case runs against a fresh receiver (fresh ledger, fresh peak RSS).
 #
-#   bench/run.sh            full run (~20 minutes): 15 s per case, C = 64, B = 1 KiB, D = 0.3,
+#   bench/run.sh            full run (~25 minutes): 15 s per case, C = 64, B = 1 KiB, D = 0.3,
 #                           a C sweep (with both floors at each C), a ledger pre-filled with
 #                           1,000,000 jobs, the HTTP floor (a bare hyper server), "SQLite alone"
 #                           (the writer's claim loop without HTTP: the limit), and the work
@@ -12,6 +12,7 @@
 # Knobs (environment): DURATION (15s), CONNECTIONS (64), DUP_RATIO (0.3), BODY_BYTES (1024),
 # PREFILL (1000000), SWEEP ("1 16 64 256"), WORK_JOBS (8000: below the in-memory queue's 10,000),
 # BACKLOG (100000), WORK_CONCURRENCY ("4 32"), ACCESS_LOG (false; the access log costs ~10 %),
+# ROUNDS (3) of ROUND_DURATION (8s): the interleaved rounds of the CPU ratios (below),
 # BIN (a prebuilt sume-receiver; default: build release), BENCH_POSTGRES_URL (a PostgreSQL
 # role that may create databases, for the PostgreSQL cases: "PostgreSQL alone", one receiver,
 # two receivers on one database; default SUME_TEST_POSTGRES_URL; without either they are skipped).
@@ -24,12 +25,13 @@ smoke=false
 if $smoke; then
   DURATION=${DURATION:-30s}; REQUESTS=${REQUESTS:-400}; CONNECTIONS=${CONNECTIONS:-8}
   PREFILL=${PREFILL:-2000}; SWEEP=${SWEEP:-"1 8"}; WORK_JOBS=${WORK_JOBS:-300}
-  BACKLOG=${BACKLOG:-1500}; WORK_CONCURRENCY=${WORK_CONCURRENCY:-"4"}
+  BACKLOG=${BACKLOG:-1500}; WORK_CONCURRENCY=${WORK_CONCURRENCY:-"4"}; ROUNDS=${ROUNDS:-1}
 else
   DURATION=${DURATION:-15s}; REQUESTS=${REQUESTS:-100000000}; CONNECTIONS=${CONNECTIONS:-64}
   PREFILL=${PREFILL:-1000000}; SWEEP=${SWEEP:-"1 16 64 256"}; WORK_JOBS=${WORK_JOBS:-8000}
-  BACKLOG=${BACKLOG:-100000}; WORK_CONCURRENCY=${WORK_CONCURRENCY:-"4 32"}
+  BACKLOG=${BACKLOG:-100000}; WORK_CONCURRENCY=${WORK_CONCURRENCY:-"4 32"}; ROUNDS=${ROUNDS:-3}
 fi
+ROUND_DURATION=${ROUND_DURATION:-8s}
 export ACCESS_LOG=${ACCESS_LOG:-false}
 # /metrics on the webhook listener, read once at the end of each case (the batch sizes).
 export SERVER_KEYS="expose_metrics = true"
@@ -221,6 +223,18 @@ for c in $SWEEP; do
   ALONE_CONNECTIONS=$c run_alone "sweep-sqlite-alone-c$c" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
 done
 
+# The CPU ratios once more, interleaved. The VM drifts by 10-15 % within minutes, and a ratio of
+# cases run minutes apart inherits that drift; each round runs the floors and the full paths
+# back to back and its ratios are taken within the round (the summary gives their median).
+round=(--requests "$REQUESTS" --duration "$ROUND_DURATION" --body-bytes "$BODY_BYTES")
+for r in $(seq "$ROUNDS"); do
+  START=start_http_floor run_case "round$r-h-http-floor" '' "$CONNECTIONS" "" -- "${round[@]}" --dup-ratio "$DUP_RATIO" --no-check
+  run_alone "round$r-0-sqlite-alone" "" -- "${round[@]}" --dup-ratio "$DUP_RATIO"
+  run_case "round$r-2-full-group-commit" '' "$CONNECTIONS" "" -- "${round[@]}" --dup-ratio "$DUP_RATIO"
+  run_alone "round$r-0d-sqlite-alone-duplicates" claim_first -- "${round[@]}" --dup-ratio 1 --tag dupset --existing "$DUP_SET"
+  run_case "round$r-6-duplicates-only" '' "$CONNECTIONS" claim_first -- "${round[@]}" --dup-ratio 1 --tag dupset --existing "$DUP_SET"
+done
+
 if [ -n "$BENCH_POSTGRES_URL" ]; then
   command -v psql >/dev/null || { echo "the PostgreSQL cases need psql (apt-get install postgresql-client)" >&2; exit 1; }
   run_postgres_alone "p0-postgres-alone"     -- "${common[@]}" --dup-ratio "$DUP_RATIO"
@@ -236,7 +250,7 @@ for c in $WORK_CONCURRENCY; do
 done
 
 python3 - "$results" "$work/work.jsonl" "$smoke" <<'PY'
-import json, sys
+import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 work = {r["name"]: r for r in (json.loads(line) for line in open(sys.argv[2]))}
 by = {r["name"]: r["report"] for r in rows}
@@ -260,6 +274,8 @@ def written_kib(r):
     return (u[5] - u[4]) / 1024 / max(1, r["report"]["sent"]) if len(u) == 6 else float("nan")
 print(f"\n{'case':<26}{'C':>5}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'RSS MiB':>9}{'CPU us':>8}{'ctx sw':>8}{'KiB wr':>8}{'batch':>7}  statuses")
 for r in rows:
+    if r["name"].startswith("round"):
+        continue
     p = r["report"]
     statuses = ",".join(f"{k}:{v}" for k, v in p["statuses"].items())
     rss = "-" if r["rss_kib"] is None else f"{r['rss_kib']/1024:.1f}"
@@ -289,6 +305,20 @@ for name in named:
         c = name.rsplit("-c", 1)[1]
         floors_c = cpu(named[f"sweep-http-floor-c{c}"])[0] + cpu(named[f"sweep-sqlite-alone-c{c}"])[0]
         print(f"  at C={c:<4} full / floors: {cpu(named[name])[0]:.1f} / {floors_c:.1f} us = {cpu(named[name])[0] / floors_c:.2f}")
+rounds = sorted({int(name[len("round"):].split("-")[0]) for name in named if name.startswith("round")})
+if rounds:
+    print(f"interleaved rounds (the floors and the full paths back to back, {len(rounds)} rounds):")
+    full_ratios, dup_ratios = [], []
+    for k in rounds:
+        us = lambda case: cpu(named[f"round{k}-{case}"])[0]
+        http, full, dups = us("h-http-floor"), us("2-full-group-commit"), us("6-duplicates-only")
+        alone, alone_dups = us("0-sqlite-alone"), us("0d-sqlite-alone-duplicates")
+        full_ratios.append(full / (http + alone))
+        dup_ratios.append(dups / (http + alone_dups))
+        print(f"  round {k}: full {full:.1f} / ({http:.1f} + {alone:.1f}) us = {full_ratios[-1]:.2f}; "
+              f"duplicates {dups:.1f} / ({http:.1f} + {alone_dups:.1f}) us = {dup_ratios[-1]:.2f}")
+    for what, values, target in (("full / floors", full_ratios, 1.3), ("duplicates / floors", dup_ratios, 1.2)):
+        print(f"  median {what}: {statistics.median(values):.2f} (range {min(values):.2f}-{max(values):.2f}; target <= {target})")
 print(f"(2)/(0) full path vs SQLite alone : {ratio('2-full-group-commit', '0-sqlite-alone'):.2f}  (target >= 0.8)")
 print(f"(5)/(2) 1M-job vs empty ledger   : {ratio('5-full-prefilled', '2-full-group-commit'):.2f}  (target >= 0.85)")
 print(f"(0p)/(0) SQLite alone, 1M vs empty: {ratio('0-sqlite-alone-prefilled', '0-sqlite-alone'):.2f}")
