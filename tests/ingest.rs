@@ -162,6 +162,7 @@ async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn at_shutdown_a_delivery_in_progress_is_answered_and_idle_connections_close() {
     let server = TestServer::start("").await;
+    let config = server.config.clone();
     let body = job_body("in-progress-at-shutdown");
     let mut idle = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let mut sending = delivery_head_sent(&server, &body).await;
@@ -177,23 +178,18 @@ async fn at_shutdown_a_delivery_in_progress_is_answered_and_idle_connections_clo
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("connection: close"), "{answer}");
 
-    let (result, dir) = stopping.await.unwrap();
+    let (result, _dir) = stopping.await.unwrap();
     result.unwrap();
-    let ledger = rusqlite::Connection::open(dir.path().join("ledger.sqlite3")).unwrap();
-    let state: String = ledger
-        .query_row(
-            "SELECT state FROM jobs WHERE job_id = 'in-progress-at-shutdown'",
-            [],
-            |row| row.get(0),
-        )
-        .unwrap();
-    assert_eq!(state, "claimed");
+    let sql = "SELECT state FROM jobs WHERE job_id = ?1";
+    let rows = ledger_rows(&config, sql, &["in-progress-at-shutdown"]);
+    assert_eq!(rows, vec![vec![serde_json::json!("claimed")]]);
 }
 
 /// Regression: connections still open when the shutdown grace ran out were left open.
 #[tokio::test(flavor = "multi_thread")]
 async fn past_the_shutdown_grace_a_delivery_still_arriving_is_cut_off_unanswered() {
     let server = TestServer::start("[server]\nshutdown_grace = \"1s\"\n").await;
+    let config = server.config.clone();
     let body = job_body("never-finished");
     let mut sending = delivery_head_sent(&server, &body).await;
     sending.write_all(&body.as_bytes()[..10]).await.unwrap();
@@ -207,13 +203,10 @@ async fn past_the_shutdown_grace_a_delivery_still_arriving_is_cut_off_unanswered
         elapsed >= Duration::from_millis(900),
         "closed after {elapsed:?}"
     );
-    let (result, dir) = stopping.await.unwrap();
+    let (result, _dir) = stopping.await.unwrap();
     result.unwrap();
-    let ledger = rusqlite::Connection::open(dir.path().join("ledger.sqlite3")).unwrap();
-    let jobs: i64 = ledger
-        .query_row("SELECT count(*) FROM jobs", [], |row| row.get(0))
-        .unwrap();
-    assert_eq!(jobs, 0);
+    let rows = ledger_rows(&config, "SELECT count(*) FROM jobs", &[]);
+    assert_eq!(rows, vec![vec![serde_json::json!(0)]]);
 }
 
 /// Regression: every body was read in full before the signature headers were looked at.
