@@ -52,12 +52,6 @@ impl fmt::Debug for RawBody {
     }
 }
 
-impl PartialEq<str> for RawBody {
-    fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
-    }
-}
-
 impl PartialEq<&str> for RawBody {
     fn eq(&self, other: &&str) -> bool {
         self.as_str() == *other
