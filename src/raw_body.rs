@@ -1,8 +1,10 @@
-//! A delivery's body exactly as it arrived: known to be UTF-8, stored verbatim, never copied.
+//! A delivery's body exactly as it arrived: known to be UTF-8, stored verbatim.
 //!
 //! The body of a webhook usually arrives in one piece, a slice of the connection's read buffer;
 //! keeping that slice instead of copying it into a `String` saves an allocation and a copy of
 //! every body on the request path, and the free of that copy on the ledger's writer thread.
+//! The slice keeps its read buffer (at most `server.max_header_bytes`, one per connection) until
+//! the claim is written; a body in several pieces is joined into a buffer of its own.
 
 use std::fmt;
 use std::ops::Deref;
