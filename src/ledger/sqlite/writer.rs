@@ -433,6 +433,7 @@ mod tests {
     use std::sync::mpsc as std_mpsc;
     use std::time::Duration;
 
+    use super::super::jobs::CLAIM_SQL;
     use super::super::wal_sync::held_sync;
     use super::*;
     use crate::config::SqliteConfig;
@@ -455,6 +456,40 @@ mod tests {
             body: "{}".into(),
             source: Source::Webhook,
         }
+    }
+
+    /// Regression: every claim made SQLite copy the pages it was about to change into a
+    /// statement journal (`CLAIM_SQL` says why). A statement may abort midway when its program
+    /// checks a constraint with ABORT (`Halt`/`HaltIfNull` with P2 = 2); the claim's checks are
+    /// FAIL (3), and still refuse what they refused, leaving nothing behind.
+    #[test]
+    fn a_claim_may_not_abort_midway_so_sqlite_journals_none_of_its_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let (writer, reader) = ledger(&dir);
+        let mut explain = writer.prepare(&format!("EXPLAIN {CLAIM_SQL}")).unwrap();
+        let checks: Vec<(String, i64)> = explain
+            .query_map([rusqlite::types::Null; 5], |row| {
+                Ok((row.get(1)?, row.get(2)?, row.get(3)?))
+            })
+            .unwrap()
+            .map(Result::unwrap)
+            .filter(|(opcode, code, _): &(String, i64, i64)| {
+                opcode.starts_with("Halt") && *code != 0
+            })
+            .map(|(opcode, _, on_error)| (opcode, on_error))
+            .collect();
+        assert!(!checks.is_empty());
+        assert!(
+            checks.iter().all(|(_, on_error)| *on_error == 3),
+            "{checks:?}"
+        );
+
+        writer.execute_batch("BEGIN").unwrap();
+        let no_time = rusqlite::params!["j1", "webhook", None::<String>, "{}", None::<i64>];
+        let refused = writer.execute(CLAIM_SQL, no_time).unwrap_err().to_string();
+        assert!(refused.contains("NOT NULL constraint failed"), "{refused}");
+        writer.execute_batch("COMMIT").unwrap();
+        assert!(!stored(&reader, "j1"));
     }
 
     fn stored(reader: &Connection, job_id: &str) -> bool {
