@@ -307,7 +307,7 @@ for name in named:
         print(f"  at C={c:<4} full / floors: {cpu(named[name])[0]:.1f} / {floors_c:.1f} us = {cpu(named[name])[0] / floors_c:.2f}")
 rounds = sorted({int(name[len("round"):].split("-")[0]) for name in named if name.startswith("round")})
 if rounds:
-    print(f"interleaved rounds (the floors and the full paths back to back, {len(rounds)} rounds):")
+    print(f"interleaved rounds (the floors and the full paths back to back; rounds: {len(rounds)}):")
     full_ratios, dup_ratios = [], []
     for k in rounds:
         us = lambda case: cpu(named[f"round{k}-{case}"])[0]

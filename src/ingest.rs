@@ -421,16 +421,15 @@ async fn read_body(
         if length > limit {
             return Err(IngestError::TooLarge { limit });
         }
-        match first.take() {
-            None if joined.is_empty() => first = Some(data),
-            earlier => {
-                if let Some(earlier) = earlier {
-                    joined.reserve_exact(reserved.max(length));
-                    joined.extend_from_slice(&earlier);
-                }
-                joined.extend_from_slice(&data);
-            }
+        if first.is_none() && joined.is_empty() {
+            first = Some(data);
+            continue;
         }
+        if let Some(earlier) = first.take() {
+            joined.reserve_exact(reserved.max(length));
+            joined.extend_from_slice(&earlier);
+        }
+        joined.extend_from_slice(&data);
     }
     Ok(first.unwrap_or_else(|| Bytes::from(joined)))
 }

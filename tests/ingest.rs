@@ -185,6 +185,27 @@ async fn at_shutdown_a_delivery_in_progress_is_answered_and_idle_connections_clo
     assert_eq!(rows, vec![vec![serde_json::json!("claimed")]]);
 }
 
+/// A body that arrives in several pieces is joined, and stored exactly as sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_arriving_in_pieces_is_stored_as_sent() {
+    let server = TestServer::start("").await;
+    let body = job_body("in-pieces");
+    let mut sending = delivery_head_sent(&server, &body).await;
+    for piece in body.as_bytes().chunks(body.len() / 3 + 1) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        sending.write_all(piece).await.unwrap();
+    }
+    let mut answer = vec![0u8; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(5), sending.read(&mut answer))
+        .await
+        .expect("answered")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let stored = server.rows("SELECT body FROM jobs WHERE job_id = ?1", &["in-pieces"]);
+    assert_eq!(stored, vec![vec![serde_json::json!(body)]]);
+}
+
 /// Regression: connections still open when the shutdown grace ran out were left open.
 #[tokio::test(flavor = "multi_thread")]
 async fn past_the_shutdown_grace_a_delivery_still_arriving_is_cut_off_unanswered() {

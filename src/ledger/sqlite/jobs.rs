@@ -101,7 +101,9 @@ pub const RETRY_REFUSAL_SQL: &str = "SELECT state, body IS NULL FROM jobs WHERE 
 /// abort midway. SQLite gives a statement a statement journal (a copy of every page it is about
 /// to change) when it may abort midway and may write more than one table, which the INSERT
 /// trigger of `job_counts` makes every INSERT into `jobs`: that copy cost every claim four
-/// pages of memcpy.
+/// pages of memcpy. Without it, a claim that runs out of disk or memory midway makes SQLite roll
+/// back the whole batch's transaction, not the claim alone; `commit_batch` sees that and answers
+/// every claim of the batch 503.
 pub const CLAIM_SQL: &str = "INSERT OR FAIL INTO jobs (job_id, state, source, event_type, body,
                                           received_at, next_attempt_at, updated_at)
      VALUES (?1, 'claimed', ?2, ?3, ?4, ?5, ?5, ?5)
