@@ -8,6 +8,7 @@ pub mod sume;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -43,15 +44,50 @@ pub enum Backend {
 /// The server where each test on PostgreSQL gets a database of its own.
 pub const POSTGRES_URL_VARIABLE: &str = "SUME_TEST_POSTGRES_URL";
 
+/// What [`Backend::run`] sets for a test's task: its backend, and the PostgreSQL databases made
+/// for it, dropped when it ends.
+struct TestScope {
+    backend: Backend,
+    databases: Arc<Mutex<Vec<String>>>,
+}
+
 tokio::task_local! {
-    static BACKEND: Backend;
+    static SCOPE: TestScope;
+}
+
+/// Drops a test's PostgreSQL databases when it ends, passed or failed: each is about 8 MB, and a
+/// CI run makes about a hundred. Never panics (it may run while a failed test unwinds).
+struct DropDatabases(Arc<Mutex<Vec<String>>>);
+
+impl Drop for DropDatabases {
+    fn drop(&mut self) {
+        let names = std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner));
+        let Ok(admin) = std::env::var(POSTGRES_URL_VARIABLE) else {
+            return;
+        };
+        if names.is_empty() {
+            return;
+        }
+        // The sync client runs a runtime of its own, which must not start on the test's.
+        let dropped = std::thread::spawn(move || {
+            let mut client = postgres::Client::connect(&admin, postgres::NoTls)?;
+            for name in names {
+                client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))?;
+            }
+            Ok::<_, postgres::Error>(())
+        })
+        .join();
+        if let Ok(Err(error)) = dropped {
+            eprintln!("could not drop a test database: {error}");
+        }
+    }
 }
 
 impl Backend {
     /// The backend of the running test (SQLite outside [`on_both_ledgers!`]).
     pub fn current() -> Backend {
-        BACKEND
-            .try_with(|backend| *backend)
+        SCOPE
+            .try_with(|scope| scope.backend)
             .unwrap_or(Backend::Sqlite)
     }
 
@@ -62,7 +98,13 @@ impl Backend {
             skip(&format!("{test} on PostgreSQL"), &format!("set {POSTGRES_URL_VARIABLE}=postgres://user:password@host/database (a role that may CREATE DATABASE) to run it"));
             return;
         }
-        BACKEND.scope(self, body).await
+        let databases = Arc::new(Mutex::new(Vec::new()));
+        let _dropped_at_the_end = DropDatabases(databases.clone());
+        let scope = TestScope {
+            backend: self,
+            databases,
+        };
+        SCOPE.scope(scope, body).await
     }
 }
 
@@ -136,6 +178,15 @@ pub fn new_postgres_database() -> String {
         client
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .unwrap()
+    });
+    // Made outside a test's task (in a thread or task it started), it stays until the next
+    // .ci/start-postgres drops it.
+    let _ = SCOPE.try_with(|scope| {
+        let mut databases = scope
+            .databases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        databases.push(name.clone());
     });
     let mut config: postgres::Config = admin.parse().unwrap();
     config.dbname(&name);
