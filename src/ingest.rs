@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -315,7 +315,7 @@ impl Ingest {
         request: Request<Incoming>,
         peer: SocketAddr,
     ) -> Response<Full<Bytes>> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         match self.ingest(request).await {
             Ok((job_id, outcome)) => {
                 let duplicate = outcome == ClaimOutcome::Duplicate;
@@ -386,10 +386,12 @@ impl Ingest {
 
         let claim = parse_claim(body)?;
         let job_id = claim.job_id.clone();
-        let claimed = METRICS.time_claim(self.ledger.claim(claim));
-        let outcome = tokio::time::timeout(self.claim_timeout, claimed)
+        let queued = Instant::now();
+        let answered = tokio::time::timeout(self.claim_timeout, self.ledger.claim(claim))
             .await
-            .map_err(|_| IngestError::ClaimTimeout(self.claim_timeout))??;
+            .map_err(|_| IngestError::ClaimTimeout(self.claim_timeout))?;
+        METRICS.record_claim_wait(queued.elapsed());
+        let outcome = answered?;
         if outcome == ClaimOutcome::Claimed {
             tracing::debug!(job_id = %job_id, "job claimed");
             if let Some(queue) = &self.queue {

@@ -362,14 +362,12 @@ impl Metrics {
         self.wal_sync.observe(seconds);
     }
 
-    /// Awaits a claim, recording how long it waited for its answer (`sume_claim_commit`).
-    pub async fn time_claim<T>(&self, claim: impl std::future::Future<Output = T>) -> T {
-        let queued = std::time::Instant::now();
-        let outcome = claim.await;
-        let waited = queued.elapsed();
+    /// How long an answered claim waited for its answer (`sume_claim_commit`). Recorded by the
+    /// caller around its own await: an async wrapper would hold the claim's future twice (once
+    /// as its argument, once being awaited), and every delivery would copy both.
+    pub fn record_claim_wait(&self, waited: std::time::Duration) {
         self.claim_commit.observe(waited.as_secs_f64());
         ROLLUP.record_timing(Timing::Ack, waited);
-        outcome
     }
 
     pub fn record_attempt_end(&self, result: AttemptResult, seconds: Option<f64>) {

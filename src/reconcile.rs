@@ -211,7 +211,10 @@ impl Reconciler {
             body: body.into(),
             source: Source::Poll,
         };
-        Ok(match METRICS.time_claim(self.ledger.claim(claim)).await? {
+        let queued = std::time::Instant::now();
+        let answered = self.ledger.claim(claim).await;
+        METRICS.record_claim_wait(queued.elapsed());
+        Ok(match answered? {
             ClaimOutcome::Claimed => {
                 tracing::info!(job_id = %job_id, status = %Escaped(&job_status), "job recovered by polling: its webhook never arrived");
                 METRICS.record_recovered();

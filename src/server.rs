@@ -71,7 +71,9 @@ impl Router for App {
         if path == "/metrics" && !self.expose_metrics {
             return error_response(StatusCode::NOT_FOUND, "not found");
         }
-        match operational(&self.ledger, self.ingest.queue(), &request).await {
+        // Boxed: the operational pages' future is larger than a delivery's, and would size
+        // (and every delivery copy) this one.
+        match Box::pin(operational(&self.ledger, self.ingest.queue(), &request)).await {
             Some(response) => response,
             None => error_response(StatusCode::NOT_FOUND, "not found"),
         }

@@ -276,9 +276,10 @@ impl PostgresLedger {
 impl Backend for PostgresLedger {
     async fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
         let Some(claims) = &self.claims else {
-            // The command line's ledger: a batch of one, in place.
+            // The command line's ledger: a batch of one, in place; boxed, so that this rare
+            // path's future does not size (and every delivery copy) the claim's.
             let job_id = claim.job_id.as_str().to_owned();
-            let claimed = insert_claims(&self.pool, &self.warnings, &[&claim])
+            let claimed = Box::pin(insert_claims(&self.pool, &self.warnings, &[&claim]))
                 .await
                 .map_err(ClaimsError::into_storage)?;
             return Ok(if claimed.contains(&job_id) {

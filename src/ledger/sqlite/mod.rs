@@ -272,9 +272,10 @@ impl Backend for SqliteLedger {
     async fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError> {
         match self.writer() {
             Some(writer) => writer.try_claim(claim).await,
+            // The command line's ledger, without a writer thread: boxed, so that this rare
+            // path's future does not size (and every delivery copy) the claim's.
             None => {
-                self.write(move |conn| jobs::insert_claim(conn, &claim, now_ms()))
-                    .await
+                Box::pin(self.write(move |conn| jobs::insert_claim(conn, &claim, now_ms()))).await
             }
         }
     }
