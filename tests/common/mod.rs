@@ -69,16 +69,18 @@ impl Drop for DropDatabases {
             return;
         }
         // The sync client runs a runtime of its own, which must not start on the test's.
-        let dropped = std::thread::spawn(move || {
+        let dropping = std::thread::Builder::new().spawn(move || {
             let mut client = postgres::Client::connect(&admin, postgres::NoTls)?;
             for name in names {
                 client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))?;
             }
             Ok::<_, postgres::Error>(())
-        })
-        .join();
-        if let Ok(Err(error)) = dropped {
-            eprintln!("could not drop a test database: {error}");
+        });
+        match dropping.map(|thread| thread.join()) {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(error))) => eprintln!("could not drop a test database: {error}"),
+            Ok(Err(_)) => eprintln!("could not drop a test database: the dropping thread panicked"),
+            Err(error) => eprintln!("could not drop a test database: {error}"),
         }
     }
 }
