@@ -50,9 +50,12 @@ cpu_per_delivery = (cpu_after - cpu_before) / deliveries
 RULES = [
     ("commit: the claims' INSERTs", "ledger-writer", ["insert_claim"]),
     ("commit: duplicate counts (once a second)", "ledger-writer", ["record_duplicates"]),
-    ("commit: BEGIN, COMMIT (WAL frames), the writer's queue", "ledger-writer", [""]),
+    # The writer syncs the WAL itself unless the disk is slow (then the WAL syncer's thread).
+    ("sync: fdatasync of the WAL", "ledger-writer", ["fdatasync", "fsync"]),
     ("sync: fdatasync of the WAL", "ledger-wal-sync", ["fdatasync", "fsync"]),
+    ("sync: handing the answers back", "ledger-writer", ["Answerer", "wal_sync::"]),
     ("sync: handing the answers back", "ledger-wal-sync", [""]),
+    ("commit: BEGIN, COMMIT (WAL frames), the writer's queue", "ledger-writer", [""]),
     ("checkpoint (WAL into the database file)", "ledger-checkpoi", [""]),
     ("signature: headers, HMAC-SHA256", "tokio-rt-worker", ["signature::", "ingest::precheck"]),
     ("JSON: reading job_id, writing the answer", "tokio-rt-worker", ["parse_claim", "payload::", "json_response"]),
@@ -95,7 +98,7 @@ print(f"\n{deliveries} deliveries at {report['per_second']:.0f}/s, p99 {report['
       f"{cpu_per_delivery:.1f} us CPU and {(switches_after - switches_before) / deliveries:.2f} "
       f"context switches per delivery (the receiver's whole process); {total} samples")
 print(f"\n{'stage':<72}{'us':>7}{'share':>8}")
-for name in [r[0] for r in RULES] + ["other threads"]:
+for name in dict.fromkeys([r[0] for r in RULES] + ["other threads"]):
     if name in counts:
         share = counts[name] / max(1, total)
         print(f"{name:<72}{share * cpu_per_delivery:>7.1f}{share:>8.1%}")

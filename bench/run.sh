@@ -3,6 +3,7 @@
 # machine. Each case runs against a fresh receiver (fresh ledger, fresh peak RSS).
 #
 #   bench/run.sh            full run (~25 minutes): 15 s per case, C = 64, B = 1 KiB, D = 0.3,
+#                           a disk whose fsync is 1 ms slower (bench/slow-fsync.c; needs cc),
 #                           a C sweep (with both floors at each C), a ledger pre-filled with
 #                           1,000,000 jobs, the HTTP floor (a bare hyper server), "SQLite alone"
 #                           (the writer's claim loop without HTTP: the limit), and the work
@@ -228,6 +229,12 @@ run_case "3-full-txn-per-request" 'max_batch = 1'            "$CONNECTIONS" "" -
 run_case "4-full-sync-normal"     'synchronous = "normal"'   "$CONNECTIONS" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
 run_case "5-full-prefilled"       ''                         "$CONNECTIONS" prefill -- "${common[@]}" --dup-ratio "$DUP_RATIO"
 run_case "6-duplicates-only"      ''                         "$CONNECTIONS" claim_first -- "${common[@]}" --dup-ratio 1 --tag dupset --existing "$DUP_SET"
+# A slower disk: every fsync of the receiver 1 ms longer (bench/slow-fsync.c), where the writer
+# hands each sync to the WAL syncer's thread and commits the next batch meanwhile.
+slow_fsync="$work/slow-fsync.so"
+cc -O2 -shared -fPIC -o "$slow_fsync" bench/slow-fsync.c -ldl
+start_receiver_on_slow_disk() { LD_PRELOAD="$slow_fsync" SLOW_FSYNC_US=1000 start_receiver "$1"; }
+START=start_receiver_on_slow_disk run_case "7-full-slow-disk" '' "$CONNECTIONS" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
 for c in $SWEEP; do
   run_case "sweep-full-c$c"       ''                         "$c" "" -- "${common[@]}" --dup-ratio "$DUP_RATIO"
   # The two floors at the same concurrency, for the CPU ratio at every C.
@@ -337,6 +344,7 @@ print(f"(0p)/(0) SQLite alone, 1M vs empty: {ratio('0-sqlite-alone-prefilled', '
 print(f"(2)/(1) durable vs HTTP ceiling  : {ratio('2-full-group-commit', '1-ceiling-healthz'):.2f}")
 print(f"(2)/(3) group commit vs naive    : {ratio('2-full-group-commit', '3-full-txn-per-request'):.2f}")
 print(f"(4)/(2) synchronous normal/full  : {ratio('4-full-sync-normal', '2-full-group-commit'):.2f}")
+print(f"(7)/(2) fsync 1 ms slower        : {ratio('7-full-slow-disk', '2-full-group-commit'):.2f}")
 if "p0-postgres-alone" in by:
     print(f"(p2)/(p0) PostgreSQL full vs alone  : {ratio('p2-postgres-1-receiver', 'p0-postgres-alone'):.2f}")
     print(f"(p2, 2 receivers)/(p2, 1)        : {ratio('p2-postgres-2-receivers', 'p2-postgres-1-receiver'):.2f}")

@@ -1,10 +1,12 @@
-//! The WAL syncer: makes the writer's committed batches durable off the writer thread.
+//! The WAL's sync: makes the writer's committed batches durable, on the writer's thread or on a
+//! thread of its own (the WAL syncer).
 //!
 //! With `synchronous = "full"` the writer's connection runs SQLite's NORMAL mode (COMMIT writes
-//! the WAL frames but does not fsync them) and hands each committed batch's answers here. This
-//! thread fdatasyncs the WAL file and only then answers every batch that committed before the
-//! sync began. Meanwhile the writer may commit the next batch instead of waiting for the disk
-//! (writer.rs decides when that pays), and one fsync covers every batch committed meanwhile.
+//! the WAL frames but does not fsync them). After a commit the writer fdatasyncs the WAL file
+//! itself and then answers the batch; or, where that pays (a slow disk, a backlog: writer.rs),
+//! it hands the batch's answers to the syncer's thread, which fdatasyncs the WAL and only then
+//! answers every batch that committed before the sync began, while the writer commits the next
+//! batch; one fsync covers every batch committed meanwhile. One sync runs at a time.
 //!
 //! Why that is as durable as FULL's fsync inside COMMIT: in WAL mode a commit only appends
 //! frames, and the frames of a committed transaction are never overwritten until a checkpoint
@@ -100,6 +102,10 @@ impl Answerer {
     }
 }
 
+/// How many of the last syncs [`WalSyncer::typical_sync`] averages, roughly: a single slow
+/// sync (a larger batch, a busy disk) moves it by an eighth.
+const SYNC_AVERAGE_OVER: u64 = 8;
+
 /// Makes everything written to the WAL so far durable.
 pub(super) type SyncWal = Box<dyn FnMut() -> std::io::Result<()> + Send>;
 
@@ -118,7 +124,10 @@ struct Progress {
     /// Batches handed over and not answered yet.
     unsynced: Mutex<usize>,
     synced: Condvar,
-    last_sync_micros: AtomicU64,
+    /// The WAL's sync, run by this thread or by the writer's: one at a time.
+    sync: Mutex<SyncWal>,
+    /// How long a sync takes, a moving average over the last few.
+    typical_sync_micros: AtomicU64,
     failure: Arc<Failure>,
 }
 
@@ -126,6 +135,35 @@ impl Progress {
     /// The count stays right even if a thread panicked while holding it.
     fn unsynced(&self) -> MutexGuard<'_, usize> {
         self.unsynced.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Syncs the WAL, unless the ledger failed: after a failure no sync is trusted (nor needed:
+    /// nothing is acknowledged). A failed sync fails the ledger before the lock is released, so
+    /// a sync that begins after it, on either thread, is never taken for durable.
+    fn sync(&self) {
+        let mut sync = self.sync.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.failure.is_failed() {
+            return;
+        }
+        let started = Instant::now();
+        let synced = std::panic::catch_unwind(AssertUnwindSafe(&mut *sync));
+        let took = started.elapsed();
+        crate::metrics::METRICS.record_wal_sync(took.as_secs_f64());
+        let micros: u64 = took.as_micros().try_into().unwrap_or(u64::MAX);
+        // Only this function writes it, under the lock.
+        let typical = self.typical_sync_micros.load(Ordering::Relaxed);
+        let typical = typical - typical / SYNC_AVERAGE_OVER + micros / SYNC_AVERAGE_OVER;
+        self.typical_sync_micros.store(typical, Ordering::Relaxed);
+        match synced {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => self.failure.fail(
+                Cause::StorageLost,
+                format!("fsync of the WAL failed: {error}"),
+            ),
+            Err(_) => self
+                .failure
+                .fail(Cause::Panicked, "the WAL sync panicked".into()),
+        }
     }
 }
 
@@ -140,7 +178,8 @@ impl WalSyncer {
         let progress = Arc::new(Progress {
             unsynced: Mutex::new(0),
             synced: Condvar::new(),
-            last_sync_micros: AtomicU64::new(0),
+            sync: Mutex::new(sync),
+            typical_sync_micros: AtomicU64::new(0),
             failure,
         });
         let thread = std::thread::Builder::new()
@@ -148,7 +187,7 @@ impl WalSyncer {
             .spawn({
                 let (progress, answerer) = (progress.clone(), answerer.clone());
                 move || {
-                    let run = AssertUnwindSafe(|| run(committed, sync, &progress, &answerer));
+                    let run = AssertUnwindSafe(|| run(committed, &progress, &answerer));
                     if std::panic::catch_unwind(run).is_err() {
                         progress
                             .failure
@@ -190,7 +229,16 @@ impl WalSyncer {
         }
     }
 
+    /// Syncs the WAL on the calling thread (the writer's, when handing the sync over does not
+    /// pay), then answers `completions`: everything committed before the sync is durable.
+    pub(super) fn answer_after_syncing_here(&self, completions: Vec<Completion>) {
+        self.progress.sync();
+        self.answerer
+            .answer(completions, self.progress.failure.check());
+    }
+
     /// Blocks until every batch handed over so far is answered.
+    #[cfg(test)]
     pub(super) fn wait_until_synced(&self) {
         let unsynced = self.progress.unsynced();
         drop(
@@ -201,9 +249,9 @@ impl WalSyncer {
         );
     }
 
-    /// How long the last sync took.
-    pub(super) fn last_sync(&self) -> Duration {
-        Duration::from_micros(self.progress.last_sync_micros.load(Ordering::Relaxed))
+    /// How long a sync takes: the moving average of the last few.
+    pub(super) fn typical_sync(&self) -> Duration {
+        Duration::from_micros(self.progress.typical_sync_micros.load(Ordering::Relaxed))
     }
 
     /// Syncs and answers everything handed over so far, then ends the thread.
@@ -213,12 +261,7 @@ impl WalSyncer {
     }
 }
 
-fn run(
-    committed: mpsc::Receiver<Committed>,
-    mut sync: SyncWal,
-    progress: &Progress,
-    answerer: &Answerer,
-) {
+fn run(committed: mpsc::Receiver<Committed>, progress: &Progress, answerer: &Answerer) {
     while let Ok((mut waiting, mut wrote)) = committed.recv() {
         // Everything committed by now is covered by the one sync below.
         let mut batches = 1;
@@ -228,24 +271,8 @@ fn run(
             batches += 1;
         }
         // Batches that wrote nothing only wait for the syncs of earlier ones, which are done.
-        // After a failure no sync is trusted (nor needed: nothing is acknowledged).
-        if wrote && !progress.failure.is_failed() {
-            let started = Instant::now();
-            let synced = std::panic::catch_unwind(AssertUnwindSafe(&mut sync));
-            let took = started.elapsed();
-            crate::metrics::METRICS.record_wal_sync(took.as_secs_f64());
-            let micros = took.as_micros().try_into().unwrap_or(u64::MAX);
-            progress.last_sync_micros.store(micros, Ordering::Relaxed);
-            match synced {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => progress.failure.fail(
-                    Cause::StorageLost,
-                    format!("fsync of the WAL failed: {error}"),
-                ),
-                Err(_) => progress
-                    .failure
-                    .fail(Cause::Panicked, "the WAL sync panicked".into()),
-            }
+        if wrote {
+            progress.sync();
         }
         answerer.answer(waiting, progress.failure.check());
         *progress.unsynced() -= batches;
@@ -375,13 +402,15 @@ fn sqlite_descriptor(identity: (u64, u64), except: RawFd) -> std::io::Result<Opt
     Ok(None)
 }
 
-/// For tests: a WAL sync that says when it begins (`syncing`), then waits for a `release`.
+/// For tests: a WAL sync that says when it begins, and on which thread (`syncing`), then
+/// waits for a `release`.
 #[cfg(test)]
-pub(super) fn held_sync() -> (SyncWal, mpsc::Receiver<()>, mpsc::Sender<()>) {
+pub(super) fn held_sync() -> (SyncWal, mpsc::Receiver<String>, mpsc::Sender<()>) {
     let (began, syncing) = mpsc::channel();
     let (release, released) = mpsc::channel::<()>();
     let sync: SyncWal = Box::new(move || {
-        began.send(()).unwrap();
+        let thread = std::thread::current().name().unwrap_or_default().to_owned();
+        began.send(thread).unwrap();
         released.recv().unwrap();
         Ok(())
     });
