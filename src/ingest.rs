@@ -13,6 +13,7 @@ use hyper::{HeaderMap, Request, Response, StatusCode};
 use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::acknowledged::RecentlyAcknowledged;
 use crate::config::{Config, Secret};
 use crate::duplicates::DuplicateTally;
 use crate::event_type::EventType;
@@ -270,6 +271,8 @@ pub struct Ingest {
     /// The recent refusals, for the admin listener.
     refusals: Arc<Refusals>,
     duplicates: Arc<DuplicateTally>,
+    /// Answers a duplicate of a recent claim without the ledger.
+    recent: Arc<RecentlyAcknowledged>,
 }
 
 impl Ingest {
@@ -278,7 +281,11 @@ impl Ingest {
         secrets: Vec<Secret>,
         ledger: Arc<Ledger>,
         queue: Option<Queue>,
-        (refusals, duplicates): (Arc<Refusals>, Arc<DuplicateTally>),
+        (refusals, duplicates, recent): (
+            Arc<Refusals>,
+            Arc<DuplicateTally>,
+            Arc<RecentlyAcknowledged>,
+        ),
     ) -> Self {
         let server = &config.server;
         Self {
@@ -293,6 +300,7 @@ impl Ingest {
             queue,
             refusals,
             duplicates,
+            recent,
         }
     }
 
@@ -387,11 +395,16 @@ impl Ingest {
         let claim = parse_claim(body)?;
         let job_id = claim.job_id.clone();
         let queued = Instant::now();
+        if self.recent.contains(&job_id, queued) {
+            METRICS.record_duplicate_from_memory();
+            return Ok((job_id, ClaimOutcome::Duplicate));
+        }
         let answered = tokio::time::timeout(self.claim_timeout, self.ledger.claim(claim))
             .await
             .map_err(|_| IngestError::ClaimTimeout(self.claim_timeout))?;
         METRICS.record_claim_wait(queued.elapsed());
         let outcome = answered?;
+        self.recent.remember(&job_id, queued);
         if outcome == ClaimOutcome::Claimed {
             tracing::debug!(job_id = %job_id, "job claimed");
             if let Some(queue) = &self.queue {

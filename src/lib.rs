@@ -10,6 +10,7 @@
 //! command line (its tree, man page, completions and tables) is the binary's: `src/cli/`.
 
 // Public: what main.rs, the integration tests and the fuzz target use.
+pub mod acknowledged;
 mod admin;
 pub mod check;
 pub mod config;

@@ -98,6 +98,7 @@ pub struct Metrics {
     batch_size: Histogram,
     wal_sync: Histogram,
     claim_commit: Histogram,
+    duplicates_from_memory: Counter,
     writer_queue_depth: Gauge,
     attempts: Family<Labels, Counter>,
     attempt_duration: Histograms,
@@ -132,6 +133,7 @@ impl Metrics {
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             wal_sync: Histogram::new(exponential_buckets(0.0001, 2.0, 14)),
             claim_commit: seconds(),
+            duplicates_from_memory: Counter::default(),
             writer_queue_depth: Gauge::default(),
             attempts: Family::default(),
             attempt_duration: Family::new_with_constructor(|| {
@@ -184,6 +186,11 @@ impl Metrics {
             "Time from a delivery's claim being queued to its answer: committed and on disk, or failed",
             Unit::Seconds,
             m.claim_commit.clone(),
+        );
+        registry.register(
+            "sume_duplicates_from_memory",
+            "Duplicate deliveries answered from the job_ids acknowledged in the last 10 minutes, without the ledger",
+            m.duplicates_from_memory.clone(),
         );
         registry.register(
             "sume_ledger_writer_queue_depth",
@@ -368,6 +375,10 @@ impl Metrics {
     pub fn record_claim_wait(&self, waited: std::time::Duration) {
         self.claim_commit.observe(waited.as_secs_f64());
         ROLLUP.record_timing(Timing::Ack, waited);
+    }
+
+    pub fn record_duplicate_from_memory(&self) {
+        self.duplicates_from_memory.inc();
     }
 
     pub fn record_attempt_end(&self, result: AttemptResult, seconds: Option<f64>) {

@@ -7,6 +7,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::acknowledged::RecentlyAcknowledged;
 use crate::admin::Admin;
 use crate::config::Config;
 use crate::console::Console;
@@ -100,7 +101,9 @@ pub async fn run_on(
         }
     };
 
-    let vacuum = Vacuum::new(ledger.clone(), config.retention.clone(), stop.clone());
+    let recent = Arc::new(RecentlyAcknowledged::default());
+    let vacuum = Vacuum::new(ledger.clone(), config.retention.clone(), stop.clone())
+        .forgetting_in(recent.clone());
     tasks.spawn(vacuum.run(config.retention.interval));
     match &config.sume_api {
         Some(api) => {
@@ -126,7 +129,7 @@ pub async fn run_on(
             secrets,
             ledger.clone(),
             queue,
-            (refusals, duplicates),
+            (refusals, duplicates, recent),
         ),
         ledger: ledger.clone(),
         expose_metrics: config.server.expose_metrics,

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::acknowledged::RecentlyAcknowledged;
 use crate::config::RetentionConfig;
 use crate::ledger::{duration_ms, now_ms, Ledger, RetentionStep, StorageError};
 use crate::metrics::METRICS;
@@ -33,6 +34,8 @@ pub struct Vacuum {
     retention: RetentionConfig,
     /// Checked between batches: a long purge must not hold up a shutdown.
     shutdown: CancellationToken,
+    /// The service's memory of acknowledged job_ids, which must not outlive their rows.
+    recent: Option<Arc<RecentlyAcknowledged>>,
 }
 
 impl Vacuum {
@@ -45,6 +48,15 @@ impl Vacuum {
             ledger,
             retention,
             shutdown,
+            recent: None,
+        }
+    }
+
+    /// Forgets `recent` whenever a run forgets job_ids, so that a delivery of one is a new claim.
+    pub fn forgetting_in(self, recent: Arc<RecentlyAcknowledged>) -> Self {
+        Self {
+            recent: Some(recent),
+            ..self
         }
     }
 
@@ -56,9 +68,7 @@ impl Vacuum {
             bodies_purged: self
                 .in_batches(RetentionStep::PurgeBodies, body_cutoff)
                 .await?,
-            jobs_forgotten: self
-                .in_batches(RetentionStep::DeleteFinished, forget_cutoff)
-                .await?,
+            jobs_forgotten: self.forget_finished(forget_cutoff).await?,
             expectations_forgotten: self
                 .in_batches(RetentionStep::DeleteResolvedExpectations, forget_cutoff)
                 .await?,
@@ -85,6 +95,15 @@ impl Vacuum {
             );
         }
         Ok(report)
+    }
+
+    async fn forget_finished(&self, before: i64) -> Result<usize, StorageError> {
+        let forgotten = self.in_batches(RetentionStep::DeleteFinished, before).await;
+        // After a failed batch too: the batches before it committed.
+        if let Some(recent) = self.recent.as_ref().filter(|_| forgotten != Ok(0)) {
+            recent.forget_all();
+        }
+        forgotten
     }
 
     /// Repeats a bounded statement until it changes fewer rows than a batch, or shutdown;

@@ -343,11 +343,7 @@ async fn at_the_connection_limit_slow_heads_make_room_for_a_sender() {
         }
     }
     assert!(closed >= 32, "only {closed} of 40 slow heads were shed");
-    let metrics = server
-        .request(Method::GET, "/metrics", &[], "")
-        .await
-        .unwrap();
-    let metrics = String::from_utf8_lossy(&metrics.body);
+    let metrics = server.metrics().await;
     assert!(metrics.contains("sume_connections_shed_total"), "{metrics}");
 }
 
@@ -403,6 +399,39 @@ async fn a_dead_ledger_writer_stops_the_service_with_an_error() {
         .unwrap();
     let error = format!("{:#}", stopped.unwrap_err());
     assert!(error.contains("ledger writer"), "{error}");
+}
+
+/// Sume's resend of a delivery whose answer it did not get is answered from the job_ids the
+/// ledger acknowledged in the last minutes: with the ledger locked, a duplicate still gets its
+/// 200, a new job its 503, and a job the ledger failed is not taken for known.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_duplicate_of_a_recent_claim_is_answered_without_the_ledger() {
+    let server = TestServer::start("[database]\nbusy_timeout = \"300ms\"\n").await;
+    let body = job_body("job-recent");
+    assert_eq!(json(&server.deliver(&body).await)["duplicate"], false);
+
+    let blocker = server.db();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let again = server.deliver(&body).await;
+    assert_eq!(
+        (again.status.as_u16(), json(&again)["duplicate"] == true),
+        (200, true)
+    );
+    assert_eq!(server.deliver(&job_body("job-new")).await.status, 503);
+    blocker.execute_batch("ROLLBACK").unwrap();
+
+    let retried = server.deliver(&job_body("job-new")).await;
+    assert_eq!(
+        json(&retried)["duplicate"],
+        false,
+        "the failed claim was not remembered"
+    );
+    assert_eq!(server.state_of("job-new").as_deref(), Some("claimed"));
+    let text = server.metrics().await;
+    assert!(
+        text.contains("\nsume_duplicates_from_memory_total 1\n"),
+        "{text}"
+    );
 }
 
 /// Regression: /healthz stayed 200 while deliveries got 503 on a full disk. /readyz says whether

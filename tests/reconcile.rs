@@ -296,11 +296,7 @@ async fn a_redeliver_after_the_body_was_purged_is_still_a_duplicate() {
         ["job-purged webhook"],
         "the tombstone stopped a second run"
     );
-    let metrics = server
-        .request(Method::GET, "/metrics", &[], "")
-        .await
-        .unwrap();
-    let text = String::from_utf8(metrics.body.to_vec()).unwrap();
+    let text = server.metrics().await;
     assert!(
         text.contains("sume_deliveries_total{outcome=\"duplicate\"}"),
         "{text}"
@@ -348,11 +344,7 @@ async fn a_refused_api_key_pauses_polling_without_crashing() {
     assert!((1..=8).contains(&calls), "{calls} calls");
     assert_eq!(server.get_status("/healthz").await, 200);
     // Regression: a refused key was counted as `answered`: nothing to alert on.
-    let metrics = server
-        .request(Method::GET, "/metrics", &[], "")
-        .await
-        .unwrap();
-    let text = String::from_utf8(metrics.body.to_vec()).unwrap();
+    let text = server.metrics().await;
     let refused = text
         .lines()
         .find_map(|line| line.strip_prefix(r#"sume_reconcile_polls_total{result="refused"} "#))

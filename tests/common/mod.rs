@@ -372,6 +372,16 @@ impl TestServer {
             .as_u16()
     }
 
+    /// The text of `GET /metrics`.
+    pub async fn metrics(&self) -> String {
+        let scrape = self
+            .request(Method::GET, "/metrics", &[], "")
+            .await
+            .unwrap();
+        assert_eq!(scrape.status, 200);
+        String::from_utf8(scrape.body.to_vec()).unwrap()
+    }
+
     /// POSTs `body` to the webhook path, signed now with the test secret (a fresh delivery).
     pub async fn deliver(&self, body: &str) -> Answer {
         self.deliver_signed(body, unix_now(), &[SECRET]).await
