@@ -181,10 +181,19 @@ new_postgres_database() {
 postgres_case() {
   "$@"
   local name
-  while read -r name; do
-    psql "$BENCH_POSTGRES_URL" -qc "DROP DATABASE $name WITH (FORCE)" >/dev/null
-  done < "$work/postgres-databases"
+  while read -r name; do drop_postgres_database "$name"; done < "$work/postgres-databases"
   : > "$work/postgres-databases"
+}
+
+# FORCE ends the database's other sessions, but only its own role's: an autovacuum worker still
+# on the database after a case (a superuser's) makes the DROP fail until it is done.
+drop_postgres_database() {
+  local try
+  for try in $(seq 30); do
+    psql "$BENCH_POSTGRES_URL" -qc "DROP DATABASE $1 WITH (FORCE)" >/dev/null 2>&1 && return
+    sleep 1
+  done
+  psql "$BENCH_POSTGRES_URL" -qc "DROP DATABASE $1 WITH (FORCE)" >/dev/null
 }
 
 # run_postgres_alone NAME -- LOADGEN_ARGS...: the PostgreSQL ledger's claim batcher, no HTTP.
