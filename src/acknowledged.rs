@@ -1,9 +1,9 @@
-//! The job_ids acknowledged in the last minutes, so that a duplicate of one is answered from memory.
+//! The job_ids acknowledged in the last minutes: a duplicate of one is answered from memory.
 //!
 //! Sume resends a delivery whose answer it did not get (lost, or later than its 10 s timeout)
-//! every 30 s, up to 10 attempts: those duplicates come within minutes of the claim. Answered
-//! from here, a duplicate costs a hash look-up instead of a trip through the ledger (on SQLite,
-//! the writer's queue, a transaction and two thread wake-ups).
+//! every 30 s (its default), up to 10 attempts: those duplicates come within minutes of the
+//! claim. Answered from here, a duplicate costs a hash look-up instead of a trip through the
+//! ledger (on SQLite, the writer's queue, a transaction and two thread wake-ups).
 //!
 //! Only a job_id the ledger has answered for is remembered: its claim committed and on disk, or
 //! found there. So "duplicate" from here promises nothing the ledger's own answer would not,
@@ -12,7 +12,11 @@
 //! [`REMEMBER_FOR`].
 //!
 //! This process's retention forgets all of them whenever it forgets any job_id (`dedupe_ttl`).
-//! A job_id removed from the ledger by someone else (the command line's `retention`, another
+//! (A duplicate the ledger answered for just before such a run may be remembered after it, for up
+//! to [`REMEMBER_FOR`]: a job_id at the very edge of `dedupe_ttl`, whose forgetting already waits
+//! up to a retention `interval`.)
+//!
+//! A job_id removed from the ledger by someone else (the command line's `vacuum`, another
 //! receiver on the same PostgreSQL database, a DELETE by hand) is still answered "duplicate"
 //! here until [`REMEMBER_FOR`] after this process acknowledged it.
 
