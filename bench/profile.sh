@@ -63,6 +63,7 @@ RULES = [
     ("accept/parse: reading and parsing the request", "tokio-rt-worker",
      ["poll_read_head", "poll_read_keep_alive", "poll_read_body", "accept", "Http1Transaction>::parse",
       "__libc_recv"]),
+    ("memory of recent job_ids: the look-up, and remembering a new one", "tokio-rt-worker", ["acknowledged::"]),
     ("queue hand-off: to the writer and back (channels, timers, wake-ups)", "tokio-rt-worker",
      ["time::timeout", "oneshot", "mpsc", "Ledger::claim", "time_claim", "Answerer", "wal_sync::"]),
     ("tokio: parking, waking, epoll", "tokio-rt-worker", ["park", "Unparker", "epoll", "Driver::turn"]),

@@ -46,9 +46,9 @@ impl DuplicateTally {
         if taken.is_empty() {
             return 0;
         }
-        let mut seen: Vec<(String, u32, i64)> = taken
+        let mut seen: Vec<(JobId, u32, i64)> = taken
             .into_iter()
-            .map(|(job_id, (count, last))| (job_id.as_str().to_owned(), count, last))
+            .map(|(job_id, (count, last))| (job_id, count, last))
             .collect();
         // One order for every writer: concurrent writes lock rows the same way round.
         seen.sort_unstable_by(|a, b| a.0.cmp(&b.0));

@@ -720,7 +720,7 @@ on_both_ledgers! {
         ledger.retry_job("forgotten", "test", 1_000).await.unwrap();
         let attempt = started(&ledger, "forgotten", i64::MAX).await;
         ledger.finish_attempt(&attempt, &AttemptEnd::Done, 1_000).await.unwrap();
-        ledger.record_duplicates(&[("forgotten".to_owned(), 2, 1_500)]).await.unwrap();
+        ledger.record_duplicates(&[(JobId::parse("forgotten").unwrap(), 2, 1_500)]).await.unwrap();
         let purged = ledger.retention_step(RetentionStep::PurgeBodies, 2_000, 10).await.unwrap();
         assert_eq!(purged, 1);
         let tombstone = ledger.show_job("forgotten").await.unwrap().unwrap();
@@ -818,7 +818,8 @@ on_both_ledgers! {
     async fn duplicates_are_counted_per_job() {
         let (_dir, ledger) = fresh().await;
         claimed(&ledger, "popular").await;
-        let seen = |count, at| vec![("gone".to_owned(), 1, 5), ("popular".to_owned(), count, at)];
+        let id = |text| JobId::parse(text).unwrap();
+        let seen = |count, at| vec![(id("gone"), 1, 5), (id("popular"), count, at)];
         ledger.record_duplicates(&seen(2, 1_000)).await.unwrap();
         ledger.record_duplicates(&seen(3, 900)).await.unwrap();
         let job = ledger.show_job("popular").await.unwrap().unwrap();

@@ -191,7 +191,7 @@ macro_rules! operations {
 
         /// Adds duplicate deliveries to their jobs' counts: (job_id, how many, when the last
         /// came); a job no longer in the ledger is skipped.
-        fn record_duplicates(&self, seen: &[(String, u32, i64)]) -> Result<(), StorageError>;
+        fn record_duplicates(&self, seen: &[(crate::job_id::JobId, u32, i64)]) -> Result<(), StorageError>;
 
         /// One page of jobs, newest first, optionally in one state, after `after` (the end of
         /// the page before), down to `since` (a time of the list's own); each list reads its

@@ -744,7 +744,7 @@ impl Backend for PostgresLedger {
         Ok(false)
     }
 
-    async fn record_duplicates(&self, seen: &[(String, u32, i64)]) -> Result<(), StorageError> {
+    async fn record_duplicates(&self, seen: &[(JobId, u32, i64)]) -> Result<(), StorageError> {
         let job_ids: Vec<&str> = seen.iter().map(|(job_id, _, _)| job_id.as_str()).collect();
         let counts: Vec<i32> = seen
             .iter()

@@ -489,7 +489,7 @@ pub fn count_retry_matching(
 }
 
 /// Adds duplicate deliveries to their jobs' counts.
-pub fn record_duplicates(conn: &Connection, seen: &[(String, u32, i64)]) -> rusqlite::Result<()> {
+pub fn record_duplicates(conn: &Connection, seen: &[(JobId, u32, i64)]) -> rusqlite::Result<()> {
     let mut statement = conn.prepare_cached(
         "INSERT INTO job_duplicates (job_id, count, last_at)
          SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM jobs WHERE job_id = ?1)
@@ -497,7 +497,7 @@ pub fn record_duplicates(conn: &Connection, seen: &[(String, u32, i64)]) -> rusq
                                             last_at = max(last_at, excluded.last_at)",
     )?;
     for (job_id, count, last) in seen {
-        statement.execute(params![job_id, count, last])?;
+        statement.execute(params![job_id.as_str(), count, last])?;
     }
     Ok(())
 }

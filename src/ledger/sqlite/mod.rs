@@ -530,7 +530,7 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn record_duplicates(&self, seen: &[(String, u32, i64)]) -> Result<(), StorageError> {
+    async fn record_duplicates(&self, seen: &[(JobId, u32, i64)]) -> Result<(), StorageError> {
         let seen = seen.to_vec();
         self.write(move |conn| jobs::record_duplicates(conn, &seen))
             .await
