@@ -231,7 +231,8 @@ impl Shard {
     fn drop_oldest(&mut self, hasher: &RandomState) {
         let length = usize::from(self.entries[0]);
         let mut oldest = [0; MAX_JOB_ID_BYTES];
-        for (byte, stored) in oldest.iter_mut().zip(self.entries.range(ENTRY_HEADER..)) {
+        let text = self.entries.range(ENTRY_HEADER..ENTRY_HEADER + length);
+        for (byte, stored) in oldest.iter_mut().zip(text) {
             *byte = *stored;
         }
         let key = key_of(hasher.hash_one(&oldest[..length]));
