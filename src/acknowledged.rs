@@ -206,7 +206,10 @@ impl Shard {
 
     fn answered_at(&self, at: usize) -> u32 {
         let mut seconds = [0; 4];
-        for (byte, stored) in seconds.iter_mut().zip(self.entries.range(at + 1..at + 5)) {
+        for (byte, stored) in seconds
+            .iter_mut()
+            .zip(self.entries.range(at + 1..at + ENTRY_HEADER))
+        {
             *byte = *stored;
         }
         u32::from_le_bytes(seconds)
@@ -215,7 +218,7 @@ impl Shard {
     fn set_answered_at(&mut self, at: usize, now: u32) {
         for (stored, byte) in self
             .entries
-            .range_mut(at + 1..at + 5)
+            .range_mut(at + 1..at + ENTRY_HEADER)
             .zip(now.to_le_bytes())
         {
             *stored = byte;
