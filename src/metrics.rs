@@ -105,6 +105,8 @@ pub struct Metrics {
     jobs_dead: Counter,
     swept: Counter,
     dispatch_paused: Gauge,
+    /// No label: a child appears only for a ledger that reports its work side (PostgreSQL).
+    work_side_writable: Family<[(&'static str, &'static str); 0], Gauge>,
     jobs: Family<Labels, Gauge>,
     oldest_unfinished: Gauge<f64, std::sync::atomic::AtomicU64>,
     ledger_files: Family<Labels, Gauge>,
@@ -142,6 +144,7 @@ impl Metrics {
             jobs_dead: Counter::default(),
             swept: Counter::default(),
             dispatch_paused: Gauge::default(),
+            work_side_writable: Family::default(),
             jobs: Family::default(),
             oldest_unfinished: Gauge::default(),
             ledger_files: Family::default(),
@@ -222,6 +225,11 @@ impl Metrics {
             "sume_dispatch_paused",
             "1 while an operator has paused dispatch (`jobs pause`): deliveries are claimed, no job runs",
             m.dispatch_paused.clone(),
+        );
+        registry.register(
+            "sume_work_side_writable",
+            "1 while the work side's last ledger write (start, finish, sweep, retention, reconcile) went through, 0 while they fail (PostgreSQL ledger)",
+            m.work_side_writable.clone(),
         );
         registry.register(
             "sume_jobs",
@@ -407,6 +415,12 @@ impl Metrics {
     /// Whether the worker found dispatch paused when it last looked.
     pub fn set_dispatch_paused(&self, paused: bool) {
         self.dispatch_paused.set(i64::from(paused));
+    }
+
+    pub fn set_work_side_writable(&self, writable: bool) {
+        self.work_side_writable
+            .get_or_create(&[])
+            .set(i64::from(writable));
     }
 
     pub fn record_swept(&self, count: usize) {

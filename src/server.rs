@@ -100,16 +100,25 @@ pub async fn operational(
                 Some(_) => "running",
                 None => "no handler",
             };
-            match ledger.readiness() {
-                Ok(()) => json_response(
+            let (status, mut body) = match ledger.readiness() {
+                Ok(()) => (
                     StatusCode::OK,
-                    &serde_json::json!({ "status": "ready", "dispatch": dispatch }),
+                    serde_json::json!({ "status": "ready", "dispatch": dispatch }),
                 ),
-                Err(reason) => json_response(
+                Err(reason) => (
                     StatusCode::SERVICE_UNAVAILABLE,
-                    &serde_json::json!({ "status": "not ready", "reason": reason, "dispatch": dispatch }),
+                    serde_json::json!({ "status": "not ready", "reason": reason, "dispatch": dispatch }),
                 ),
+            };
+            // Apart from the status: a load balancer keeps sending deliveries, which are claimed.
+            if let Some(work_side) = ledger.work_side() {
+                let state = work_side.state();
+                body["work_side"] = serde_json::json!({
+                    "can_write": state.can_write,
+                    "since": humantime::format_rfc3339_seconds(state.since).to_string(),
+                });
             }
+            json_response(status, &body)
         }
         (true, "/metrics") => metrics(ledger).await,
         _ => return None,

@@ -410,7 +410,7 @@ impl JobRun {
                 None,
             ),
         };
-        match self.ledger.finish_attempt(&attempt, &end, now_ms()).await {
+        match self.record_end(&attempt, &end, lease_until).await {
             Ok(Some(state)) => {
                 let result = match state {
                     State::Done => AttemptResult::Done,
@@ -447,6 +447,28 @@ impl JobRun {
                 tracing::error!(job_id = %job_id, %error, "could not record the attempt's end");
                 false
             }
+        }
+    }
+
+    /// Records the attempt's end, trying again every [`IDLE_LOOK`] while the ledger refuses it
+    /// (a failover: the new primary takes it within seconds) until the lease runs out, after
+    /// which the sweeper takes the job back and runs it again. The end is fenced by the attempt
+    /// number, so a try whose outcome was unknown but committed makes the next one a no-op.
+    async fn record_end(
+        &self,
+        attempt: &Attempt,
+        end: &AttemptEnd,
+        lease_until: i64,
+    ) -> Result<Option<State>, crate::ledger::StorageError> {
+        loop {
+            let result = self.ledger.finish_attempt(attempt, end, now_ms()).await;
+            let Err(error) = &result else { return result };
+            if now_ms() + duration_ms(IDLE_LOOK) >= lease_until || self.stop_handlers.is_cancelled()
+            {
+                return result;
+            }
+            tracing::debug!(job_id = %attempt.job_id, %error, "could not record the attempt's end yet; trying again");
+            tokio::time::sleep(IDLE_LOOK).await;
         }
     }
 

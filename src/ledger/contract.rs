@@ -15,6 +15,7 @@ use super::model::{
     Expectation, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
     RetentionStep, RetryCount, RetryError, RetryFilter, State,
 };
+use super::work_side::WorkSide;
 
 /// One operation of the [`Backend`] trait, from [`operations!`].
 macro_rules! backend_method {
@@ -268,6 +269,10 @@ macro_rules! operations {
 
         /// Whether a delivery sent now would be claimed; the reason when not.
         fn readiness(&self) -> Result<(), &'static str>;
+
+        /// Whether the work side can write the ledger, where the backend tracks it apart from
+        /// readiness (PostgreSQL: a failover can leave it behind).
+        fn work_side(&self) -> Option<WorkSide> = { None };
 
         /// Whether the ledger failed because the disk did (see [`StorageLost`](crate::ledger::StorageLost)).
         fn is_storage_lost(&self) -> bool = { false };

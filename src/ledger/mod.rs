@@ -13,6 +13,7 @@ mod model;
 mod portable_sql;
 pub mod postgres;
 pub mod sqlite;
+mod work_side;
 
 use std::sync::Arc;
 
@@ -39,6 +40,7 @@ pub use postgres::PostgresLedger;
 pub use sqlite::{backup, BackupReport, SqliteLedger};
 #[cfg(feature = "bench")]
 pub use sqlite::{PendingClaims, WriterAlone};
+pub use work_side::{WorkSide, WorkSideState};
 
 /// The open ledger: a service's, or the command line's (opened without the background tasks).
 pub enum Ledger {

@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::connection::{pool_error, statement_error, StandbyWarnings};
+use super::connection::{statement_error, StandbyWarnings};
+use super::pooled::{run_on, Pooled, Rerun, RunError};
 use super::sql;
 use crate::event_type::EventType;
 use crate::ledger::error::{Cause, StorageError};
@@ -51,7 +51,7 @@ pub(super) async fn through_batcher(
 
 /// Groups queued claims into batches and commits them; answers each claim after its batch.
 pub(super) async fn run_batcher(
-    pool: Pool,
+    pool: Pooled,
     warnings: StandbyWarnings,
     mut inbox: mpsc::Receiver<ClaimRequest>,
     max_batch: usize,
@@ -111,17 +111,15 @@ pub(super) async fn run_batcher(
 }
 
 /// Once the database answers again, readiness says so (no claim may arrive while not ready).
-async fn probe(pool: &Pool, last_commit_ok: &AtomicBool) {
-    if let Ok(client) = pool.get().await {
-        if client.simple_query("SELECT 1").await.is_ok() {
-            tracing::info!("PostgreSQL answers again");
-            last_commit_ok.store(true, Ordering::Relaxed);
-        }
+async fn probe(pool: &Pooled, last_commit_ok: &AtomicBool) {
+    if select_one(pool).await.is_ok() {
+        tracing::info!("PostgreSQL answers again");
+        last_commit_ok.store(true, Ordering::Relaxed);
     }
 }
 
 async fn commit_batch(
-    pool: &Pool,
+    pool: &Pooled,
     warnings: &StandbyWarnings,
     batch: Vec<ClaimRequest>,
     last_commit_ok: &AtomicBool,
@@ -222,7 +220,11 @@ impl From<StorageError> for ClaimsError {
     }
 }
 
-fn claims_error(error: tokio_postgres::Error) -> ClaimsError {
+fn claims_error(error: RunError) -> ClaimsError {
+    let error = match error {
+        RunError::Pool(error) => return ClaimsError::Other(error),
+        RunError::Statement(error) => error,
+    };
     let class = error.code().map(|code| &code.code()[..2]);
     let refused = matches!(class, Some("22" | "23"));
     let error = statement_error(error);
@@ -233,29 +235,23 @@ fn claims_error(error: tokio_postgres::Error) -> ClaimsError {
     }
 }
 
-async fn select_one(pool: &Pool) -> Result<HashSet<String>, ClaimsError> {
-    let client = pool.get().await.map_err(pool_error)?;
-    client
-        .simple_query("SELECT 1")
-        .await
-        .map_err(statement_error)?;
+async fn select_one(pool: &Pooled) -> Result<HashSet<String>, ClaimsError> {
+    run_on!(pool, Rerun::Safe, |client| {
+        client.simple_query("SELECT 1").await
+    })
+    .map_err(RunError::into_storage)?;
     Ok(HashSet::new())
 }
 
 /// Inserts the claims in one statement; returns the job_ids that were new. A wait for the
 /// synchronous standby cancelled meanwhile (see [`StandbyWarnings`]) makes the outcome
-/// unknown, although PostgreSQL reported success.
+/// unknown, although PostgreSQL reported success. Refused by a server that lost its role, the
+/// batch is tried once more on a fresh connection; broken off mid-way, its outcome is unknown.
 pub(super) async fn insert_claims(
-    pool: &Pool,
+    pool: &Pooled,
     warnings: &StandbyWarnings,
     claims: &[&NewClaim],
 ) -> Result<HashSet<String>, ClaimsError> {
-    let client = pool.get().await.map_err(pool_error)?;
-    let statement = client
-        .prepare_cached(sql::INSERT_CLAIMS_SQL)
-        .await
-        .map_err(statement_error)?;
-    let cancelled_waits = warnings.seen();
     let job_ids: Vec<&str> = claims.iter().map(|c| c.job_id.as_str()).collect();
     let sources: Vec<&str> = claims.iter().map(|c| c.source.as_str()).collect();
     let event_types: Vec<Option<&str>> = claims
@@ -263,14 +259,20 @@ pub(super) async fn insert_claims(
         .map(|c| c.event_type.as_ref().map(EventType::as_str))
         .collect();
     let bodies: Vec<&str> = claims.iter().map(|c| c.body.as_str()).collect();
-    let rows = client
-        .query(
-            &statement,
-            &[&job_ids, &sources, &event_types, &bodies, &now_ms()],
-        )
-        .await
-        .map_err(claims_error)?;
-    if warnings.seen() != cancelled_waits {
+    let now = now_ms();
+    let (rows, cancelled_wait) = run_on!(pool, Rerun::Unsafe, |client| {
+        let statement = client.prepare_cached(sql::INSERT_CLAIMS_SQL).await?;
+        let cancelled_waits = warnings.seen();
+        let rows = client
+            .query(
+                &statement,
+                &[&job_ids, &sources, &event_types, &bodies, &now],
+            )
+            .await?;
+        Ok((rows, warnings.seen() != cancelled_waits))
+    })
+    .map_err(claims_error)?;
+    if cancelled_wait {
         return Err(StorageError::OutcomeUnknown(Cause::message(
             "PostgreSQL cancelled the wait for the synchronous standby: committed locally, \
              perhaps not replicated",

@@ -16,6 +16,7 @@ use tokio_postgres::{AsyncMessage, Client, NoTls, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 
+use super::role::{RoleWatch, VERIFY_EVERY};
 use crate::config::PostgresUrl;
 use crate::ledger::error::{Cause, StorageError};
 use crate::throttle::Throttled;
@@ -159,10 +160,14 @@ where
 }
 
 /// Listens for claims of every receiver on a connection of its own; wakes the worker for each
-/// notification, and once after every (re)connection, since some may have been missed.
+/// notification, and once after every (re)connection, since some may have been missed. The
+/// connection follows the primary: it is checked writable every [`VERIFY_EVERY`] (a server
+/// flipped read-only keeps its sessions, but the new primary's NOTIFYs never reach them), and
+/// left at once when a pooled connection found the primary lost.
 pub(super) async fn listen(
     pg_config: tokio_postgres::Config,
     tls: Tls,
+    role: RoleWatch,
     work_added: Arc<Notify>,
     stopping: CancellationToken,
 ) {
@@ -170,18 +175,14 @@ pub(super) async fn listen(
     loop {
         let listening = async {
             match &tls {
-                Tls::Off => listen_until_lost(&pg_config, NoTls, &work_added).await,
+                Tls::Off => listen_until_lost(&pg_config, NoTls, &role, &work_added).await,
                 Tls::Verified(connector) => {
-                    listen_until_lost(&pg_config, connector.clone(), &work_added).await
+                    listen_until_lost(&pg_config, connector.clone(), &role, &work_added).await
                 }
             }
         };
         tokio::select! {
-            result = listening => {
-                if let Err(error) = result {
-                    failures.warn(&error_text(&error));
-                }
-            }
+            error = listening => failures.warn(&error),
             () = stopping.cancelled() => return,
         }
         tokio::select! {
@@ -191,34 +192,57 @@ pub(super) async fn listen(
     }
 }
 
-/// One LISTEN connection, until it is lost: each notification wakes the worker, and so does
-/// the start (notifications sent while no connection listened are lost).
+/// One LISTEN connection, until it is lost or its server is no longer the primary (why): each
+/// notification wakes the worker, and so does the start (notifications sent while no
+/// connection listened are lost).
 async fn listen_until_lost<T>(
     pg_config: &tokio_postgres::Config,
     tls: T,
+    role: &RoleWatch,
     work_added: &Arc<Notify>,
-) -> Result<(), tokio_postgres::Error>
+) -> String
 where
     T: MakeTlsConnect<Socket>,
     T::Stream: Send + 'static,
 {
-    let (client, mut connection) = pg_config.connect(tls).await?;
+    let mut losses = role.losses();
+    let (client, mut connection) = match pg_config.connect(tls).await {
+        Ok(connected) => connected,
+        Err(error) => return error_text(&error),
+    };
     let wake = work_added.clone();
-    let messages = tokio::spawn(async move {
+    let mut messages = tokio::spawn(async move {
         while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
             match message {
                 Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
                 Ok(_) => {}
-                Err(error) => return Err(error),
+                Err(error) => return error_text(&error),
             }
         }
-        Ok(())
+        "the LISTEN connection ended".to_owned()
     });
-    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
-    work_added.notify_one();
-    let ended = messages.await;
+    let listening = async {
+        role.verify(&client, true).await?;
+        client
+            .batch_execute(&format!("LISTEN {CHANNEL}"))
+            .await
+            .map_err(|error| error_text(&error))?;
+        work_added.notify_one();
+        losses.mark_unchanged();
+        loop {
+            tokio::select! {
+                _ = losses.changed() => return Err::<(), _>("the primary was lost".to_owned()),
+                () = tokio::time::sleep(VERIFY_EVERY) => role.verify(&client, true).await?,
+            }
+        }
+    };
+    let why = tokio::select! {
+        ended = &mut messages => ended.unwrap_or_else(|error| error.to_string()),
+        Err(why) = listening => why,
+    };
+    messages.abort();
     drop(client);
-    ended.unwrap_or(Ok(()))
+    why
 }
 
 /// How connections to PostgreSQL are made: in the clear, or over TLS when the URL asks for it

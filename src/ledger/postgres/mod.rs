@@ -12,6 +12,8 @@
 //!   number fences a receiver that lost its lease.
 //! - Every claim batch sends `NOTIFY sume_jobs` with its commit; each receiver LISTENs on a
 //!   connection of its own and wakes its worker, so work claimed anywhere starts promptly.
+//! - No connection outlives its server's turn as the primary (`role.rs`): after a failover
+//!   every path reconnects by itself, the LISTEN connection included.
 //! - Lease take-back, retention and reconciliation polls are conditional updates or take their
 //!   rows with `SKIP LOCKED`: each row is handled once however many receivers run them.
 //! - Migrations run in one transaction under an advisory lock; a schema newer than this binary
@@ -21,18 +23,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use deadpool_postgres::{Pool, Runtime};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::Row;
 use tokio_util::sync::CancellationToken;
 
 mod claims;
 mod connection;
+mod open;
+mod pooled;
+mod role;
 mod sql;
 mod start;
+mod statements;
 
 use super::contract::Backend;
 use super::error::{Cause, StorageError};
@@ -40,37 +43,28 @@ use super::model::{duration_ms, now_ms};
 use super::model::{
     expectation_counts, state_counts, ActionRecord, Attempt, AttemptEnd, AttemptRecord,
     ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, JobDetail,
-    JobPage, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
-    RetryCount, RetryError, RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
+    JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount,
+    RetryError, RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
 };
 use super::portable_sql;
-use crate::config::{PostgresConfig, PostgresUrl};
+use super::WorkSide;
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
-use claims::{insert_claims, run_batcher, through_batcher, ClaimRequest, ClaimsError};
-use connection::{
-    error_text, listen, pool_error, settings, statement_error, StandbyWarnings, Tls, CHANNEL,
-    CONNECT_TIMEOUT,
-};
-use start::{check_durability, connect_at_start, migrate, MIGRATIONS};
+use claims::{insert_claims, through_batcher, ClaimRequest, ClaimsError};
+use connection::{StandbyWarnings, CHANNEL};
+use pooled::Pooled;
+use statements::{attempt_number, count_rows, summary_from_row};
 
-/// Connections per receiver: the claim batches in flight, the worker's transitions, reads.
-const POOL_SIZE: usize = 8;
-/// Connections for the reads an operator's page or a scrape makes, apart from the pool that
-/// claims and changes jobs: a burst of console reads waits for these, never for a claim's.
-const READER_POOL_SIZE: usize = 2;
-/// The server cancels a reader's statement past this (as SQLite's service reads are cut):
-/// none takes more than milliseconds on an indexed ledger.
-const READ_BUDGET_MS: u32 = 5_000;
 /// Claims waiting for their batch; past it a delivery is refused at once (503).
 const CLAIM_QUEUE_CAPACITY: usize = 1024;
 
 /// The open PostgreSQL ledger of a running receiver.
 pub struct PostgresLedger {
-    pool: Pool,
+    /// The connections that claim and change jobs, checked writable.
+    pool: Pooled,
     /// Read-only connections with a statement timeout, for the service's reads (the command
     /// line's reads share its one connection).
-    readers: Pool,
+    readers: Pooled,
     /// The pool's count of warnings that make a claim's outcome unknown.
     warnings: StandbyWarnings,
     /// The claim batcher's queue; `None` on the command line, which claims in place.
@@ -82,195 +76,11 @@ pub struct PostgresLedger {
     /// Cancelled if the claim batcher died of a panic: nothing can be claimed any more.
     failed: CancellationToken,
     work_added: Arc<Notify>,
+    /// Whether the changes other than claims go through; `None` on the command line.
+    work_side: Option<WorkSide>,
     location: String,
-    /// This receiver's name on its leases ([`PostgresConfig::receiver`]).
+    /// This receiver's name on its leases ([`PostgresConfig::receiver`](crate::config::PostgresConfig::receiver)).
     receiver: String,
-}
-
-impl PostgresLedger {
-    /// Connects, checks the server's durability setting, migrates under the advisory lock, and
-    /// starts the claim batcher and the LISTEN task.
-    pub async fn open(url: &PostgresUrl, config: &PostgresConfig) -> anyhow::Result<Self> {
-        let pg_config = settings(url, CONNECT_TIMEOUT);
-        let location = url.location();
-        let tls = Tls::new(url, config.ca_file.as_deref())?;
-        let mut client = connect_at_start(&tls, &pg_config, &location).await?;
-        let synchronous_commit = check_durability(&client, &location).await?;
-        migrate(&mut client, &location).await?;
-        drop(client);
-        // Checked once, held on every connection: a later `ALTER ROLE ... SET
-        // synchronous_commit = off` cannot reach a connection the pool opens afterwards.
-        let mut pg_config = pg_config;
-        let options = pg_config.get_options().unwrap_or_default();
-        pg_config.options(format!("{options} -c synchronous_commit={synchronous_commit}").trim());
-
-        let warnings = StandbyWarnings::default();
-        let pool = build_pool(&tls, &pg_config, &warnings, POOL_SIZE)?;
-        let mut reader_config = pg_config.clone();
-        reader_config.options(
-            format!(
-                "{} -c default_transaction_read_only=on -c statement_timeout={READ_BUDGET_MS}",
-                pg_config.get_options().unwrap_or_default()
-            )
-            .trim(),
-        );
-        let readers = build_pool(
-            &tls,
-            &reader_config,
-            &StandbyWarnings::default(),
-            READER_POOL_SIZE,
-        )?;
-
-        let (claims, inbox) = mpsc::channel(CLAIM_QUEUE_CAPACITY);
-        let stopping = CancellationToken::new();
-        let last_commit_ok = Arc::new(AtomicBool::new(true));
-        let failed = CancellationToken::new();
-        let work_added = Arc::new(Notify::new());
-        let mut tasks = JoinSet::new();
-        let batcher = tokio::spawn(run_batcher(
-            pool.clone(),
-            warnings.clone(),
-            inbox,
-            config.max_batch,
-            stopping.clone(),
-            last_commit_ok.clone(),
-        ));
-        tasks.spawn({
-            let failed = failed.clone();
-            async move {
-                if batcher.await.is_err() {
-                    tracing::error!(
-                        "the PostgreSQL claim batcher panicked; nothing can be claimed any more"
-                    );
-                    failed.cancel();
-                }
-            }
-        });
-        tasks.spawn(listen(pg_config, tls, work_added.clone(), stopping.clone()));
-        tracing::info!(ledger = %location, "PostgreSQL ledger open");
-        Ok(PostgresLedger {
-            pool,
-            readers,
-            warnings,
-            claims: Some(claims),
-            tasks: Mutex::new(Some(tasks)),
-            stopping,
-            last_commit_ok,
-            failed,
-            work_added,
-            location,
-            receiver: config.receiver.clone(),
-        })
-    }
-
-    async fn client(&self) -> Result<deadpool_postgres::Object, StorageError> {
-        self.pool.get().await.map_err(pool_error)
-    }
-
-    /// Runs a statement; returns its rows.
-    async fn query(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, StorageError> {
-        let client = self.client().await?;
-        let statement = client.prepare_cached(sql).await.map_err(statement_error)?;
-        client
-            .query(&statement, params)
-            .await
-            .map_err(statement_error)
-    }
-
-    /// Runs a read on a reader connection: read-only, cut by the server past its budget.
-    async fn read(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, StorageError> {
-        let client = self.readers.get().await.map_err(pool_error)?;
-        let statement = client.prepare_cached(sql).await.map_err(statement_error)?;
-        client
-            .query(&statement, params)
-            .await
-            .map_err(statement_error)
-    }
-
-    /// Runs a read as the service's reads run (the readers' pool and budget).
-    #[cfg(feature = "testing")]
-    pub async fn read_for_test(&self, sql: &str) -> Result<Vec<Row>, StorageError> {
-        self.read(sql, &[]).await
-    }
-
-    /// Runs a statement; returns how many rows it changed.
-    async fn execute(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<usize, StorageError> {
-        let client = self.client().await?;
-        let statement = client.prepare_cached(sql).await.map_err(statement_error)?;
-        let changed = client
-            .execute(&statement, params)
-            .await
-            .map_err(statement_error)?;
-        Ok(changed as usize)
-    }
-
-    /// Runs a statement whose one row holds a count (of the rows its CTE changed).
-    async fn count(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<i64, StorageError> {
-        let rows = self.query(sql, params).await?;
-        Ok(rows.first().map_or(0, |row| row.get(0)))
-    }
-
-    /// Keeps the newest [`HISTORY_PER_JOB`] actions of each job.
-    async fn trim_actions(&self, job_ids: &[&str]) -> Result<(), StorageError> {
-        self.execute(sql::TRIM_ACTIONS_SQL, &[&job_ids, &HISTORY_PER_JOB])
-            .await
-            .map(drop)
-    }
-
-    /// Connects for the command line and checks that the schema is the one this binary knows
-    /// (the service migrates it; the command line never does). No claim batcher, no LISTEN.
-    pub async fn open_existing(url: &PostgresUrl, config: &PostgresConfig) -> anyhow::Result<Self> {
-        let location = url.location();
-        let tls = Tls::new(url, config.ca_file.as_deref())?;
-        let pg_config = settings(url, CONNECT_TIMEOUT);
-        let client = tls
-            .connect(&pg_config)
-            .await
-            .map_err(|error| anyhow::anyhow!(error_text(&error)))
-            .with_context(|| format!("cannot connect to PostgreSQL at {location}"))?;
-        let version = client
-            .query_opt("SELECT version FROM sume_schema", &[])
-            .await
-            .ok()
-            .flatten()
-            .map_or(0, |row| row.get::<_, i32>(0));
-        if version as usize != MIGRATIONS.len() {
-            bail!(
-                "the ledger at {location} has schema version {version}, this binary expects {}: \
-                 start the service once to create or migrate it, or use the matching \
-                 sume-receiver",
-                MIGRATIONS.len()
-            );
-        }
-        drop(client);
-        let warnings = StandbyWarnings::default();
-        let pool = build_pool(&tls, &pg_config, &warnings, 1)?;
-        Ok(PostgresLedger {
-            readers: pool.clone(),
-            pool,
-            warnings,
-            claims: None,
-            tasks: Mutex::new(None),
-            stopping: CancellationToken::new(),
-            last_commit_ok: Arc::new(AtomicBool::new(true)),
-            failed: CancellationToken::new(),
-            work_added: Arc::new(Notify::new()),
-            location,
-            receiver: config.receiver.clone(),
-        })
-    }
 }
 
 impl Backend for PostgresLedger {
@@ -851,6 +661,10 @@ impl Backend for PostgresLedger {
         true
     }
 
+    fn work_side(&self) -> Option<WorkSide> {
+        self.work_side.clone()
+    }
+
     fn claim_queue_depth(&self) -> usize {
         self.claims
             .as_ref()
@@ -868,44 +682,5 @@ impl Backend for PostgresLedger {
             return Err("the ledger's claim queue is nearly full");
         }
         Ok(())
-    }
-}
-
-fn attempt_number(attempt: &Attempt) -> i32 {
-    i32::try_from(attempt.number).unwrap_or(i32::MAX)
-}
-
-/// (state, count) rows of a `GROUP BY state` count.
-/// A pool of at most `size` connections, each counting its notices in `warnings`.
-fn build_pool(
-    tls: &Tls,
-    config: &tokio_postgres::Config,
-    warnings: &StandbyWarnings,
-    size: usize,
-) -> anyhow::Result<Pool> {
-    Pool::builder(tls.manager(config, warnings.clone()))
-        .max_size(size)
-        .runtime(Runtime::Tokio1)
-        .create_timeout(Some(CONNECT_TIMEOUT))
-        .wait_timeout(Some(CONNECT_TIMEOUT))
-        .build()
-        .context("cannot build a PostgreSQL connection pool")
-}
-
-fn count_rows(rows: &[Row]) -> Vec<(String, i64)> {
-    rows.iter().map(|row| (row.get(0), row.get(1))).collect()
-}
-
-fn summary_from_row(row: &Row) -> JobSummary {
-    JobSummary {
-        job_id: row.get(0),
-        state: row.get(1),
-        source: row.get(2),
-        event_type: row.get(3),
-        attempts: row.get::<_, i32>(4).unsigned_abs(),
-        received_at: row.get(5),
-        next_attempt_at: row.get(6),
-        finished_at: row.get(7),
-        last_error: row.get(8),
     }
 }
