@@ -172,6 +172,13 @@ pub(super) async fn listen(
     stopping: CancellationToken,
 ) {
     let mut failures = Throttled::new("cannot listen for new work on PostgreSQL; retrying");
+    // Told apart from the pool's in pg_stat_activity.
+    let mut pg_config = pg_config;
+    let name = pg_config
+        .get_application_name()
+        .unwrap_or("sume-receiver")
+        .to_owned();
+    pg_config.application_name(format!("{name} (LISTEN)"));
     loop {
         let listening = async {
             match &tls {
