@@ -28,8 +28,9 @@ use crate::throttle::Throttled;
 const QUEUE_CAPACITY: usize = 10_000;
 /// Most due jobs taken from the ledger at once when the in-memory queue runs dry.
 const PULL_BATCH: usize = 1_000;
-/// An idle worker looks in the ledger at least this often: jobs that another process made due
-/// (`jobs retry`) start within it.
+/// An idle worker looks in the ledger at least this often where the ledger cannot tell it of
+/// another process's changes (`jobs retry`): those jobs start within it. Where it can (SQLite's
+/// WAL watch), an idle worker sleeps until its next job is due.
 pub const IDLE_LOOK: Duration = Duration::from_secs(1);
 /// When every due job found is already being started here: look again this soon.
 const STARTING_LOOK: Duration = Duration::from_millis(20);
@@ -219,7 +220,7 @@ impl Worker {
                 return true;
             }
             tokio::select! {
-                () = tokio::time::sleep(IDLE_LOOK) => {}
+                () = tokio::time::sleep(self.idle_look()) => {}
                 () = self.queue.ledger_changed.notified() => {}
                 () = self.ledger.work_added_elsewhere() => {}
                 () = shutdown.cancelled() => return false,
@@ -326,9 +327,19 @@ impl Worker {
         if !due.runnable.is_empty() {
             return STARTING_LOOK;
         }
-        due.next_at.map_or(IDLE_LOOK, |at| {
-            Duration::from_millis(u64::try_from(at - now).unwrap_or(0)).min(IDLE_LOOK)
+        due.next_at.map_or(self.idle_look(), |at| {
+            Duration::from_millis(u64::try_from(at - now).unwrap_or(0)).min(self.idle_look())
         })
+    }
+
+    /// How long an idle worker waits with no news: [`IDLE_LOOK`], or until woken where the
+    /// ledger sees other processes' changes (a sleep that never ends).
+    fn idle_look(&self) -> Duration {
+        if self.ledger.sees_work_added_elsewhere() {
+            Duration::MAX
+        } else {
+            IDLE_LOOK
+        }
     }
 }
 

@@ -23,6 +23,7 @@ use crate::metrics::{AttemptResult, METRICS};
 use contract::forwarding_method;
 pub use contract::Backend;
 pub use error::{Cause, StorageError, StorageLost, STORAGE_LOST_EXIT_STATUS};
+pub use sqlite::{LedgerDamaged, DAMAGED_EXIT_STATUS};
 pub use model::{
     duration_ms, now_ms, ActionRecord, Attempt, AttemptEnd, AttemptRecord, ClaimOutcome, Cursor,
     DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, Failure, JobDetail, JobFilter,
