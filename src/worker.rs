@@ -123,6 +123,9 @@ pub struct Worker {
     start_failures: Arc<Mutex<Throttled>>,
     /// Whether an operator paused dispatch, as last read from the ledger, and when.
     dispatch: Option<(Dispatch, std::time::Instant)>,
+    /// Woken by another process's write since the last look: that look may have come before
+    /// its commit was visible, so the next one comes within [`IDLE_LOOK`].
+    woken_from_elsewhere: bool,
 }
 
 impl Worker {
@@ -145,6 +148,7 @@ impl Worker {
                 "cannot start jobs: the ledger takes no changes; each stays due and is tried again every second",
             ))),
             dispatch: None,
+            woken_from_elsewhere: false,
         };
         Ok((worker, queue))
     }
@@ -220,7 +224,7 @@ impl Worker {
                 return true;
             }
             tokio::select! {
-                () = tokio::time::sleep(self.idle_look()) => {}
+                () = tokio::time::sleep(IDLE_LOOK) => {}
                 () = self.queue.ledger_changed.notified() => {}
                 () = self.ledger.work_added_elsewhere() => {}
                 () = shutdown.cancelled() => return false,
@@ -272,14 +276,17 @@ impl Worker {
                 Err(mpsc::error::TryRecvError::Disconnected) => return None,
                 Err(mpsc::error::TryRecvError::Empty) => {}
             }
-            let wait = self.take_due_jobs().await;
+            let mut wait = self.take_due_jobs().await;
             if wait.is_zero() {
                 continue;
+            }
+            if std::mem::take(&mut self.woken_from_elsewhere) {
+                wait = wait.min(IDLE_LOOK);
             }
             tokio::select! {
                 job_id = self.receiver.recv() => return job_id,
                 () = self.queue.ledger_changed.notified() => {}
-                () = self.ledger.work_added_elsewhere() => {}
+                () = self.ledger.work_added_elsewhere() => self.woken_from_elsewhere = true,
                 () = tokio::time::sleep(wait) => {}
                 () = shutdown.cancelled() => return None,
             }

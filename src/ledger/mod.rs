@@ -23,13 +23,13 @@ use crate::metrics::{AttemptResult, METRICS};
 use contract::forwarding_method;
 pub use contract::Backend;
 pub use error::{Cause, StorageError, StorageLost, STORAGE_LOST_EXIT_STATUS};
-pub use sqlite::{LedgerDamaged, DAMAGED_EXIT_STATUS};
 pub use model::{
     duration_ms, now_ms, ActionRecord, Attempt, AttemptEnd, AttemptRecord, ClaimOutcome, Cursor,
     DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, Failure, JobDetail, JobFilter,
     JobPage, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
     RetryCount, RetryError, RetryFilter, Source, State, HISTORY_PER_JOB,
 };
+pub use sqlite::{LedgerDamaged, DAMAGED_EXIT_STATUS};
 /// Rows of its list a page filtered by event type reads at most.
 pub const ROWS_READ_PER_FILTERED_PAGE: usize = 10_000;
 /// Rows read per query while filtering.

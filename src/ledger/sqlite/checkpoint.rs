@@ -73,8 +73,10 @@ impl Checkpointer {
                         match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
                             Ok(()) => failures.recovered(),
                             Err(error) if failure::is_storage_lost(&error) => {
-                                failure
-                                    .fail(Cause::StorageLost, format!("checkpoint failed: {error}"));
+                                failure.fail(
+                                    Cause::StorageLost,
+                                    format!("checkpoint failed: {error}"),
+                                );
                                 break;
                             }
                             Err(error) => {
@@ -141,5 +143,45 @@ pub(super) fn checkpoint_after_commit(
     match wal.checkpoint() {
         Err(error) if failure::is_storage_lost(&error) => Err(error),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The database file's size: frames copied back by a checkpoint grow it.
+    fn file_size(path: &std::path::Path) -> u64 {
+        std::fs::metadata(path).unwrap().len()
+    }
+
+    /// Regression: the checkpointer took the checkpoint lock every 50 ms on an idle ledger (a
+    /// wake-up and a file lock each time). Now it copies frames only after a commit says so.
+    #[test]
+    fn frames_are_copied_back_after_a_commit_and_not_on_a_timer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.sqlite3");
+        let writer = Connection::open(&path).unwrap();
+        writer
+            .execute_batch(
+                "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0;
+                 CREATE TABLE t (x);
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5000)
+                 INSERT INTO t SELECT i FROM n;",
+            )
+            .unwrap();
+        let before = file_size(&path);
+        let checkpointer =
+            Checkpointer::start(Connection::open(&path).unwrap(), Arc::default()).unwrap();
+        std::thread::sleep(INTERVAL * 6);
+        assert_eq!(file_size(&path), before, "copied back with no commit told");
+
+        checkpointer.wake().committed();
+        let copied = (0..500).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            file_size(&path) > before
+        });
+        assert!(copied, "the frames were not copied back after a commit");
+        checkpointer.stop();
     }
 }

@@ -74,7 +74,11 @@ pub(super) fn check_now(conn: &Connection, config: &SqliteConfig) -> anyhow::Res
         false
     });
     // Before serving, a check that cannot read the ledger refuses it as damage would.
-    conclude(findings.unwrap_or_else(|error| Some(error.to_string())), config, started)
+    conclude(
+        findings.unwrap_or_else(|error| Some(error.to_string())),
+        config,
+        started,
+    )
 }
 
 /// The whole check on a thread of its own, while the service serves.
@@ -137,7 +141,11 @@ impl BackgroundCheck {
 /// when it could not run (or was interrupted by `interrupt` returning `true`).
 type Findings = rusqlite::Result<Option<String>>;
 
-fn run_check(conn: &Connection, check: CheckAtStart, interrupt: impl FnMut() -> bool + Send + 'static) -> Findings {
+fn run_check(
+    conn: &Connection,
+    check: CheckAtStart,
+    interrupt: impl FnMut() -> bool + Send + 'static,
+) -> Findings {
     let pragma = pragma(check);
     conn.progress_handler(STEPS_BETWEEN_LOOKS, Some(interrupt))?;
     let rows = conn
@@ -168,7 +176,11 @@ fn pragma(check: CheckAtStart) -> &'static str {
 
 /// Logs a passed check and clears the mark; damage leaves the mark and becomes the error that
 /// says how to recover.
-fn conclude(findings: Option<String>, config: &SqliteConfig, started: Instant) -> anyhow::Result<()> {
+fn conclude(
+    findings: Option<String>,
+    config: &SqliteConfig,
+    started: Instant,
+) -> anyhow::Result<()> {
     let check = pragma(config.check_at_start);
     let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let mark = damage_mark(&config.path);
@@ -231,7 +243,12 @@ fn report_progress(read: u64, size: u64, elapsed: Duration) {
         size as f64 / GIB,
         elapsed.as_secs()
     );
-    tracing::info!(read_bytes = read, ledger_bytes = size, elapsed_s = elapsed.as_secs(), "checking the ledger before serving");
+    tracing::info!(
+        read_bytes = read,
+        ledger_bytes = size,
+        elapsed_s = elapsed.as_secs(),
+        "checking the ledger before serving"
+    );
     let extend = u32::try_from(EXTEND_START_BY.as_micros()).unwrap_or(u32::MAX);
     let _ = sd_notify::notify(&[
         sd_notify::NotifyState::ExtendTimeoutUsec(extend),
@@ -251,7 +268,13 @@ fn lower_priority() {
         }
         const IOPRIO_WHO_PROCESS: libc::c_long = 1;
         const IOPRIO_BEST_EFFORT_LOWEST: libc::c_long = (2 << 13) | 7;
-        if libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, tid as libc::c_long, IOPRIO_BEST_EFFORT_LOWEST) != 0 {
+        if libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            tid as libc::c_long,
+            IOPRIO_BEST_EFFORT_LOWEST,
+        ) != 0
+        {
             tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the check's I/O priority");
         }
     }

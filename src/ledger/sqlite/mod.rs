@@ -140,9 +140,10 @@ impl SqliteLedger {
             .then(|| BackgroundCheck::start(config, failure.clone()))
             .transpose()
             .context("cannot start the ledger check")?;
-        let (writer, thread) = Writer::start(conn, config.max_batch, durability, failure, move || {
-            wake.committed()
-        })?;
+        let (writer, thread) =
+            Writer::start(conn, config.max_batch, durability, failure, move || {
+                wake.committed()
+            })?;
         let wal_watch = tokio::runtime::Handle::try_current().ok().and_then(|_| {
             WalWatch::start(&config.path)
                 .inspect_err(|error| {
@@ -647,7 +648,9 @@ impl Backend for SqliteLedger {
         match writer.failure().cause() {
             None => {}
             Some(FailureCause::Damaged) => {
-                return Err("the ledger check found damage (see the log): it acknowledges nothing any more")
+                return Err(
+                    "the ledger check found damage (see the log): it acknowledges nothing any more",
+                )
             }
             Some(_) => {
                 return Err("the ledger failed (see the log): it acknowledges nothing any more")

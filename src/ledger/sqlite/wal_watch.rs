@@ -66,9 +66,8 @@ impl WalWatch {
             };
             // SAFETY: reads into a buffer of the length given.
             let read = ready.try_io(|fd| {
-                let n = unsafe {
-                    libc::read(fd.as_raw_fd(), events.as_mut_ptr().cast(), events.len())
-                };
+                let n =
+                    unsafe { libc::read(fd.as_raw_fd(), events.as_mut_ptr().cast(), events.len()) };
                 if n < 0 {
                     Err(io::Error::last_os_error())
                 } else {

@@ -540,15 +540,14 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let (conn, reader) = ledger(&dir);
             let (sync, syncing, release) = held_sync();
-            let (writer, thread) =
-                Writer::start(
-                    conn,
-                    64,
-                    Durability::AfterWalSync(sync),
-                    Arc::default(),
-                    || (),
-                )
-                .unwrap();
+            let (writer, thread) = Writer::start(
+                conn,
+                64,
+                Durability::AfterWalSync(sync),
+                Arc::default(),
+                || (),
+            )
+            .unwrap();
             HeldWriter {
                 writer: Arc::new(writer),
                 thread,
