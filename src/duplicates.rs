@@ -1,5 +1,6 @@
 //! Duplicate deliveries per job: counted in memory on the request path, written to the ledger
-//! every second, so that a duplicate costs the claim path no write of its own.
+//! a second after the first one counted, so that a duplicate costs the claim path no write of
+//! its own (and a receiver without duplicates no wake-up).
 //!
 //! The counts are for people (`jobs show`): a crash loses at most the last second of them,
 //! and past [`MAX_PENDING`] distinct jobs in one second the rest go uncounted (a flood of
@@ -17,7 +18,7 @@ use crate::logging::Escaped;
 
 /// Distinct jobs whose duplicates wait for the next write.
 pub const MAX_PENDING: usize = 10_000;
-/// How often the counts are written.
+/// How long after the first duplicate counted the counts are written.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Counts per ledger write: claims commit between two (a long write would hold them back).
 const WRITE_BATCH: usize = 256;
@@ -26,6 +27,8 @@ const WRITE_BATCH: usize = 256;
 pub struct DuplicateTally {
     /// Per job: duplicates since the last write, and when the last one came (Unix ms).
     pending: Mutex<HashMap<JobId, (u32, i64)>>,
+    /// Told when the first duplicate since the last write is counted.
+    counted: tokio::sync::Notify,
 }
 
 impl DuplicateTally {
@@ -36,6 +39,9 @@ impl DuplicateTally {
             *count = count.saturating_add(1);
             *last = now;
         } else if pending.len() < MAX_PENDING {
+            if pending.is_empty() {
+                self.counted.notify_one();
+            }
             pending.insert(job_id.clone(), (1, now));
         }
     }
@@ -65,9 +71,14 @@ impl DuplicateTally {
         written
     }
 
-    /// Writes the counts every [`FLUSH_EVERY`] until `stop`, then once more.
+    /// Writes the counts [`FLUSH_EVERY`] after the first one since the last write, until
+    /// `stop`, then once more.
     pub async fn run(self: Arc<Self>, ledger: Arc<Ledger>, stop: CancellationToken) {
         loop {
+            tokio::select! {
+                () = self.counted.notified() => {}
+                () = stop.cancelled() => break,
+            }
             tokio::select! {
                 () = tokio::time::sleep(FLUSH_EVERY) => {}
                 () = stop.cancelled() => break,

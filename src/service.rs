@@ -174,6 +174,14 @@ pub async fn run_on(
             }
             .into());
         }
+        if ledger.is_damaged() {
+            return Err(ledger::LedgerDamaged(format!(
+                "the check found the ledger {} damaged: the log above says where, and how to \
+                 recover; the next start checks it before serving",
+                ledger.location()
+            ))
+            .into());
+        }
         anyhow::bail!("the ledger writer thread failed (see the log above); exiting so the service is restarted");
     }
     tracing::info!("stopped");

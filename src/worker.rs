@@ -28,8 +28,9 @@ use crate::throttle::Throttled;
 const QUEUE_CAPACITY: usize = 10_000;
 /// Most due jobs taken from the ledger at once when the in-memory queue runs dry.
 const PULL_BATCH: usize = 1_000;
-/// An idle worker looks in the ledger at least this often: jobs that another process made due
-/// (`jobs retry`) start within it.
+/// An idle worker looks in the ledger at least this often where the ledger cannot tell it of
+/// another process's changes (`jobs retry`): those jobs start within it. Where it can (SQLite's
+/// WAL watch), an idle worker sleeps until its next job is due.
 pub const IDLE_LOOK: Duration = Duration::from_secs(1);
 /// When every due job found is already being started here: look again this soon.
 const STARTING_LOOK: Duration = Duration::from_millis(20);
@@ -122,6 +123,9 @@ pub struct Worker {
     start_failures: Arc<Mutex<Throttled>>,
     /// Whether an operator paused dispatch, as last read from the ledger, and when.
     dispatch: Option<(Dispatch, std::time::Instant)>,
+    /// Woken by another process's write since the last look: that look may have come before
+    /// its commit was visible, so the next one comes within [`IDLE_LOOK`].
+    woken_from_elsewhere: bool,
 }
 
 impl Worker {
@@ -144,6 +148,7 @@ impl Worker {
                 "cannot start jobs: the ledger takes no changes; each stays due and is tried again every second",
             ))),
             dispatch: None,
+            woken_from_elsewhere: false,
         };
         Ok((worker, queue))
     }
@@ -271,14 +276,17 @@ impl Worker {
                 Err(mpsc::error::TryRecvError::Disconnected) => return None,
                 Err(mpsc::error::TryRecvError::Empty) => {}
             }
-            let wait = self.take_due_jobs().await;
+            let mut wait = self.take_due_jobs().await;
             if wait.is_zero() {
                 continue;
+            }
+            if std::mem::take(&mut self.woken_from_elsewhere) {
+                wait = wait.min(IDLE_LOOK);
             }
             tokio::select! {
                 job_id = self.receiver.recv() => return job_id,
                 () = self.queue.ledger_changed.notified() => {}
-                () = self.ledger.work_added_elsewhere() => {}
+                () = self.ledger.work_added_elsewhere() => self.woken_from_elsewhere = true,
                 () = tokio::time::sleep(wait) => {}
                 () = shutdown.cancelled() => return None,
             }
@@ -326,9 +334,19 @@ impl Worker {
         if !due.runnable.is_empty() {
             return STARTING_LOOK;
         }
-        due.next_at.map_or(IDLE_LOOK, |at| {
-            Duration::from_millis(u64::try_from(at - now).unwrap_or(0)).min(IDLE_LOOK)
+        due.next_at.map_or(self.idle_look(), |at| {
+            Duration::from_millis(u64::try_from(at - now).unwrap_or(0)).min(self.idle_look())
         })
+    }
+
+    /// How long an idle worker waits with no news: [`IDLE_LOOK`], or until woken where the
+    /// ledger sees other processes' changes (a sleep that never ends).
+    fn idle_look(&self) -> Duration {
+        if self.ledger.sees_work_added_elsewhere() {
+            Duration::MAX
+        } else {
+            IDLE_LOOK
+        }
     }
 }
 

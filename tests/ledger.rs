@@ -526,3 +526,31 @@ async fn a_claims_future_is_small_whatever_the_backend() {
     ledger.close().await;
     assert!(size <= 512, "a claim's future takes {size} bytes");
 }
+
+/// The worker sleeps until woken when the ledger sees other processes' changes: a commit of
+/// another connection (a `jobs retry` from the command line) wakes it, and an idle ledger,
+/// whose own threads write nothing, does not.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_connections_commit_is_seen_and_an_idle_ledger_stays_quiet() {
+    let dir = tempfile::tempdir().unwrap();
+    // Without the check after the start, whose connection closes when it ends.
+    let text = config_text(dir.path(), "[database]\ncheck_at_start = \"off\"\n");
+    let config = Config::parse(&text, dir.path()).unwrap();
+    let ledger = Ledger::open(&config.database).await.unwrap();
+    assert!(ledger.sees_work_added_elsewhere());
+    let seen_now = || tokio::time::timeout(Duration::ZERO, ledger.work_added_elsewhere());
+    // What the start itself wrote.
+    while seen_now().await.is_ok() {}
+    let idle = tokio::time::timeout(Duration::from_millis(300), ledger.work_added_elsewhere());
+    assert!(idle.await.is_err(), "woken with nothing written");
+
+    let cli = Ledger::open_existing(&config.database).await.unwrap();
+    cli.set_dispatch(true, "cli:test", ledger::now_ms())
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), ledger.work_added_elsewhere())
+        .await
+        .expect("the other connection's commit is seen");
+    cli.close().await;
+    ledger.close().await;
+}

@@ -1574,3 +1574,45 @@ fn journal_fields(mut datagram: &[u8]) -> Vec<(String, String)> {
     }
     fields
 }
+
+/// A damaged ledger: the service serves at once (the whole-file check runs after the start),
+/// the check finds the damage and the service exits with 65, which the unit does not restart
+/// (that nothing is acknowledged meanwhile: open.rs's tests); the next start checks before
+/// serving and refuses it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_damaged_ledger_stops_the_service_and_the_next_start_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), port, "", "");
+    let service = Service::start(&config, port).await;
+    assert_eq!(deliver_once(port, SECRET, "job-before").await, 200);
+    assert!(service.stop_cleanly().await < Duration::from_secs(10));
+    let ledger = dir.path().join("ledger.sqlite3");
+    let conn = rusqlite::Connection::open(&ledger).unwrap();
+    conn.execute_batch(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+         INSERT INTO jobs (job_id, state, body, received_at, updated_at)
+         SELECT 'old-' || i, 'done', hex(randomblob(500)), i, i FROM n;
+         PRAGMA wal_checkpoint(TRUNCATE);",
+    )
+    .unwrap();
+    let pages: i64 = conn
+        .query_row("PRAGMA page_count", [], |row| row.get(0))
+        .unwrap();
+    drop(conn);
+    let pages = pages as usize;
+    let mut bytes = std::fs::read(&ledger).unwrap();
+    bytes[pages / 2 * 4096..(pages / 2 + 1) * 4096].fill(0x55);
+    std::fs::write(&ledger, bytes).unwrap();
+
+    let service = Service::start(&config, port).await;
+    let status = service.wait_exit(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(65), "{status}");
+    let log = std::fs::read_to_string(dir.path().join("service.log")).unwrap();
+    assert!(log.contains("is damaged"), "{log}");
+
+    let again = cli(&config, &["serve"]);
+    assert_eq!(again.status.code(), Some(65), "{again:?}");
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(stderr.contains(".recover"), "{stderr}");
+}

@@ -168,6 +168,33 @@ async fn handler_gets_body_and_environment_and_job_is_done() {
     assert!(finished.is_i64(), "{finished}");
 }
 
+/// `jobs retry` runs in a process of its own, which the worker learns of only from the ledger:
+/// an idle worker picks the job up (where the ledger sees other processes' writes, it sleeps
+/// until it does instead of looking every second).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_jobs_retry_from_the_command_line_is_picked_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("runs");
+    let script = format!("echo \"$SUME_JOB_ID\" >> {}", out.display());
+    let server = TestServer::start_in(dir, &command_handler(&script, "")).await;
+    server.deliver(&job_body("job-again")).await;
+    wait_for_state(&server, "job-again", "done").await;
+
+    let cli = ledger::Ledger::open_existing(&server.config.database)
+        .await
+        .unwrap();
+    cli.retry_job("job-again", "cli:test", ledger::now_ms())
+        .await
+        .unwrap();
+    cli.close().await;
+    let ran_twice = eventually(Duration::from_secs(20), || {
+        std::fs::read_to_string(&out).is_ok_and(|runs| runs.lines().count() == 2)
+    })
+    .await;
+    assert!(ran_twice, "the retried job did not run again");
+    wait_for_state(&server, "job-again", "done").await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn handler_failing_twice_then_succeeding_is_done_after_three_attempts() {
     let script =

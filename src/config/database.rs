@@ -19,7 +19,8 @@ pub enum Synchronous {
     Normal,
 }
 
-/// What the service checks of the ledger's pages before it serves from it.
+/// What the service checks of the ledger's pages at each start: in the background once it
+/// serves, or before (`check_before_serving`, or after a check found damage).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CheckAtStart {
@@ -43,6 +44,7 @@ struct RawDatabaseConfig {
     busy_timeout: Duration,
     max_batch: usize,
     check_at_start: CheckAtStart,
+    check_before_serving: bool,
 }
 
 impl Default for RawDatabaseConfig {
@@ -56,6 +58,7 @@ impl Default for RawDatabaseConfig {
             busy_timeout: Duration::from_secs(2),
             max_batch: 512,
             check_at_start: CheckAtStart::Quick,
+            check_before_serving: false,
         }
     }
 }
@@ -79,6 +82,9 @@ pub struct SqliteConfig {
     /// commit off, which only the benchmark has reason to do.
     pub max_batch: usize,
     pub check_at_start: CheckAtStart,
+    /// Whether `check_at_start` runs before the service serves (the start then takes as long as
+    /// reading the ledger) rather than in the background after.
+    pub check_before_serving: bool,
 }
 
 impl Default for SqliteConfig {
@@ -96,6 +102,7 @@ impl From<RawDatabaseConfig> for SqliteConfig {
             busy_timeout: raw.busy_timeout,
             max_batch: raw.max_batch,
             check_at_start: raw.check_at_start,
+            check_before_serving: raw.check_before_serving,
         }
     }
 }

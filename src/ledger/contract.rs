@@ -263,6 +263,10 @@ macro_rules! operations {
         /// Whether other receivers may use this ledger at the same time.
         fn is_shared(&self) -> bool = { false };
 
+        /// Whether [`work_added_elsewhere`](Backend::work_added_elsewhere) resolves for every
+        /// change of another process: an idle worker then needs no timer to look for them.
+        fn sees_work_added_elsewhere(&self) -> bool = { false };
+
         /// Claims waiting for their commit (on SQLite, with every other change: one writer
         /// queue).
         fn claim_queue_depth(&self) -> usize;
@@ -276,6 +280,10 @@ macro_rules! operations {
 
         /// Whether the ledger failed because the disk did (see [`StorageLost`](crate::ledger::StorageLost)).
         fn is_storage_lost(&self) -> bool = { false };
+
+        /// Whether the ledger failed because its damage check found damage (see
+        /// [`LedgerDamaged`](crate::ledger::LedgerDamaged)).
+        fn is_damaged(&self) -> bool = { false };
     }
 } };
 }

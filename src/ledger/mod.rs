@@ -30,6 +30,7 @@ pub use model::{
     JobPage, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
     RetryCount, RetryError, RetryFilter, Source, State, HISTORY_PER_JOB,
 };
+pub use sqlite::{LedgerDamaged, DAMAGED_EXIT_STATUS};
 /// Rows of its list a page filtered by event type reads at most.
 pub const ROWS_READ_PER_FILTERED_PAGE: usize = 10_000;
 /// Rows read per query while filtering.

@@ -9,8 +9,10 @@
 //! An I/O error while checkpointing is final, like a failed WAL sync (failure.rs says why): a
 //! later WAL restart could overwrite frames whose pages never reached the database file.
 
-use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::Thread;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
@@ -24,39 +26,106 @@ use crate::throttle::Throttled;
 /// (p99 65 ms); this one, a stall every few seconds (p99 8 ms).
 pub(super) const WRITER_AUTOCHECKPOINT_PAGES: u32 = 32768;
 
-/// How often committed frames are copied back: cheap when idle, frequent enough to keep up.
+/// How long after a commit its frames are copied back: the commits of that time are copied
+/// together, and it is frequent enough to keep up.
 const INTERVAL: Duration = Duration::from_millis(50);
 
 pub(super) struct Checkpointer {
-    stop: mpsc::Sender<()>,
+    signals: Arc<Signals>,
     thread: std::thread::JoinHandle<()>,
+}
+
+/// What wakes the checkpointer's thread: a commit that wrote, or the stop.
+#[derive(Default)]
+struct Signals {
+    committed: AtomicBool,
+    stopping: AtomicBool,
+}
+
+/// Tells the checkpointer that a commit wrote frames. Only the first commit since the last
+/// checkpoint wakes its thread; an idle ledger leaves it asleep (no lock taken on the files,
+/// no wake-up: a timer of its own once took the checkpoint lock every 50 ms).
+#[derive(Clone)]
+pub(super) struct CheckpointWake {
+    signals: Arc<Signals>,
+    thread: Thread,
+}
+
+impl CheckpointWake {
+    pub(super) fn committed(&self) {
+        if !self.signals.committed.swap(true, Ordering::AcqRel) {
+            self.thread.unpark();
+        }
+    }
 }
 
 impl Checkpointer {
     pub(super) fn start(conn: Connection, failure: Arc<Failure>) -> std::io::Result<Checkpointer> {
-        let (stop, stopped) = mpsc::channel();
+        let signals = Arc::new(Signals::default());
         let thread = std::thread::Builder::new()
             .name("ledger-checkpoint".into())
-            .spawn(move || {
-                // On a full disk this fails every interval: one line, then one a minute.
-                let mut failures = Throttled::new("WAL checkpoint failed; retrying");
-                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(INTERVAL) {
-                    match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                        Ok(()) => failures.recovered(),
-                        Err(error) if failure::is_storage_lost(&error) => {
-                            failure.fail(Cause::StorageLost, format!("checkpoint failed: {error}"));
-                            break;
+            .spawn({
+                let signals = signals.clone();
+                move || {
+                    // On a full disk this fails at every commit: one line, then one a minute.
+                    let mut failures = Throttled::new("WAL checkpoint failed; retrying");
+                    while signals.wait_for_commits() {
+                        match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                            Ok(()) => failures.recovered(),
+                            Err(error) if failure::is_storage_lost(&error) => {
+                                failure.fail(
+                                    Cause::StorageLost,
+                                    format!("checkpoint failed: {error}"),
+                                );
+                                break;
+                            }
+                            Err(error) => {
+                                failures.warn(&error.to_string());
+                                // Tried again after the next commit's interval.
+                                signals.committed.store(true, Ordering::Release);
+                            }
                         }
-                        Err(error) => failures.warn(&error.to_string()),
                     }
                 }
             })?;
-        Ok(Checkpointer { stop, thread })
+        Ok(Checkpointer { signals, thread })
+    }
+
+    /// Wakes the checkpointer after commits.
+    pub(super) fn wake(&self) -> CheckpointWake {
+        CheckpointWake {
+            signals: self.signals.clone(),
+            thread: self.thread.thread().clone(),
+        }
     }
 
     pub(super) fn stop(self) {
-        let _ = self.stop.send(());
+        self.signals.stopping.store(true, Ordering::Release);
+        self.thread.thread().unpark();
         let _ = self.thread.join();
+    }
+}
+
+impl Signals {
+    /// On the checkpointer's thread: sleeps until a commit wrote, then [`INTERVAL`] more (the
+    /// commits meanwhile are copied by the same checkpoint). `false` once stopping.
+    fn wait_for_commits(&self) -> bool {
+        // `park` may return without an unpark: every wait looks at the flags again.
+        while !self.committed.load(Ordering::Acquire) {
+            if self.stopping.load(Ordering::Acquire) {
+                return false;
+            }
+            std::thread::park();
+        }
+        let until = Instant::now() + INTERVAL;
+        while let Some(left) = until.checked_duration_since(Instant::now()) {
+            if self.stopping.load(Ordering::Acquire) {
+                return false;
+            }
+            std::thread::park_timeout(left);
+        }
+        self.committed.store(false, Ordering::Release);
+        !self.stopping.load(Ordering::Acquire)
     }
 }
 
@@ -74,5 +143,45 @@ pub(super) fn checkpoint_after_commit(
     match wal.checkpoint() {
         Err(error) if failure::is_storage_lost(&error) => Err(error),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The database file's size: frames copied back by a checkpoint grow it.
+    fn file_size(path: &std::path::Path) -> u64 {
+        std::fs::metadata(path).unwrap().len()
+    }
+
+    /// Regression: the checkpointer took the checkpoint lock every 50 ms on an idle ledger (a
+    /// wake-up and a file lock each time). Now it copies frames only after a commit says so.
+    #[test]
+    fn frames_are_copied_back_after_a_commit_and_not_on_a_timer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.sqlite3");
+        let writer = Connection::open(&path).unwrap();
+        writer
+            .execute_batch(
+                "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0;
+                 CREATE TABLE t (x);
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5000)
+                 INSERT INTO t SELECT i FROM n;",
+            )
+            .unwrap();
+        let before = file_size(&path);
+        let checkpointer =
+            Checkpointer::start(Connection::open(&path).unwrap(), Arc::default()).unwrap();
+        std::thread::sleep(INTERVAL * 6);
+        assert_eq!(file_size(&path), before, "copied back with no commit told");
+
+        checkpointer.wake().committed();
+        let copied = (0..500).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            file_size(&path) > before
+        });
+        assert!(copied, "the frames were not copied back after a commit");
+        checkpointer.stop();
     }
 }

@@ -15,6 +15,8 @@ pub enum Cause {
     /// could not write while still serving them from its cache, so even a restarted process
     /// would read (and answer "duplicate" on) rows the disk does not hold, until a reboot.
     StorageLost,
+    /// The damage check found the ledger damaged (integrity.rs).
+    Damaged,
 }
 
 /// Shared by the writer, the WAL syncer and the checkpointer; set once, never cleared.

@@ -5,9 +5,11 @@ mod checkpoint;
 mod expected;
 mod failure;
 mod history;
+mod integrity;
 mod jobs;
 mod open;
 mod wal_sync;
+mod wal_watch;
 mod writer;
 #[cfg(feature = "bench")]
 mod writer_alone;
@@ -38,11 +40,14 @@ pub use expected::{DELETE_RESOLVED_SQL, DUE_EXPECTATIONS_SQL};
 use failure::Cause as FailureCause;
 use failure::Failure;
 pub use history::{ACTIONS_OF_JOB_SQL, ATTEMPTS_OF_JOB_SQL};
+use integrity::BackgroundCheck;
+pub use integrity::{LedgerDamaged, DAMAGED_EXIT_STATUS};
 pub use jobs::{
     insert_claim, COUNT_RETRY_MATCHING_SQL, DELETE_FINISHED_SQL, DUE_JOBS_SQL, EXPIRED_LEASES_SQL,
     NEXT_DUE_SQL, PURGE_BODIES_SQL, RETRY_MATCHING_SQL,
 };
 use open::{apply_pragmas, open_connection, open_existing_connection, open_for_writing};
+use wal_watch::WalWatch;
 use writer::Writer;
 pub use writer::QUEUE_CAPACITY;
 #[cfg(feature = "bench")]
@@ -89,6 +94,11 @@ enum Connections {
         readers: r2d2::Pool<SqliteConnectionManager>,
         writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
         checkpointer: Mutex<Option<Checkpointer>>,
+        /// The whole-file check, while it runs after the start (integrity.rs).
+        check: Mutex<Option<BackgroundCheck>>,
+        /// Other processes' writes (wal_watch.rs); `None` outside a tokio runtime, or where
+        /// inotify is not available.
+        wal_watch: Option<WalWatch>,
     },
     /// The command line's: each change a transaction of its own (a running service's writer
     /// waits for it, up to `busy_timeout`).
@@ -102,9 +112,11 @@ fn default_read_budget() -> std::sync::atomic::AtomicU64 {
 }
 
 impl SqliteLedger {
-    /// Creates the file if needed, checks that it is ours and whole, migrates it, and starts
-    /// the writer thread.
+    /// Creates the file if needed, checks that it is ours (and whole: now, or in the
+    /// background, integrity.rs), migrates it, and starts the writer thread.
     pub fn open(config: &SqliteConfig) -> anyhow::Result<SqliteLedger> {
+        let check_later = config.check_at_start != crate::config::CheckAtStart::Off
+            && !integrity::check_before_serving(config);
         let (conn, durability) = open_for_writing(config)?;
         let settings = config.clone();
         let readers = r2d2::Pool::builder()
@@ -123,13 +135,30 @@ impl SqliteLedger {
             open_connection(&config.path, config, OpenFlags::default())?,
             failure.clone(),
         )?;
-        let (writer, thread) = Writer::start(conn, config.max_batch, durability, failure)?;
+        let wake = checkpointer.wake();
+        let check = check_later
+            .then(|| BackgroundCheck::start(config, failure.clone()))
+            .transpose()
+            .context("cannot start the ledger check")?;
+        let (writer, thread) =
+            Writer::start(conn, config.max_batch, durability, failure, move || {
+                wake.committed()
+            })?;
+        let wal_watch = tokio::runtime::Handle::try_current().ok().and_then(|_| {
+            WalWatch::start(&config.path)
+                .inspect_err(|error| {
+                    tracing::warn!(%error, "cannot watch the ledger's WAL: an idle worker looks in the ledger every second")
+                })
+                .ok()
+        });
         Ok(SqliteLedger {
             connections: Connections::Service {
                 writer,
                 readers,
                 writer_thread: Mutex::new(Some(thread)),
                 checkpointer: Mutex::new(Some(checkpointer)),
+                check: Mutex::new(check),
+                wal_watch,
             },
             path: config.path.clone(),
             read_budget_ms: default_read_budget(),
@@ -209,6 +238,16 @@ impl SqliteLedger {
         }
     }
 
+    /// The WAL watch, while it works.
+    fn wal_watch(&self) -> Option<&WalWatch> {
+        match &self.connections {
+            Connections::Service { wal_watch, .. } => {
+                wal_watch.as_ref().filter(|watch| watch.is_working())
+            }
+            Connections::Direct(_) => None,
+        }
+    }
+
     fn writer(&self) -> Option<&Writer> {
         match &self.connections {
             Connections::Service { writer, .. } => Some(writer),
@@ -222,11 +261,15 @@ impl SqliteLedger {
             writer,
             writer_thread,
             checkpointer,
+            check,
             ..
         } = &self.connections
         else {
             return;
         };
+        if let Some(check) = check.lock().expect("not poisoned").take() {
+            check.stop();
+        }
         writer.stop();
         if let Some(thread) = writer_thread.lock().expect("not poisoned").take() {
             let _ = thread.join();
@@ -334,6 +377,14 @@ impl Backend for SqliteLedger {
             jobs::take_back_lease(conn, &lease, cutoff, now, max_attempts, &error)
         })
         .await
+    }
+
+    /// Another process's commit (`jobs retry`), seen on the WAL file (wal_watch.rs).
+    async fn work_added_elsewhere(&self) {
+        match self.wal_watch() {
+            Some(watch) => watch.changed().await,
+            None => std::future::pending().await,
+        }
     }
 
     async fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError> {
@@ -581,6 +632,10 @@ impl Backend for SqliteLedger {
         self.path.display().to_string()
     }
 
+    fn sees_work_added_elsewhere(&self) -> bool {
+        self.wal_watch().is_some()
+    }
+
     fn claim_queue_depth(&self) -> usize {
         self.writer().map_or(0, Writer::queued)
     }
@@ -590,8 +645,16 @@ impl Backend for SqliteLedger {
         let Some(writer) = self.writer() else {
             return Ok(());
         };
-        if writer.failure().is_failed() {
-            return Err("the ledger failed (see the log): it acknowledges nothing any more");
+        match writer.failure().cause() {
+            None => {}
+            Some(FailureCause::Damaged) => {
+                return Err(
+                    "the ledger check found damage (see the log): it acknowledges nothing any more",
+                )
+            }
+            Some(_) => {
+                return Err("the ledger failed (see the log): it acknowledges nothing any more")
+            }
         }
         if !writer.last_commit_ok() {
             return Err("the last ledger commit failed");
@@ -604,5 +667,9 @@ impl Backend for SqliteLedger {
 
     fn is_storage_lost(&self) -> bool {
         self.failure_cause() == Some(FailureCause::StorageLost)
+    }
+
+    fn is_damaged(&self) -> bool {
+        self.failure_cause() == Some(FailureCause::Damaged)
     }
 }

@@ -6,9 +6,10 @@ use anyhow::{bail, Context};
 use rusqlite::{Connection, OpenFlags};
 
 use super::checkpoint::{self, WRITER_AUTOCHECKPOINT_PAGES};
+use super::integrity;
 use super::wal_sync::WalFile;
 use super::writer::Durability;
-use crate::config::{CheckAtStart, SqliteConfig, Synchronous};
+use crate::config::{SqliteConfig, Synchronous};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` counts how many have run.
 const MIGRATIONS: &[&str] = &[
@@ -26,8 +27,9 @@ const MIGRATIONS: &[&str] = &[
 /// transaction made grow past it is cut back.
 const WAL_SIZE_LIMIT_BYTES: u64 = 2 * WRITER_AUTOCHECKPOINT_PAGES as u64 * 4096;
 
-/// The writer's connection: the file created if needed, checked to be ours and whole, migrated,
-/// and tuned for the writer; and how its commits become durable.
+/// The writer's connection: the file created if needed, checked to be ours (and whole, when the
+/// whole check runs before serving: integrity.rs), migrated, and tuned for the writer; and how
+/// its commits become durable.
 pub(super) fn open_for_writing(config: &SqliteConfig) -> anyhow::Result<(Connection, Durability)> {
     if let Some(dir) = config
         .path
@@ -40,7 +42,9 @@ pub(super) fn open_for_writing(config: &SqliteConfig) -> anyhow::Result<(Connect
     create_private_file(&config.path)?;
     let mut conn = open_unconfigured(&config.path, config, OpenFlags::default())?;
     let version = check_ownership(&conn, &config.path)?;
-    check_integrity(&conn, &config.path, config.check_at_start)?;
+    if integrity::check_before_serving(config) {
+        integrity::check_now(&conn, config)?;
+    }
     apply_pragmas(&conn, config)
         .with_context(|| format!("cannot configure database {}", config.path.display()))?;
     migrate(&mut conn, &config.path, version)?;
@@ -169,43 +173,6 @@ fn check_ownership(conn: &Connection, path: &Path) -> anyhow::Result<usize> {
     Ok(version)
 }
 
-/// Runs SQLite's own consistency check, as configured; a damaged ledger is refused with the way
-/// out, instead of serving from it and failing later.
-fn check_integrity(conn: &Connection, path: &Path, check: CheckAtStart) -> anyhow::Result<()> {
-    let pragma = match check {
-        CheckAtStart::Off => return Ok(()),
-        CheckAtStart::Quick => "quick_check",
-        CheckAtStart::Full => "integrity_check",
-    };
-    let started = std::time::Instant::now();
-    let findings = conn
-        .prepare(&format!("PRAGMA {pragma}(5)"))
-        .and_then(|mut statement| {
-            statement
-                .query_map([], |row| row.get::<_, String>(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()
-        });
-    let findings = match findings {
-        Ok(findings) if findings == ["ok"] => {
-            tracing::info!(
-                check = pragma,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "ledger checked"
-            );
-            return Ok(());
-        }
-        Ok(findings) => findings.join("; "),
-        Err(error) => error.to_string(),
-    };
-    let path = path.display();
-    bail!(
-        "the ledger {path} is damaged (PRAGMA {pragma}: {findings:?}); refusing to serve from it. \
-         Stop the service and restore the ledger from a backup, or salvage what is readable: \
-         `sqlite3 {path} .recover | sqlite3 {path}.recovered`, then move the recovered file to \
-         {path} (keep the damaged one aside). database.check_at_start = \"off\" skips this check"
-    )
-}
-
 /// Pragmas every connection gets at open; none of them persist in the file except WAL mode.
 pub(super) fn apply_pragmas(conn: &Connection, config: &SqliteConfig) -> rusqlite::Result<()> {
     conn.busy_timeout(config.busy_timeout)?;
@@ -254,6 +221,8 @@ mod tests {
 
     use super::super::SqliteLedger;
     use super::*;
+    use crate::config::CheckAtStart;
+    use crate::ledger::Backend;
 
     fn test_config(dir: &Path) -> SqliteConfig {
         SqliteConfig {
@@ -425,11 +394,10 @@ mod tests {
         assert_eq!(schema_version(&conn), MIGRATIONS.len());
     }
 
-    #[test]
-    fn refuses_a_damaged_ledger_and_says_how_to_recover() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path());
-        SqliteLedger::open(&config).unwrap().stop();
+    /// A ledger of 2000 jobs with one page in the middle of the file overwritten, as a bad
+    /// sector or a stray write would.
+    fn damaged_ledger(config: &SqliteConfig) -> Vec<u8> {
+        SqliteLedger::open(config).unwrap().stop();
         let conn = Connection::open(&config.path).unwrap();
         conn.execute_batch(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
@@ -442,20 +410,68 @@ mod tests {
             .query_row("PRAGMA page_count", [], |row| row.get(0))
             .unwrap();
         drop(conn);
-        // One page in the middle of the file overwritten, as a bad sector or a stray write would.
-        let mut bytes = std::fs::read(&config.path).unwrap();
+        let whole = std::fs::read(&config.path).unwrap();
+        let mut bytes = whole.clone();
         let page = (pages / 2) as usize * 4096;
         bytes[page..page + 4096].fill(0x55);
         std::fs::write(&config.path, bytes).unwrap();
+        whole
+    }
 
-        let error = format!("{:#}", SqliteLedger::open(&config).err().unwrap());
+    /// The start no longer reads the whole ledger before serving: the check runs after, finds
+    /// the damage, and from then on nothing is acknowledged; the next start checks before
+    /// serving and refuses it, until the ledger is whole again.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_damaged_ledger_is_caught_after_the_start_and_refused_at_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = test_config(dir.path());
+        let whole = damaged_ledger(&config);
+
+        let ledger = tokio::task::spawn_blocking({
+            let config = config.clone();
+            move || SqliteLedger::open(&config).unwrap()
+        })
+        .await
+        .unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(60), ledger.failed())
+            .await
+            .expect("the check in the background finds the damage");
+        assert!(ledger.is_damaged());
+        let reason = ledger.readiness().unwrap_err();
+        assert!(reason.contains("damage"), "{reason}");
+        let refused = ledger.probe().await.unwrap_err().to_string();
+        assert!(refused.contains("is damaged"), "{refused}");
+        ledger.stop();
+        let mark = std::fs::read_to_string(integrity::damage_mark(&config.path)).unwrap();
+        assert!(mark.contains(".recover"), "{mark}");
+
+        let error = SqliteLedger::open(&config).err().unwrap();
+        assert!(error.downcast_ref::<integrity::LedgerDamaged>().is_some());
+        let error = format!("{error:#}");
         assert!(error.contains("is damaged"), "{error}");
         assert!(error.contains(".recover"), "{error}");
         let unchecked = SqliteConfig {
             check_at_start: CheckAtStart::Off,
-            ..config
+            ..config.clone()
         };
         SqliteLedger::open(&unchecked).unwrap().stop();
+
+        // Restored: checked before serving once more, it passes, and the mark is gone.
+        std::fs::write(&config.path, whole).unwrap();
+        SqliteLedger::open(&config).unwrap().stop();
+        assert!(!integrity::damage_mark(&config.path).exists());
+    }
+
+    #[test]
+    fn check_before_serving_refuses_a_damaged_ledger_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = SqliteConfig {
+            check_before_serving: true,
+            ..test_config(dir.path())
+        };
+        damaged_ledger(&config);
+        let error = format!("{:#}", SqliteLedger::open(&config).err().unwrap());
+        assert!(error.contains("is damaged"), "{error}");
     }
 
     #[test]

@@ -82,11 +82,13 @@ pub(super) enum Durability {
 }
 
 impl Writer {
+    /// `after_write` runs on the writer's thread after each commit that changed rows.
     pub(super) fn start(
         conn: Connection,
         max_batch: usize,
         durability: Durability,
         failure: Arc<Failure>,
+        after_write: impl Fn() + Send + 'static,
     ) -> anyhow::Result<(Writer, std::thread::JoinHandle<()>)> {
         let (queue, inbox) = mpsc::channel(QUEUE_CAPACITY);
         let stopping = Arc::new(AtomicBool::new(false));
@@ -101,6 +103,7 @@ impl Writer {
                     let state = Shared {
                         stopping: &stopping,
                         last_commit_ok: &last_commit_ok,
+                        after_write: &after_write,
                     };
                     let run = AssertUnwindSafe(|| run(conn, inbox, max_batch, state, syncer));
                     if std::panic::catch_unwind(run).is_err() {
@@ -319,6 +322,7 @@ pub(super) fn commit_claims(
 struct Shared<'a> {
     stopping: &'a AtomicBool,
     last_commit_ok: &'a AtomicBool,
+    after_write: &'a dyn Fn(),
 }
 
 fn run(
@@ -338,6 +342,9 @@ fn run(
         // A batch that changed nothing (the watchdog's probe) says nothing about the disk.
         if !committed || settled.wrote {
             shared.last_commit_ok.store(committed, Ordering::Relaxed);
+        }
+        if committed && settled.wrote {
+            (shared.after_write)();
         }
         let overlap = answering.overlap_pays(inbox.len(), (size, last_batch));
         last_batch = size;
@@ -533,8 +540,14 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let (conn, reader) = ledger(&dir);
             let (sync, syncing, release) = held_sync();
-            let (writer, thread) =
-                Writer::start(conn, 64, Durability::AfterWalSync(sync), Arc::default()).unwrap();
+            let (writer, thread) = Writer::start(
+                conn,
+                64,
+                Durability::AfterWalSync(sync),
+                Arc::default(),
+                || (),
+            )
+            .unwrap();
             HeldWriter {
                 writer: Arc::new(writer),
                 thread,

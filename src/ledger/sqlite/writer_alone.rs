@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use rusqlite::{Connection, OpenFlags};
 
-use super::checkpoint::Checkpointer;
+use super::checkpoint::{CheckpointWake, Checkpointer};
 use super::failure::Failure;
 use super::open::{open_connection, open_for_writing};
 use super::wal_sync::Answerer;
@@ -20,6 +20,8 @@ pub struct WriterAlone {
     conn: Connection,
     answering: Option<Answering>,
     checkpointer: Option<Checkpointer>,
+    /// Wakes the checkpointer after each batch, as the writer thread does.
+    checkpoint_wake: CheckpointWake,
 }
 
 /// The claims of one committed batch, answered once durable.
@@ -48,6 +50,7 @@ impl WriterAlone {
         Ok(WriterAlone {
             conn,
             answering: Some(answering),
+            checkpoint_wake: checkpointer.wake(),
             checkpointer: Some(checkpointer),
         })
     }
@@ -56,7 +59,9 @@ impl WriterAlone {
     /// together; the next batch may be committed before this one is answered.
     pub fn claim(&self, claims: Vec<NewClaim>) -> PendingClaims {
         let answering = self.answering.as_ref().expect("only taken on drop");
-        PendingClaims(writer::commit_claims(&self.conn, claims, answering))
+        let pending = PendingClaims(writer::commit_claims(&self.conn, claims, answering));
+        self.checkpoint_wake.committed();
+        pending
     }
 }
 
