@@ -391,6 +391,7 @@ impl Ingest {
         let secrets = self.secrets.read().expect("not poisoned").clone();
         let secret = prechecked.signed.verify_which(&secrets, &body)?;
         ROLLUP.record_verified(secret, skew);
+        METRICS.record_clock_skew(skew);
 
         let claim = parse_claim(body)?;
         let job_id = claim.job_id.clone();

@@ -91,6 +91,48 @@ pub struct Snapshot {
     pub claim_queue_depth: u64,
 }
 
+/// What one scrape found: the ledger's [`Snapshot`] and what is read beside it.
+#[derive(Debug, Clone, Default)]
+pub struct Scrape {
+    /// `None` when the ledger could not be read in time: its gauges keep their last values.
+    pub ledger: Option<Snapshot>,
+    /// How long the job due the longest has waited to start, in seconds (0 when none is due).
+    pub oldest_due_wait_seconds: f64,
+    /// Whether a delivery sent now would be claimed (what `/readyz` answers).
+    pub ready: bool,
+    /// The file system holding the ledger, where it is a local file (SQLite).
+    pub filesystem: Option<FilesystemSpace>,
+}
+
+/// Space on a file system, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FilesystemSpace {
+    /// What an unprivileged user (the service) may still use.
+    pub free: u64,
+    pub size: u64,
+}
+
+impl FilesystemSpace {
+    /// The file system holding `path`, from statvfs(3); `None` if it cannot be read.
+    pub fn of(path: &std::path::Path) -> Option<Self> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+        // SAFETY: statvfs writes only into the struct it is given; the path is NUL-terminated.
+        let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
+            return None;
+        }
+        Some(FilesystemSpace {
+            free: stats.f_bavail.saturating_mul(stats.f_frsize),
+            size: stats.f_blocks.saturating_mul(stats.f_frsize),
+        })
+    }
+}
+
+/// A family of one unlabelled gauge: it is served only once set, so a value a backend cannot
+/// know (the free disk of a PostgreSQL server) is absent rather than a misleading 0.
+type Optional = Family<[(&'static str, &'static str); 0], Gauge>;
+
 pub struct Metrics {
     registry: Registry,
     deliveries: Family<Labels, Counter>,
@@ -107,6 +149,13 @@ pub struct Metrics {
     dispatch_paused: Gauge,
     /// No label: a child appears only for a ledger that reports its work side (PostgreSQL).
     work_side_writable: Family<[(&'static str, &'static str); 0], Gauge>,
+    ready: Gauge,
+    ledger_reachable: Gauge,
+    oldest_due_wait: Gauge<f64, std::sync::atomic::AtomicU64>,
+    filesystem_free: Optional,
+    filesystem_size: Optional,
+    clock_skew: Gauge,
+    signature_tolerance: Gauge,
     jobs: Family<Labels, Gauge>,
     oldest_unfinished: Gauge<f64, std::sync::atomic::AtomicU64>,
     ledger_files: Family<Labels, Gauge>,
@@ -145,6 +194,13 @@ impl Metrics {
             swept: Counter::default(),
             dispatch_paused: Gauge::default(),
             work_side_writable: Family::default(),
+            ready: Gauge::default(),
+            ledger_reachable: Gauge::default(),
+            oldest_due_wait: Gauge::default(),
+            filesystem_free: Family::default(),
+            filesystem_size: Family::default(),
+            clock_skew: Gauge::default(),
+            signature_tolerance: Gauge::default(),
             jobs: Family::default(),
             oldest_unfinished: Gauge::default(),
             ledger_files: Family::default(),
@@ -230,6 +286,44 @@ impl Metrics {
             "sume_work_side_writable",
             "1 while the work side's last ledger write (start, finish, sweep, retention, reconcile) went through, 0 while they fail (PostgreSQL ledger)",
             m.work_side_writable.clone(),
+            "sume_ready",
+            "1 while a delivery sent now would be claimed (what /readyz answers), read at each scrape",
+            m.ready.clone(),
+        );
+        registry.register(
+            "sume_ledger_reachable",
+            "1 when this scrape read the ledger, 0 when it could not within 5s (PostgreSQL unreachable, SQLite unreadable): the ledger's gauges then keep their last values",
+            m.ledger_reachable.clone(),
+        );
+        registry.register_with_unit(
+            "sume_oldest_due_job_wait",
+            "How long the job due the longest (claimed, or retrying past its backoff) has waited for a worker (0 when none is due)",
+            Unit::Seconds,
+            m.oldest_due_wait.clone(),
+        );
+        registry.register_with_unit(
+            "sume_ledger_filesystem_free",
+            "Space the service may still use on the file system holding the SQLite ledger",
+            Unit::Bytes,
+            m.filesystem_free.clone(),
+        );
+        registry.register_with_unit(
+            "sume_ledger_filesystem_size",
+            "Size of the file system holding the SQLite ledger",
+            Unit::Bytes,
+            m.filesystem_size.clone(),
+        );
+        registry.register_with_unit(
+            "sume_delivery_clock_skew",
+            "Our clock minus the signed timestamp of the last verified delivery (positive: Sume's clock is behind)",
+            Unit::Seconds,
+            m.clock_skew.clone(),
+        );
+        registry.register_with_unit(
+            "sume_signature_tolerance",
+            "The configured signature.tolerance: a delivery whose timestamp is further from our clock is refused",
+            Unit::Seconds,
+            m.signature_tolerance.clone(),
         );
         registry.register(
             "sume_jobs",
@@ -421,6 +515,13 @@ impl Metrics {
         self.work_side_writable
             .get_or_create(&[])
             .set(i64::from(writable));
+    /// A verified delivery's clock skew ([`crate::signature`]'s `skew_secs`).
+    pub fn record_clock_skew(&self, skew_secs: i64) {
+        self.clock_skew.set(skew_secs);
+    }
+
+    pub fn set_signature_tolerance(&self, tolerance: std::time::Duration) {
+        self.signature_tolerance.set(gauge(tolerance.as_secs()));
     }
 
     pub fn record_swept(&self, count: usize) {
@@ -455,9 +556,38 @@ impl Metrics {
         self.connections_shed.inc();
     }
 
-    /// The Prometheus text exposition, with the scrape-time values of `snapshot`.
-    pub fn render(&self, snapshot: &Snapshot) -> String {
+    /// The Prometheus text exposition, with the scrape-time values of `scrape`.
+    pub fn render(&self, scrape: &Scrape) -> String {
         let _one_scrape_at_a_time = self.scrape.lock().expect("not poisoned");
+        self.ready.set(i64::from(scrape.ready));
+        self.ledger_reachable
+            .set(i64::from(scrape.ledger.is_some()));
+        self.oldest_due_wait.set(scrape.oldest_due_wait_seconds);
+        if let Some(space) = scrape.filesystem {
+            self.filesystem_free
+                .get_or_create(&[])
+                .set(gauge(space.free));
+            self.filesystem_size
+                .get_or_create(&[])
+                .set(gauge(space.size));
+        }
+        if let Some(snapshot) = &scrape.ledger {
+            self.set_snapshot(snapshot);
+        }
+        let process = ProcessStats::read();
+        self.process_memory.set(gauge(process.resident_bytes));
+        self.process_fds.set(gauge(process.open_fds));
+        // A counter only goes up: add what was used since the last scrape.
+        let used = process.cpu_seconds - self.process_cpu.get();
+        if used > 0.0 {
+            self.process_cpu.inc_by(used);
+        }
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+
+    fn set_snapshot(&self, snapshot: &Snapshot) {
         for (state, count) in &snapshot.jobs {
             self.jobs
                 .get_or_create(&[("state", state)])
@@ -480,17 +610,6 @@ impl Metrics {
         }
         self.writer_queue_depth
             .set(gauge(snapshot.claim_queue_depth));
-        let process = ProcessStats::read();
-        self.process_memory.set(gauge(process.resident_bytes));
-        self.process_fds.set(gauge(process.open_fds));
-        // A counter only goes up: add what was used since the last scrape.
-        let used = process.cpu_seconds - self.process_cpu.get();
-        if used > 0.0 {
-            self.process_cpu.inc_by(used);
-        }
-        let mut out = String::new();
-        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
-        out
     }
 }
 
@@ -536,5 +655,36 @@ impl ProcessStats {
             open_fds: std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count() as u64),
             cpu_seconds: (field(11) + field(12)) / ticks,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scrape_that_cannot_read_the_ledger_says_so_and_keeps_its_last_values() {
+        let metrics = Metrics::new();
+        let read = Scrape {
+            ledger: Some(Snapshot {
+                jobs: vec![("dead", 3)],
+                ..Snapshot::default()
+            }),
+            ready: true,
+            ..Scrape::default()
+        };
+        let text = metrics.render(&read);
+        assert!(text.contains("\nsume_ledger_reachable 1\n"), "{text}");
+        assert!(text.contains("\nsume_ready 1\n"), "{text}");
+        // No file system known (PostgreSQL): no value, rather than a disk that looks full.
+        assert!(
+            !text.contains("\nsume_ledger_filesystem_free_bytes "),
+            "{text}"
+        );
+
+        let text = metrics.render(&Scrape::default());
+        assert!(text.contains("\nsume_ledger_reachable 0\n"), "{text}");
+        assert!(text.contains("\nsume_ready 0\n"), "{text}");
+        assert!(text.contains("\nsume_jobs{state=\"dead\"} 3\n"), "{text}");
     }
 }

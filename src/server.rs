@@ -24,11 +24,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
 use crate::ingest::{json_response, Ingest};
-use crate::ledger::Ledger;
-use crate::metrics::METRICS;
+use crate::ledger::{now_ms, Ledger, StorageError};
+use crate::metrics::{FilesystemSpace, Scrape, METRICS};
 use crate::throttle::Throttled;
 use crate::worker::Queue;
 
+/// How long a scrape of `/metrics` waits for the ledger.
+const LEDGER_READ_PER_SCRAPE: Duration = Duration::from_secs(5);
 /// The pause after a failed accept that nothing could make room for.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// The pause after shedding a connection to free its descriptor: long enough for its task to
@@ -126,19 +128,39 @@ pub async fn operational(
 }
 
 async fn metrics(ledger: &Ledger) -> Response<Full<Bytes>> {
-    match ledger.metrics_snapshot().await {
-        Ok(snapshot) => {
-            let mut response = Response::new(Full::new(Bytes::from(METRICS.render(&snapshot))));
-            response.headers_mut().insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static(
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
-            );
-            response
-        }
-        Err(error) => error_response(StatusCode::SERVICE_UNAVAILABLE, &error.to_string()),
-    }
+    let now = now_ms();
+    // Bounded: a scrape that outlasts Prometheus's timeout would read as the receiver down, not
+    // as its ledger unreachable. Served either way, with the ledger's gauges as last read.
+    let read = tokio::time::timeout(LEDGER_READ_PER_SCRAPE, async {
+        let snapshot = ledger.metrics_snapshot().await?;
+        // A limit of 0 reads no job, only when the earliest waiting one is due.
+        let next_due = ledger.due_jobs(now, 0).await?.next_at;
+        Ok::<_, StorageError>((snapshot, next_due))
+    })
+    .await;
+    let (snapshot, next_due) = match read {
+        Ok(Ok((snapshot, next_due))) => (Some(snapshot), next_due),
+        _ => (None, None),
+    };
+    let scrape = Scrape {
+        ledger: snapshot,
+        oldest_due_wait_seconds: next_due.map_or(0.0, |at| (now - at).max(0) as f64 / 1000.0),
+        ready: ledger.readiness().is_ok(),
+        filesystem: match ledger {
+            Ledger::Sqlite(_) => {
+                let file = std::path::PathBuf::from(ledger.location());
+                // A bare file name is in the working directory.
+                FilesystemSpace::of(&file.with_file_name("").join("."))
+            }
+            Ledger::Postgres(_) => None,
+        },
+    };
+    let mut response = Response::new(Full::new(Bytes::from(METRICS.render(&scrape))));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
 }
 
 /// The open connections, and since when each has waited for a request head (not inside a

@@ -28,14 +28,15 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    // What check-config (the unit's ExecStartPre) refuses, serve refuses too: a handler that
+    // cannot run would acknowledge every delivery and then let it go dead. First: a ledger
+    // directory this user cannot write is said in its words, not as a lock file it cannot open.
+    check::check(&config, check::Unreadable::Error).refuse_errors()?;
     // Several receivers may share a PostgreSQL ledger; a SQLite file has one owner.
     let _instance = match config.database.sqlite_path() {
         Some(path) => Some(InstanceLock::acquire(path)?),
         None => None,
     };
-    // What check-config (the unit's ExecStartPre) refuses, serve refuses too: a handler that
-    // cannot run would acknowledge every delivery and then let it go dead.
-    check::check(&config, check::Unreadable::Error).refuse_errors()?;
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
@@ -122,6 +123,7 @@ pub async fn run_on(
         tasks.spawn(admin);
     }
 
+    crate::metrics::METRICS.set_signature_tolerance(config.signature.tolerance);
     let app = Arc::new(App {
         webhook_path: config.server.webhook_path.clone(),
         ingest: ingest::Ingest::new(

@@ -1124,6 +1124,54 @@ async fn cli_lists_shows_and_retries_jobs() {
 }
 }
 
+/// A retrying job: `jobs list` says when it is due; `jobs run-now` during a pause says it waits
+/// for the resume (it said "picks it up within 1s").
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_run_now_during_a_pause_says_it_waits_and_the_list_says_when_a_job_is_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let extra = "[handler]\ncommand = [\"false\"]\nmax_attempts = 3\nbackoff = \"1h\"\n";
+    let config = write_config(dir.path(), port, "", extra);
+    let service = Service::start(&config, port).await;
+    Balancer::new(&[port])
+        .deliver_until_acknowledged("job-later")
+        .await;
+    assert!(
+        eventually(Duration::from_secs(5), || job_rows(dir.path())["job-later"]
+            .0
+            == "retrying")
+        .await
+    );
+    let stdout = |output: std::process::Output| {
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+
+    let table = stdout(cli(&config, &["jobs", "list", "--state", "retrying"]));
+    let lines: Vec<&str> = table.lines().collect();
+    let due_at = ledger_rows(
+        &sume_receiver::config::Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap(),
+        "SELECT next_attempt_at FROM jobs WHERE job_id = 'job-later'",
+        &[],
+    )[0][0]
+        .as_i64()
+        .unwrap();
+    let due = humantime::format_rfc3339_millis(
+        std::time::UNIX_EPOCH + Duration::from_millis(due_at.try_into().unwrap()),
+    )
+    .to_string();
+    let column = lines[0].find("DUE").expect(&table);
+    assert!(lines[1][column..].starts_with(&due), "{due}\n{table}");
+
+    assert!(stdout(cli(&config, &["jobs", "pause"])).starts_with("paused"));
+    let run_now = stdout(cli(&config, &["jobs", "run-now", "job-later"]));
+    assert!(
+        run_now.contains("job job-later is due now; dispatch is paused, so it runs once `jobs resume` resumes it"),
+        "{run_now}"
+    );
+    service.stop_cleanly().await;
+}
+
 /// The bad-day commands against a running service: a bulk retry counts first and changes
 /// nothing without --yes; pause holds the retried jobs; a cancelled one never runs; resume runs
 /// the rest; `jobs show` tells each job's story; `jobs list` pages.
@@ -1208,6 +1256,10 @@ async fn cli_bulk_retry_pause_cancel_and_history() {
     ));
     assert!(
         retried.starts_with("3 job(s) are queued to run again"),
+        "{retried}"
+    );
+    assert!(
+        retried.contains("dispatch is paused, so it runs once `jobs resume` resumes it"),
         "{retried}"
     );
     tokio::time::sleep(Duration::from_millis(1_500)).await;

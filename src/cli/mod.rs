@@ -363,7 +363,10 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
             ledger
                 .retry_job(job_id.as_str(), &actor(), ledger::now_ms())
                 .await?;
-            println!("job {job_id} is queued to run again{}", who_runs_it(config));
+            println!(
+                "job {job_id} is queued to run again{}",
+                who_runs_it(config, ledger).await
+            );
         }
         JobsCommand::Retry {
             job_id: None,
@@ -430,7 +433,10 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
             {
                 return Err(refusal(ledger, &job_id, "only a retrying job can be run now (`jobs retry` runs a done or dead one again)").await);
             }
-            println!("job {job_id} is due now{}", who_runs_it(config));
+            println!(
+                "job {job_id} is due now{}",
+                who_runs_it(config, ledger).await
+            );
         }
         JobsCommand::Stats { json } => {
             let now = ledger::now_ms();
@@ -583,7 +589,7 @@ async fn retry_matching(
     }
     println!(
         "{retried} job(s) are queued to run again{purged}{}",
-        who_runs_it(config)
+        who_runs_it(config, ledger).await
     );
     Ok(())
 }
@@ -633,7 +639,15 @@ fn shell_word(text: &str) -> String {
 }
 
 /// Who picks up a job made due from the command line, and when.
-fn who_runs_it(config: &Config) -> String {
+async fn who_runs_it(config: &Config, ledger: &Ledger) -> String {
+    // Paused, no worker picks it up until someone resumes (not "within 1s").
+    if ledger
+        .dispatch()
+        .await
+        .is_ok_and(|dispatch| dispatch.paused)
+    {
+        return "; dispatch is paused, so it runs once `jobs resume` resumes it".to_owned();
+    }
     let Some(path) = config.database.sqlite_path() else {
         return ": the receivers were notified, and one picks it up as soon as a worker slot is \
                 free"

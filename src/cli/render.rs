@@ -60,11 +60,14 @@ pub(super) fn jobs_table(jobs: &[JobSummary]) -> String {
         "SOURCE",
         "EVENT",
         "RECEIVED",
+        "DUE",
         "LAST_ERROR",
     ];
     let rows: Vec<Vec<String>> = jobs
         .iter()
         .map(|job| {
+            // When a waiting job runs; a running or finished one keeps its last due time.
+            let waiting = matches!(job.state.as_str(), "claimed" | "retrying");
             vec![
                 job.job_id.clone(),
                 job.state.clone(),
@@ -72,6 +75,7 @@ pub(super) fn jobs_table(jobs: &[JobSummary]) -> String {
                 job.source.clone(),
                 job.event_type.clone().unwrap_or_else(|| "-".into()),
                 format_time(Some(job.received_at)),
+                format_time(job.next_attempt_at.filter(|_| waiting)),
                 short(job.last_error.as_deref(), 60),
             ]
         })
@@ -297,10 +301,29 @@ mod tests {
             finished_at: None,
             last_error: Some("exit\nstatus 1".into()),
         };
-        let table = jobs_table(&[job]);
+        let retrying = JobSummary {
+            job_id: "job-2".into(),
+            state: "retrying".into(),
+            next_attempt_at: Some(1_000),
+            ..job.clone()
+        };
+        let done = JobSummary {
+            job_id: "job-3".into(),
+            state: "done".into(),
+            next_attempt_at: Some(1_000),
+            ..job.clone()
+        };
+        let table = jobs_table(&[job, retrying, done]);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines[0].find("STATE"), lines[1].find("dead"));
         assert!(lines[1].contains("1970-01-01T00:00:00.000Z"));
         assert!(lines[1].contains("exit status 1"));
+        // The due time of a retrying job, under DUE; none for a finished one.
+        let due = lines[0].find("DUE").unwrap();
+        assert!(
+            lines[2][due..].starts_with("1970-01-01T00:00:01.000Z "),
+            "{table}"
+        );
+        assert!(lines[3][due..].starts_with("- "), "{table}");
     }
 }

@@ -4,13 +4,13 @@
 //! Our own rather than tracing-journald's: that one puts only the message text in `MESSAGE`, so
 //! `journalctl -u sume-receiver` showed "delivery refused" with no job, reason or peer.
 
-use std::fmt::{self, Write as _};
 use std::io;
 use std::os::unix::net::UnixDatagram;
 
-use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::Context;
+
+use super::logfmt::Fields;
 
 const SOCKET: &str = "/run/systemd/journal/socket";
 /// Our fields' prefix: bare `JOB_ID` is systemd's own field.
@@ -53,11 +53,7 @@ impl<S: Subscriber> tracing_subscriber::Layer<S> for Journal {
         if let Some(line) = metadata.line() {
             put(&mut entry, "CODE_LINE", &line.to_string());
         }
-        let mut message = fields.message;
-        for (name, value) in &fields.values {
-            let _ = write!(message, " {name}={}", Logfmt(value));
-        }
-        put(&mut entry, "MESSAGE", &message);
+        put(&mut entry, "MESSAGE", &fields.to_string());
         for (name, value) in &fields.values {
             put(&mut entry, &field_name(name), value);
         }
@@ -109,70 +105,9 @@ fn cut(value: &str) -> &str {
     &value[..end]
 }
 
-/// The message and the other fields of an event, each as its `%` (Display) or `?` (Debug) form.
-#[derive(Default)]
-struct Fields {
-    message: String,
-    values: Vec<(&'static str, String)>,
-}
-
-impl Visit for Fields {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        match field.name() {
-            "message" => self.message.push_str(value),
-            name => self.values.push((name, value.to_owned())),
-        }
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        match field.name() {
-            "message" => {
-                let _ = write!(self.message, "{value:?}");
-            }
-            name => self.values.push((name, format!("{value:?}"))),
-        }
-    }
-}
-
-/// A value in the message as logfmt writes it: bare if it is one word, else quoted with `"`
-/// and `\` escaped.
-struct Logfmt<'a>(&'a str);
-
-impl fmt::Display for Logfmt<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let bare = !self.0.is_empty()
-            && !self
-                .0
-                .chars()
-                .any(|c| c.is_whitespace() || c == '"' || c == '=' || c == '\\');
-        if bare {
-            return f.write_str(self.0);
-        }
-        f.write_char('"')?;
-        for c in self.0.chars() {
-            if c == '"' || c == '\\' {
-                f.write_char('\\')?;
-            }
-            f.write_char(c)?;
-        }
-        f.write_char('"')
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn message_values_are_bare_words_or_quoted() {
-        assert_eq!(Logfmt("claimed").to_string(), "claimed");
-        assert_eq!(
-            Logfmt("exited with status 143").to_string(),
-            "\"exited with status 143\""
-        );
-        assert_eq!(Logfmt(r#"a "b" \c"#).to_string(), r#""a \"b\" \\c""#);
-        assert_eq!(Logfmt("").to_string(), "\"\"");
-    }
 
     #[test]
     fn field_names_are_what_journald_accepts() {

@@ -2,6 +2,7 @@
 //! shippers, plain text on a terminal. `RUST_LOG` overrides the level.
 
 mod journal;
+mod logfmt;
 
 use std::fmt::{self, Write as _};
 use std::io::IsTerminal;
@@ -12,6 +13,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 use journal::Journal;
+use logfmt::LogfmtFields;
 
 /// Installs the process's log subscriber; `default_level` applies unless `RUST_LOG` is set.
 pub fn init(default_level: &str, format: LogFormat) {
@@ -40,6 +42,7 @@ pub fn init(default_level: &str, format: LogFormat) {
     registry
         .with(
             tracing_subscriber::fmt::layer()
+                .fmt_fields(LogfmtFields)
                 .with_ansi(std::io::stderr().is_terminal())
                 .with_writer(std::io::stderr),
         )
