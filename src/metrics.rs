@@ -91,6 +91,17 @@ pub struct Snapshot {
     pub claim_queue_depth: u64,
 }
 
+impl Snapshot {
+    /// Jobs waiting to run: claimed or retrying.
+    pub fn waiting_jobs(&self) -> u64 {
+        self.jobs
+            .iter()
+            .filter(|(state, _)| matches!(*state, "claimed" | "retrying"))
+            .map(|(_, count)| count)
+            .sum()
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     deliveries: Family<Labels, Counter>,
@@ -105,6 +116,10 @@ pub struct Metrics {
     jobs_dead: Counter,
     swept: Counter,
     dispatch_paused: Gauge,
+    hold: Gauge,
+    holds_opened: Counter,
+    held_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    hold_waiting: Gauge,
     jobs: Family<Labels, Gauge>,
     oldest_unfinished: Gauge<f64, std::sync::atomic::AtomicU64>,
     ledger_files: Family<Labels, Gauge>,
@@ -142,6 +157,10 @@ impl Metrics {
             jobs_dead: Counter::default(),
             swept: Counter::default(),
             dispatch_paused: Gauge::default(),
+            hold: Gauge::default(),
+            holds_opened: Counter::default(),
+            held_seconds: Counter::default(),
+            hold_waiting: Gauge::default(),
             jobs: Family::default(),
             oldest_unfinished: Gauge::default(),
             ledger_files: Family::default(),
@@ -222,6 +241,27 @@ impl Metrics {
             "sume_dispatch_paused",
             "1 while an operator has paused dispatch (`jobs pause`): deliveries are claimed, no job runs",
             m.dispatch_paused.clone(),
+        );
+        registry.register(
+            "sume_handler_hold",
+            "1 while the handler's downstream looks down (a hold): no attempt starts but one probe at a time",
+            m.hold.clone(),
+        );
+        registry.register(
+            "sume_handler_holds_opened",
+            "Holds this receiver opened",
+            m.holds_opened.clone(),
+        );
+        registry.register_with_unit(
+            "sume_handler_held",
+            "Time this receiver spent in a hold",
+            Unit::Seconds,
+            m.held_seconds.clone(),
+        );
+        registry.register(
+            "sume_handler_hold_waiting_jobs",
+            "Jobs waiting to run (claimed or retrying) behind a hold; 0 when there is none",
+            m.hold_waiting.clone(),
         );
         registry.register(
             "sume_jobs",
@@ -409,6 +449,19 @@ impl Metrics {
         self.dispatch_paused.set(i64::from(paused));
     }
 
+    /// Whether this receiver knows of a hold.
+    pub fn set_hold(&self, held: bool) {
+        self.hold.set(i64::from(held));
+    }
+
+    pub fn record_hold_opened(&self) {
+        self.holds_opened.inc();
+    }
+
+    pub fn add_held_seconds(&self, seconds: f64) {
+        self.held_seconds.inc_by(seconds);
+    }
+
     pub fn record_swept(&self, count: usize) {
         self.swept.inc_by(count as u64);
     }
@@ -456,6 +509,9 @@ impl Metrics {
         }
         self.oldest_unfinished
             .set(snapshot.oldest_unfinished_age_seconds);
+        let waiting = gauge(snapshot.waiting_jobs());
+        self.hold_waiting
+            .set(if self.hold.get() == 1 { waiting } else { 0 });
         self.ledger_files
             .get_or_create(&[("file", "db")])
             .set(gauge(snapshot.ledger_bytes));
