@@ -6,12 +6,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
-use hyper::Request;
+use hyper::{Request, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::HandlerKind;
-use crate::http_client::{self, HttpClient};
+use crate::http_client::{self, HttpClient, SendError};
 use crate::ledger::{Attempt, Failure};
 use crate::logging::Escaped;
 
@@ -23,11 +23,25 @@ const STDERR_DRAIN: Duration = Duration::from_millis(500);
 /// Why an attempt did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttemptError {
-    /// The handler failed: what the ledger records.
-    Failed(Failure),
+    /// The handler failed: what the ledger records, and what it says of the downstream.
+    Failed(Failure, Sign),
     /// The receiver is shutting down and stopped the handler: not the job's fault, not counted
     /// here. The job stays `running` and the next start recovers it.
     Interrupted,
+}
+
+/// What a failure says about the handler's downstream, beyond the job (the hold reads it, with
+/// the failure's exit or HTTP status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sign {
+    /// Nothing more than its status.
+    Failed,
+    /// The handler did not finish (or answer) within its timeout.
+    TimedOut,
+    /// The downstream could not be reached at all.
+    Unreachable,
+    /// It said it is overloaded or unavailable (HTTP 429, 503), with its `Retry-After`.
+    Busy(Option<Duration>),
 }
 
 pub enum Handler {
@@ -60,7 +74,9 @@ impl Handler {
             Handler::Command(argv) => run_command(argv, attempt, timeout, stop).await,
             Handler::Http { client, url } => {
                 tokio::select! {
-                    result = post(client, url, attempt, timeout) => result.map_err(AttemptError::Failed),
+                    result = post(client, url, attempt, timeout) => {
+                        result.map_err(|(failure, sign)| AttemptError::Failed(failure, sign))
+                    }
                     () = stop.cancelled() => Err(AttemptError::Interrupted),
                 }
             }
@@ -95,7 +111,10 @@ async fn run_command(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| {
-            AttemptError::Failed(Failure::new(format!("cannot start {:?}: {e}", argv[0])))
+            AttemptError::Failed(
+                Failure::new(format!("cannot start {:?}: {e}", argv[0])),
+                Sign::Failed,
+            )
         })?;
     let group = child.id().and_then(|pid| i32::try_from(pid).ok());
     let stderr_tail = tokio::spawn(read_tail(child.stderr.take()));
@@ -119,20 +138,27 @@ async fn run_command(
     feed_stdin.abort();
     let outcome = match finished {
         Some(Ok(Ok(status))) if status.success() => Ok(()),
-        Some(Ok(Ok(status))) => Err(Failure {
-            error: describe_exit(status),
-            exit_status: status.code(),
-            http_status: None,
-        }),
-        Some(Ok(Err(error))) => Err(Failure::new(format!(
-            "waiting for the handler failed: {error}"
-        ))),
+        Some(Ok(Ok(status))) => Err((
+            Failure {
+                error: describe_exit(status),
+                exit_status: status.code(),
+                http_status: None,
+            },
+            Sign::Failed,
+        )),
+        Some(Ok(Err(error))) => Err((
+            Failure::new(format!("waiting for the handler failed: {error}")),
+            Sign::Failed,
+        )),
         Some(Err(_)) => {
             kill_group(group);
-            Err(Failure::new(format!(
-                "timed out after {}; process group killed",
-                humantime::format_duration(timeout)
-            )))
+            Err((
+                Failure::new(format!(
+                    "timed out after {}; process group killed",
+                    humantime::format_duration(timeout)
+                )),
+                Sign::TimedOut,
+            ))
         }
         None => {
             kill_group(group);
@@ -154,11 +180,14 @@ async fn run_command(
             }
             Ok(())
         }
-        Err(failure) if tail.is_empty() => Err(AttemptError::Failed(failure)),
-        Err(failure) => Err(AttemptError::Failed(Failure {
-            error: format!("{}; stderr: {tail}", failure.error),
-            ..failure
-        })),
+        Err((failure, sign)) if tail.is_empty() => Err(AttemptError::Failed(failure, sign)),
+        Err((failure, sign)) => Err(AttemptError::Failed(
+            Failure {
+                error: format!("{}; stderr: {tail}", failure.error),
+                ..failure
+            },
+            sign,
+        )),
     }
 }
 
@@ -204,30 +233,46 @@ async fn post(
     url: &hyper::Uri,
     attempt: &Attempt,
     timeout: Duration,
-) -> Result<(), Failure> {
+) -> Result<(), (Failure, Sign)> {
+    let unsent = |e: String| (Failure::new(e), Sign::Failed);
     let request = Request::post(url.clone())
         .header(CONTENT_TYPE, "application/json")
         // As bytes: a UTF-8 id is obs-text, which a header may carry but `&str` would refuse.
         .header(
             "x-sume-job-id",
             HeaderValue::from_bytes(attempt.job_id.as_str().as_bytes())
-                .map_err(|e| Failure::new(format!("cannot send the job_id as a header: {e}")))?,
+                .map_err(|e| unsent(format!("cannot send the job_id as a header: {e}")))?,
         )
         .header("x-sume-attempt", attempt.number)
         .header("x-sume-delivery-source", attempt.source.as_str())
         .body(Full::new(Bytes::from(attempt.body.clone())))
-        .map_err(|e| Failure::new(format!("cannot build the request: {e}")))?;
+        .map_err(|e| unsent(format!("cannot build the request: {e}")))?;
     let answer = http_client::send(client, request, timeout, ERROR_TAIL_BYTES)
         .await
-        .map_err(Failure::new)?;
+        .map_err(|error| {
+            let sign = match error {
+                SendError::Unreachable(_) => Sign::Unreachable,
+                SendError::TimedOut(_) => Sign::TimedOut,
+                SendError::Failed(_) => Sign::Failed,
+            };
+            (Failure::new(error.to_string()), sign)
+        })?;
     if answer.status.is_success() {
-        Ok(())
-    } else {
-        let text = String::from_utf8_lossy(&answer.body);
-        Err(Failure {
+        return Ok(());
+    }
+    let sign = match answer.status {
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => Sign::Busy(
+            http_client::retry_after(&answer.headers, std::time::SystemTime::now()),
+        ),
+        _ => Sign::Failed,
+    };
+    let text = String::from_utf8_lossy(&answer.body);
+    Err((
+        Failure {
             error: format!("handler answered {}: {}", answer.status, text.trim()),
             exit_status: None,
             http_status: Some(answer.status.as_u16()),
-        })
-    }
+        },
+        sign,
+    ))
 }

@@ -35,18 +35,36 @@ pub struct Answer {
     pub body: Bytes,
 }
 
+/// Why an exchange failed: the handler's hold tells a downstream that is not there from one
+/// that answered badly.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// No connection could be made (refused, unreachable, no such host).
+    #[error("{0}")]
+    Unreachable(String),
+    /// No whole answer within the deadline.
+    #[error("{0}")]
+    TimedOut(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Sends `request` and reads the answer, all within `deadline`. The error says what went wrong.
 pub async fn send(
     client: &HttpClient,
     request: Request<Full<Bytes>>,
     deadline: Duration,
     max_body: usize,
-) -> Result<Answer, String> {
+) -> Result<Answer, SendError> {
     let exchange = async {
-        let response = client
-            .request(request)
-            .await
-            .map_err(|e| format!("request failed: {e:#}"))?;
+        let response = client.request(request).await.map_err(|e| {
+            let text = format!("request failed: {e:#}");
+            if e.is_connect() {
+                SendError::Unreachable(text)
+            } else {
+                SendError::Failed(text)
+            }
+        })?;
         let (parts, mut body) = response.into_parts();
         let mut kept = Vec::new();
         // Keep the head of the answer; past that, stop reading and let the connection go.
@@ -54,7 +72,8 @@ pub async fn send(
             let Some(frame) = body.frame().await else {
                 break;
             };
-            let frame = frame.map_err(|e| format!("reading the answer failed: {e}"))?;
+            let frame =
+                frame.map_err(|e| SendError::Failed(format!("reading the answer failed: {e}")))?;
             if let Some(data) = frame.data_ref() {
                 let room = max_body - kept.len();
                 kept.extend_from_slice(&data[..data.len().min(room)]);
@@ -69,9 +88,51 @@ pub async fn send(
     tokio::time::timeout(deadline, exchange)
         .await
         .unwrap_or_else(|_| {
-            Err(format!(
+            Err(SendError::TimedOut(format!(
                 "no answer within {}",
                 humantime::format_duration(deadline)
-            ))
+            )))
         })
+}
+
+/// An answer's `Retry-After`: delay-seconds or an HTTP-date (RFC 9110, 10.2.3), as a wait
+/// from `now`; a date in the past is no wait. `None` when absent or unreadable.
+pub fn retry_after(headers: &hyper::HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
+    let text = headers
+        .get(hyper::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(text).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    fn headers(value: &str) -> hyper::HeaderMap {
+        let mut headers = hyper::HeaderMap::new();
+        headers.insert(hyper::header::RETRY_AFTER, value.parse().unwrap());
+        headers
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        assert_eq!(
+            retry_after(&headers(" 120 "), now),
+            Some(Duration::from_secs(120))
+        );
+        let date = headers("Wed, 21 Oct 2015 07:28:30 GMT");
+        assert_eq!(retry_after(&date, now), Some(Duration::from_secs(30)));
+        let past = headers("Wed, 21 Oct 2015 07:27:00 GMT");
+        assert_eq!(retry_after(&past, now), Some(Duration::ZERO));
+        assert_eq!(retry_after(&headers("soon"), now), None);
+        assert_eq!(retry_after(&hyper::HeaderMap::new(), now), None);
+    }
 }

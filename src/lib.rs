@@ -18,6 +18,7 @@ mod console;
 pub mod duplicates;
 pub mod event_type;
 pub mod handler;
+pub mod hold;
 pub mod http_client;
 pub mod ingest;
 pub mod instance_lock;

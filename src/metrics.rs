@@ -133,6 +133,17 @@ impl FilesystemSpace {
 /// know (the free disk of a PostgreSQL server) is absent rather than a misleading 0.
 type Optional = Family<[(&'static str, &'static str); 0], Gauge>;
 
+impl Snapshot {
+    /// Jobs waiting to run: claimed or retrying.
+    pub fn waiting_jobs(&self) -> u64 {
+        self.jobs
+            .iter()
+            .filter(|(state, _)| matches!(*state, "claimed" | "retrying"))
+            .map(|(_, count)| count)
+            .sum()
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     deliveries: Family<Labels, Counter>,
@@ -156,6 +167,10 @@ pub struct Metrics {
     filesystem_size: Optional,
     clock_skew: Gauge,
     signature_tolerance: Gauge,
+    hold: Gauge,
+    holds_opened: Counter,
+    held_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    hold_waiting: Gauge,
     jobs: Family<Labels, Gauge>,
     oldest_unfinished: Gauge<f64, std::sync::atomic::AtomicU64>,
     ledger_files: Family<Labels, Gauge>,
@@ -201,6 +216,10 @@ impl Metrics {
             filesystem_size: Family::default(),
             clock_skew: Gauge::default(),
             signature_tolerance: Gauge::default(),
+            hold: Gauge::default(),
+            holds_opened: Counter::default(),
+            held_seconds: Counter::default(),
+            hold_waiting: Gauge::default(),
             jobs: Family::default(),
             oldest_unfinished: Gauge::default(),
             ledger_files: Family::default(),
@@ -286,6 +305,8 @@ impl Metrics {
             "sume_work_side_writable",
             "1 while the work side's last ledger write (start, finish, sweep, retention, reconcile) went through, 0 while they fail (PostgreSQL ledger)",
             m.work_side_writable.clone(),
+        );
+        registry.register(
             "sume_ready",
             "1 while a delivery sent now would be claimed (what /readyz answers), read at each scrape",
             m.ready.clone(),
@@ -324,6 +345,27 @@ impl Metrics {
             "The configured signature.tolerance: a delivery whose timestamp is further from our clock is refused",
             Unit::Seconds,
             m.signature_tolerance.clone(),
+        );
+        registry.register(
+            "sume_handler_hold",
+            "1 while the handler's downstream looks down (a hold): no attempt starts but one probe at a time",
+            m.hold.clone(),
+        );
+        registry.register(
+            "sume_handler_holds_opened",
+            "Holds this receiver opened",
+            m.holds_opened.clone(),
+        );
+        registry.register_with_unit(
+            "sume_handler_held",
+            "Time this receiver spent in a hold",
+            Unit::Seconds,
+            m.held_seconds.clone(),
+        );
+        registry.register(
+            "sume_handler_hold_waiting_jobs",
+            "Jobs waiting to run (claimed or retrying) behind a hold; 0 when there is none",
+            m.hold_waiting.clone(),
         );
         registry.register(
             "sume_jobs",
@@ -515,6 +557,8 @@ impl Metrics {
         self.work_side_writable
             .get_or_create(&[])
             .set(i64::from(writable));
+    }
+
     /// A verified delivery's clock skew ([`crate::signature`]'s `skew_secs`).
     pub fn record_clock_skew(&self, skew_secs: i64) {
         self.clock_skew.set(skew_secs);
@@ -522,6 +566,19 @@ impl Metrics {
 
     pub fn set_signature_tolerance(&self, tolerance: std::time::Duration) {
         self.signature_tolerance.set(gauge(tolerance.as_secs()));
+    }
+
+    /// Whether this receiver knows of a hold.
+    pub fn set_hold(&self, held: bool) {
+        self.hold.set(i64::from(held));
+    }
+
+    pub fn record_hold_opened(&self) {
+        self.holds_opened.inc();
+    }
+
+    pub fn add_held_seconds(&self, seconds: f64) {
+        self.held_seconds.inc_by(seconds);
     }
 
     pub fn record_swept(&self, count: usize) {
@@ -600,6 +657,9 @@ impl Metrics {
         }
         self.oldest_unfinished
             .set(snapshot.oldest_unfinished_age_seconds);
+        let waiting = gauge(snapshot.waiting_jobs());
+        self.hold_waiting
+            .set(if self.hold.get() == 1 { waiting } else { 0 });
         self.ledger_files
             .get_or_create(&[("file", "db")])
             .set(gauge(snapshot.ledger_bytes));

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::{AUTHORIZATION, RETRY_AFTER};
+use hyper::header::AUTHORIZATION;
 use hyper::{Request, StatusCode};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
@@ -297,7 +297,9 @@ pub async fn call_sume(
         .header("accept", "application/json")
         .body(Full::new(Bytes::new()))
         .map_err(|e| format!("cannot build the request: {e}"))?;
-    http_client::send(client, request, api.request_timeout, MAX_ANSWER_BYTES).await
+    http_client::send(client, request, api.request_timeout, MAX_ANSWER_BYTES)
+        .await
+        .map_err(|error| error.to_string())
 }
 
 /// `{base_url}/v1/jobs/{job_id}/{action}`, with the job_id percent-encoded.
@@ -309,17 +311,10 @@ fn job_url(base_url: &str, job_id: &JobId, action: &str) -> String {
     )
 }
 
-/// `Retry-After` in seconds (the HTTP-date form is rare for APIs and falls back to the backoff).
+/// `Retry-After` (seconds or an HTTP-date), kept between a second and an hour.
 fn retry_after(answer: &Answer) -> Option<Duration> {
-    let seconds: u64 = answer
-        .headers
-        .get(RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Duration::from_secs(seconds.clamp(1, 3600)))
+    let wait = http_client::retry_after(&answer.headers, std::time::SystemTime::now())?;
+    Some(wait.clamp(Duration::from_secs(1), Duration::from_secs(3600)))
 }
 
 /// The job's `status`, and its event type if the answer names one (`type`, then `event`).

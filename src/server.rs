@@ -97,21 +97,28 @@ pub async fn operational(
         // Paused dispatch is still ready: deliveries are claimed; the body says so (as this
         // process knows it: no ledger read for a request anyone may send).
         (true, "/readyz") => {
+            // A hold is still ready too: deliveries are claimed, and wait for the downstream.
+            let hold = queue.and_then(Queue::hold);
             let dispatch = match queue {
                 Some(queue) if queue.dispatch_paused() => "paused",
+                Some(_) if hold.is_some() => "held",
                 Some(_) => "running",
                 None => "no handler",
             };
-            let (status, mut body) = match ledger.readiness() {
-                Ok(()) => (
-                    StatusCode::OK,
-                    serde_json::json!({ "status": "ready", "dispatch": dispatch }),
-                ),
-                Err(reason) => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    serde_json::json!({ "status": "not ready", "reason": reason, "dispatch": dispatch }),
-                ),
+            let mut body = match ledger.readiness() {
+                Ok(()) => serde_json::json!({ "status": "ready", "dispatch": dispatch }),
+                Err(reason) => {
+                    serde_json::json!({ "status": "not ready", "reason": reason, "dispatch": dispatch })
+                }
             };
+            if let Some(hold) = hold {
+                body["hold"] = serde_json::json!({
+                    "since": hold.since,
+                    "reason": hold.reason,
+                    "next_probe_at": hold.next_probe_at,
+                    "note": "the handler's downstream looks down: deliveries are claimed and wait; one probe at a time",
+                });
+            }
             // Apart from the status: a load balancer keeps sending deliveries, which are claimed.
             if let Some(work_side) = ledger.work_side() {
                 let state = work_side.state();
@@ -120,6 +127,11 @@ pub async fn operational(
                     "since": humantime::format_rfc3339_seconds(state.since).to_string(),
                 });
             }
+            let status = if body["status"] == "ready" {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
             json_response(status, &body)
         }
         (true, "/metrics") => metrics(ledger).await,

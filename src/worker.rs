@@ -17,8 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::HandlerConfig;
 use crate::handler::{AttemptError, Handler};
+use crate::hold::{Breaker, Turn};
 use crate::job_id::JobId;
-use crate::ledger::{duration_ms, now_ms, Attempt, AttemptEnd, Dispatch, Ledger, State};
+use crate::ledger::{duration_ms, now_ms, Attempt, AttemptEnd, Dispatch, Hold, Ledger, State};
 use crate::logging::Escaped;
 use crate::metrics::{AttemptResult, METRICS};
 use crate::throttle::Throttled;
@@ -49,10 +50,12 @@ pub struct Queue {
     /// Whether dispatch is paused, as this process last knew it (`/readyz` says so without a
     /// ledger read).
     paused: Arc<AtomicBool>,
+    /// The hold, as this process last knew it.
+    breaker: Arc<Breaker>,
 }
 
 impl Queue {
-    fn new() -> (Queue, mpsc::Receiver<JobId>) {
+    fn new(breaker: Arc<Breaker>) -> (Queue, mpsc::Receiver<JobId>) {
         let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
         (
             Queue {
@@ -61,6 +64,7 @@ impl Queue {
                 ledger_changed: Arc::default(),
                 dispatch_changed: Arc::default(),
                 paused: Arc::default(),
+                breaker,
             },
             receiver,
         )
@@ -83,6 +87,11 @@ impl Queue {
     /// Whether dispatch is paused, as this process last knew it.
     pub fn dispatch_paused(&self) -> bool {
         self.paused.load(Ordering::SeqCst)
+    }
+
+    /// The hold (`src/hold.rs`), as this process last read it from the ledger.
+    pub fn hold(&self) -> Option<Hold> {
+        self.breaker.hold()
     }
 
     /// Offers a job; `true` if it was queued now.
@@ -126,6 +135,7 @@ pub struct Worker {
     /// Woken by another process's write since the last look: that look may have come before
     /// its commit was visible, so the next one comes within [`IDLE_LOOK`].
     woken_from_elsewhere: bool,
+    breaker: Arc<Breaker>,
 }
 
 impl Worker {
@@ -135,7 +145,8 @@ impl Worker {
         lease_slack: Duration,
     ) -> anyhow::Result<(Worker, Queue)> {
         let handler = Arc::new(Handler::new(config.kind.clone())?);
-        let (queue, receiver) = Queue::new();
+        let breaker = Breaker::new(&config, lease_slack);
+        let (queue, receiver) = Queue::new(breaker.clone());
         let worker = Worker {
             ledger,
             handler,
@@ -149,6 +160,7 @@ impl Worker {
             ))),
             dispatch: None,
             woken_from_elsewhere: false,
+            breaker,
         };
         Ok((worker, queue))
     }
@@ -167,11 +179,11 @@ impl Worker {
             let Some(job_id) = self.next_job(&shutdown).await else {
                 break;
             };
-            // A pause that came while it waited for this job: the job is held (queued)
-            // until dispatch resumes.
-            if !self.wait_while_paused(&shutdown).await {
+            // A pause that came while it waited for this job, or a hold: the job waits (queued)
+            // until dispatch resumes, or its turn comes.
+            let Some(probe) = self.wait_for_turn(&shutdown).await else {
                 break;
-            }
+            };
             let job = JobRun {
                 ledger: self.ledger.clone(),
                 handler: self.handler.clone(),
@@ -180,9 +192,10 @@ impl Worker {
                 queue: self.queue.clone(),
                 stop_handlers: stop_handlers.clone(),
                 start_failures: self.start_failures.clone(),
+                breaker: self.breaker.clone(),
             };
             running.spawn(async move {
-                job.run(job_id).await;
+                job.run(job_id, probe).await;
                 drop(slot);
             });
             while running.try_join_next().is_some() {}
@@ -232,6 +245,51 @@ impl Worker {
         }
     }
 
+    /// Waits until the job in hand may start: dispatch not paused, and the hold's turn (see
+    /// `src/hold.rs`). `Some` with the probe this process took (the hold, and the next probe's
+    /// time it set) when the job is the hold's probe; `None` at shutdown.
+    async fn wait_for_turn(&mut self, shutdown: &CancellationToken) -> Option<Option<(Hold, i64)>> {
+        loop {
+            if !self.wait_while_paused(shutdown).await {
+                return None;
+            }
+            let wait = match self.breaker.turn() {
+                Turn::Start => {
+                    self.breaker.started(false);
+                    return Some(None);
+                }
+                Turn::Wait(wait) => wait.min(IDLE_LOOK),
+                Turn::ProbeDue(hold) => {
+                    let to = self.breaker.probe_until(&hold);
+                    let taken = self
+                        .ledger
+                        .move_probe(hold.since, hold.next_probe_at, to, hold.probe_interval_ms)
+                        .await;
+                    match taken {
+                        Ok(true) => {
+                            self.breaker.probe_taken(&hold, to);
+                            return Some(Some((hold, to)));
+                        }
+                        Ok(false) => {
+                            self.breaker.reread(&self.ledger).await;
+                            continue;
+                        }
+                        Err(error) => {
+                            self.read_failures.warn(&error.to_string());
+                            IDLE_LOOK
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.breaker.changed.notified() => {}
+                () = self.queue.ledger_changed.notified() => {}
+                () = shutdown.cancelled() => return None,
+            }
+        }
+    }
+
     /// Reads whether dispatch is paused; logs a change. A ledger that cannot be read leaves
     /// the last answer in force (running, at first).
     async fn read_dispatch(&mut self) {
@@ -261,6 +319,7 @@ impl Worker {
         METRICS.set_dispatch_paused(read.paused);
         self.queue.paused.store(read.paused, Ordering::SeqCst);
         self.dispatch = Some((read, now));
+        self.breaker.reread(&self.ledger).await;
     }
 
     /// The next job to start: from the in-memory queue, or else from the ledger. `None` at
@@ -359,11 +418,13 @@ struct JobRun {
     queue: Queue,
     stop_handlers: CancellationToken,
     start_failures: Arc<Mutex<Throttled>>,
+    breaker: Arc<Breaker>,
 }
 
 impl JobRun {
-    async fn run(self, job_id: JobId) {
-        let retrying = self.attempt(&job_id).await;
+    /// Runs the job's attempt; `probe` when it is the hold's probe (see [`Worker::wait_for_turn`]).
+    async fn run(self, job_id: JobId, probe: Option<(Hold, i64)>) {
+        let retrying = self.attempt(&job_id, probe.as_ref()).await;
         self.queue.release(&job_id);
         if retrying {
             // The ledger holds the retry's due time; the worker may be waiting past it.
@@ -372,7 +433,8 @@ impl JobRun {
     }
 
     /// Runs one attempt; `true` when the job is to be retried.
-    async fn attempt(&self, job_id: &JobId) -> bool {
+    async fn attempt(&self, job_id: &JobId, probe: Option<&(Hold, i64)>) -> bool {
+        let probe = probe.map(|(hold, taken_to)| (hold, *taken_to));
         let timeout = self.config.timeout;
         let now = now_ms();
         let lease_until = now + duration_ms(timeout + self.lease_slack);
@@ -385,8 +447,12 @@ impl JobRun {
                 attempt
             }
             // Already started, finished, or purged: nothing to do.
-            Ok(None) => return false,
+            Ok(None) => {
+                self.unused(probe).await;
+                return false;
+            }
             Err(error) => {
+                self.unused(probe).await;
                 self.start_failures
                     .lock()
                     .expect("not poisoned")
@@ -398,18 +464,36 @@ impl JobRun {
             }
         };
         let started = std::time::Instant::now();
-        tracing::info!(job_id = %job_id, attempt = attempt.number, "running handler");
-        let (end, retry_in) = match self
+        tracing::info!(job_id = %job_id, attempt = attempt.number, probe = probe.is_some(), "running handler");
+        let outcome = self
             .handler
             .run(&attempt, timeout, &self.stop_handlers)
-            .await
-        {
-            Ok(()) => (AttemptEnd::Done, None),
+            .await;
+        let probe_taken_to = probe.map(|(_, taken_to)| taken_to);
+        let verdict = match &outcome {
+            Ok(()) => self.breaker.finished(job_id, probe_taken_to, Ok(())),
+            Err(AttemptError::Failed(failure, sign)) => {
+                self.breaker
+                    .finished(job_id, probe_taken_to, Err((failure, *sign)))
+            }
             Err(AttemptError::Interrupted) => {
-                self.release(attempt).await;
+                self.breaker.unused(None);
+                self.release(attempt, "handler stopped by shutdown; the job runs again at the next start, this attempt uncounted").await;
                 return false;
             }
-            Err(AttemptError::Failed(failure)) if attempt.number < self.config.max_attempts => {
+        };
+        if !verdict.counts {
+            if let Err(AttemptError::Failed(failure, _)) = &outcome {
+                tracing::info!(job_id = %job_id, error = %Escaped(&failure.error), "attempt failed during a handler hold; given back uncounted");
+            }
+            self.release(attempt, "").await;
+            self.breaker.apply(&self.ledger, verdict.change).await;
+            return false;
+        }
+        let (end, retry_in) = match outcome {
+            Ok(()) => (AttemptEnd::Done, None),
+            Err(AttemptError::Interrupted) => unreachable!("returned above"),
+            Err(AttemptError::Failed(failure, _)) if attempt.number < self.config.max_attempts => {
                 let delay = backoff(&self.config, attempt.number);
                 let retry_at = now_ms() + duration_ms(delay);
                 (
@@ -420,7 +504,7 @@ impl JobRun {
                     Some(delay),
                 )
             }
-            Err(AttemptError::Failed(failure)) => (
+            Err(AttemptError::Failed(failure, _)) => (
                 AttemptEnd::Failed {
                     failure,
                     retry_at: None,
@@ -428,7 +512,9 @@ impl JobRun {
                 None,
             ),
         };
-        match self.record_end(&attempt, &end, lease_until).await {
+        let finished = self.record_end(&attempt, &end, lease_until).await;
+        self.breaker.apply(&self.ledger, verdict.change).await;
+        match finished {
             Ok(Some(state)) => {
                 let result = match state {
                     State::Done => AttemptResult::Done,
@@ -490,13 +576,22 @@ impl JobRun {
         }
     }
 
-    /// Our own shutdown stopped the handler: the attempt is not the job's fault, so it is given
-    /// back uncounted (a job on its last attempt must not become `dead` because we stopped).
-    async fn release(&self, attempt: Attempt) {
+    /// A probe (or an attempt) that did not run: the hold's next probe may start at once.
+    async fn unused(&self, probe: Option<(&Hold, i64)>) {
+        let change = self.breaker.unused(probe);
+        self.breaker.apply(&self.ledger, change).await;
+    }
+
+    /// Gives an attempt back uncounted, due again now: our own shutdown stopped the handler (a
+    /// job on its last attempt must not become `dead` because we stopped; `said` is logged), or
+    /// it failed for an outage that a hold already knows (see `src/hold.rs`).
+    async fn release(&self, attempt: Attempt, said: &str) {
         let job_id = &attempt.job_id;
         match self.ledger.release_attempt(&attempt, now_ms()).await {
             Ok(_) => {
-                tracing::warn!(job_id = %job_id, "handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")
+                if !said.is_empty() {
+                    tracing::warn!(job_id = %job_id, "{said}")
+                }
             }
             // The row stays `running`; the next start takes it back (counted, as after a crash).
             Err(error) => {
@@ -530,6 +625,7 @@ mod tests {
             max_attempts: 5,
             backoff: Duration::from_secs(10),
             max_backoff: Duration::from_secs(60),
+            hold: Default::default(),
         }
     }
 
@@ -548,7 +644,7 @@ mod tests {
 
     #[test]
     fn queue_refuses_a_job_it_already_holds() {
-        let (queue, mut receiver) = Queue::new();
+        let (queue, mut receiver) = Queue::new(Breaker::new(&config(), Duration::ZERO));
         let a = JobId::parse("a").unwrap();
         assert!(queue.enqueue(&a));
         assert!(!queue.enqueue(&a));

@@ -297,6 +297,7 @@ async fn sweep_once_takes_back_expired_leases() {
         max_attempts: 2,
         backoff: Duration::from_secs(1),
         max_backoff: Duration::from_secs(1),
+        hold: Default::default(),
     };
     let (_worker, queue) = Worker::new(ledger.clone(), handler, Duration::from_secs(1)).unwrap();
     let sweeper = Sweeper::new(ledger.clone(), queue.clone(), 2);

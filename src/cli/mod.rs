@@ -415,7 +415,7 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
             let within = humantime::format_duration(sume_receiver::worker::IDLE_LOOK);
             match (paused, changed) {
                 (true, true) => println!("paused: {receivers} runs no new attempt from within {within}; running ones finish; deliveries are still claimed"),
-                (false, true) => println!("resumed: {receivers} runs due jobs again within {within}"),
+                (false, true) => println!("resumed (a handler hold, if any, ended too): {receivers} runs due jobs again within {within}"),
                 (true, false) => println!("already paused"),
                 (false, false) => println!("not paused"),
             }
@@ -441,10 +441,16 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
         JobsCommand::Stats { json } => {
             let now = ledger::now_ms();
             let stats = ledger.job_stats(now).await.context("cannot count jobs")?;
+            let hold = ledger.hold().await.context("cannot read the hold")?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&readable_json(&stats)?)?);
+                let mut value = readable_json(&stats)?;
+                value["hold"] = hold
+                    .as_ref()
+                    .map_or(Ok(serde_json::Value::Null), readable_json)?;
+                println!("{}", serde_json::to_string_pretty(&value)?);
             } else {
                 print!("{}", stats_table(&stats, now));
+                print!("{}", render::hold_lines(hold.as_ref(), now));
             }
         }
         JobsCommand::Expect { job_id } => {
@@ -524,7 +530,7 @@ async fn replay(
     ));
     let outcome = match &result {
         Ok(()) => format!("done after {took}"),
-        Err(AttemptError::Failed(failure)) => format!("failed after {took}: {}", failure.error),
+        Err(AttemptError::Failed(failure, _)) => format!("failed after {took}: {}", failure.error),
         Err(AttemptError::Interrupted) => format!("interrupted after {took}"),
     };
     let reason = format!("through {}: {outcome}", kind.describe());

@@ -139,6 +139,26 @@ pub(super) fn stats_table(stats: &ledger::JobStats, now: i64) -> String {
     table(&["STATE", "JOBS"], &rows, "")
 }
 
+/// The hold under `jobs stats`: none, or since when, why, and the next probe.
+pub(super) fn hold_lines(hold: Option<&ledger::Hold>, now: i64) -> String {
+    let Some(hold) = hold else {
+        return "handler hold: none\n".into();
+    };
+    let ago = |at: i64| {
+        humantime::format_duration(Duration::from_secs(((now - at) / 1000).unsigned_abs()))
+    };
+    let next_in = Duration::from_secs(((hold.next_probe_at - now).max(0) / 1000).unsigned_abs());
+    format!(
+        "handler hold: since {} ({} ago): {}\n  sample error: {}\n  next probe: {} (in {}); `jobs resume` ends the hold now\n",
+        format_time(Some(hold.since)),
+        ago(hold.since),
+        Escaped(&hold.reason),
+        Escaped(&hold.sample_error),
+        format_time(Some(hold.next_probe_at)),
+        humantime::format_duration(next_in),
+    )
+}
+
 /// Left-aligned columns, two spaces apart, sized to their widest cell. Cells are escaped: what
 /// the ledger holds (ids written by older versions, handler errors) must not drive the terminal.
 pub(super) fn table(header: &[&str], rows: &[Vec<String>], when_empty: &str) -> String {

@@ -100,7 +100,7 @@ pub async fn send_test(args: &SendTestArgs, config: &Config) -> anyhow::Result<(
         64 * 1024,
     )
     .await
-    .map_err(anyhow::Error::msg)
+    .map_err(anyhow::Error::new)
     .with_context(|| format!("cannot deliver to {url}"))?;
     let elapsed = started.elapsed();
     println!(

@@ -17,6 +17,38 @@ pub struct HandlerConfig {
     /// Delay before the first retry; doubles each attempt, with jitter, up to `max_backoff`.
     pub backoff: Duration,
     pub max_backoff: Duration,
+    /// When the handler's downstream looks down, and how work resumes after it (the hold).
+    pub hold: HoldConfig,
+}
+
+/// `[handler]`'s keys for the hold (`src/hold.rs`): when to stop starting attempts because the
+/// handler's downstream is down, how to probe it, and how fast to start again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HoldConfig {
+    /// Different jobs failing in a row, with no success between, that open a hold; 0: never hold.
+    pub hold_after: u32,
+    /// The first wait before a probe; doubles per failed probe up to `max_probe_interval`.
+    pub probe_interval: Duration,
+    pub max_probe_interval: Duration,
+    /// After a hold, the slots open one, then double every `ramp` up to `concurrency`.
+    pub ramp: Duration,
+    /// Attempts started per second at most, in normal times too; `None`: no limit.
+    pub max_per_second: Option<f64>,
+    /// A command's exit statuses that blame the job, not the downstream: never count toward a hold.
+    pub content_exit_statuses: Vec<i32>,
+}
+
+impl Default for HoldConfig {
+    fn default() -> Self {
+        HoldConfig {
+            hold_after: default_hold_after(),
+            probe_interval: default_probe_interval(),
+            max_probe_interval: default_max_probe_interval(),
+            ramp: default_ramp(),
+            max_per_second: None,
+            content_exit_statuses: default_content_exit_statuses(),
+        }
+    }
 }
 
 /// `[handler]` as the file has it: exactly one of `command` and `url`.
@@ -37,6 +69,17 @@ struct RawHandlerConfig {
     backoff: Duration,
     #[serde(default = "default_max_backoff", deserialize_with = "duration")]
     max_backoff: Duration,
+    #[serde(default = "default_hold_after")]
+    hold_after: u32,
+    #[serde(default = "default_probe_interval", deserialize_with = "duration")]
+    probe_interval: Duration,
+    #[serde(default = "default_max_probe_interval", deserialize_with = "duration")]
+    max_probe_interval: Duration,
+    #[serde(default = "default_ramp", deserialize_with = "duration")]
+    ramp: Duration,
+    max_per_second: Option<f64>,
+    #[serde(default = "default_content_exit_statuses")]
+    content_exit_statuses: Vec<i32>,
 }
 
 fn default_handler_timeout() -> Duration {
@@ -53,6 +96,22 @@ fn default_backoff() -> Duration {
 }
 fn default_max_backoff() -> Duration {
     Duration::from_secs(3600)
+}
+fn default_hold_after() -> u32 {
+    5
+}
+fn default_probe_interval() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_max_probe_interval() -> Duration {
+    Duration::from_secs(300)
+}
+fn default_ramp() -> Duration {
+    Duration::from_secs(5)
+}
+/// EX_DATAERR (sysexits.h): "the input data was incorrect".
+fn default_content_exit_statuses() -> Vec<i32> {
+    vec![65]
 }
 
 /// What a handler does with a job, once validated.
@@ -120,6 +179,14 @@ impl TryFrom<RawHandlerConfig> for HandlerConfig {
             max_attempts: raw.max_attempts,
             backoff: raw.backoff,
             max_backoff: raw.max_backoff,
+            hold: HoldConfig {
+                hold_after: raw.hold_after,
+                probe_interval: raw.probe_interval,
+                max_probe_interval: raw.max_probe_interval,
+                ramp: raw.ramp,
+                max_per_second: raw.max_per_second,
+                content_exit_statuses: raw.content_exit_statuses,
+            },
         })
     }
 }
@@ -141,5 +208,61 @@ impl HandlerConfig {
                     .to_owned(),
             );
         }
+        let hold = &self.hold;
+        if hold.probe_interval.is_zero() || hold.max_probe_interval < hold.probe_interval {
+            problems.push(
+                "handler.probe_interval must be greater than zero and no more than handler.max_probe_interval"
+                    .to_owned(),
+            );
+        }
+        if let Some(rate) = hold.max_per_second {
+            if !(rate.is_finite() && rate > 0.0 && rate <= 1_000_000.0) {
+                problems.push(format!(
+                    "handler.max_per_second must be a number above 0 and at most 1000000 (leave it out for no limit), got {rate}"
+                ));
+            }
+        }
+        if let Some(status) = hold
+            .content_exit_statuses
+            .iter()
+            .find(|status| !(1..=255).contains(*status))
+        {
+            problems.push(format!(
+                "handler.content_exit_statuses: {status} is not an exit status (1 to 255)"
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(extra: &str) -> Vec<String> {
+        let config: HandlerConfig =
+            toml::from_str(&format!("command = [\"true\"]\n{extra}")).expect("parses");
+        let mut problems = Vec::new();
+        config.validate(&mut problems);
+        problems
+    }
+
+    #[test]
+    fn hold_keys_have_defaults_that_are_on() {
+        let config: HandlerConfig = toml::from_str("command = [\"true\"]").unwrap();
+        assert_eq!(config.hold, HoldConfig::default());
+        assert_eq!(config.hold.hold_after, 5);
+        assert_eq!(config.hold.max_per_second, None);
+        assert!(problems("").is_empty());
+    }
+
+    #[test]
+    fn hold_keys_are_validated() {
+        let bad = problems("probe_interval = \"10m\"\nmax_probe_interval = \"1m\"\n");
+        assert!(bad[0].contains("handler.probe_interval"), "{bad:?}");
+        let bad = problems("max_per_second = 0.0\n");
+        assert!(bad[0].contains("handler.max_per_second"), "{bad:?}");
+        let bad = problems("content_exit_statuses = [65, 0]\n");
+        assert!(bad[0].contains("0 is not an exit status"), "{bad:?}");
+        assert!(problems("max_per_second = 2.5\nhold_after = 0\nramp = \"0s\"\n").is_empty());
     }
 }

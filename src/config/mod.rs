@@ -18,7 +18,7 @@ pub use database::{
     CheckAtStart, LedgerConfig, PostgresConfig, PostgresUrl, PostgresUrlSource, SqliteConfig,
     Synchronous,
 };
-pub use handler::{HandlerConfig, HandlerKind};
+pub use handler::{HandlerConfig, HandlerKind, HoldConfig};
 use parsing::{describe_toml_error, duration, DAY_SECS};
 pub use secret::Secret;
 pub use sume_api::{AdminConfig, SumeApiConfig};

@@ -12,7 +12,7 @@ use std::future::Future;
 use super::error::StorageError;
 use super::model::{
     Attempt, AttemptEnd, ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs,
-    Expectation, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
+    Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
     RetentionStep, RetryCount, RetryError, RetryFilter, State,
 };
 use super::work_side::WorkSide;
@@ -243,8 +243,25 @@ macro_rules! operations {
         fn dispatch(&self) -> Result<Dispatch, StorageError>;
 
         /// Pauses or resumes the workers of every receiver; `false` if they already were.
-        /// Deliveries are received and claimed either way.
+        /// Deliveries are received and claimed either way. Resuming also ends a hold (and is
+        /// then a change, recorded as `by`'s, even if dispatch was not paused).
         fn set_dispatch(&self, paused: bool, by: &str, now: i64) -> Result<bool, StorageError>;
+
+        /// The hold, if one is open (`src/hold.rs`).
+        fn hold(&self) -> Result<Option<Hold>, StorageError>;
+
+        /// Opens `hold` unless a hold is open; `false` if one was (and stays as it was).
+        fn open_hold(&self, hold: &Hold) -> Result<bool, StorageError>;
+
+        /// Moves the next probe of the hold open since `since` from `from` to `to`, with
+        /// `interval_ms` as its new wait; `false` if that hold is not open or its next probe
+        /// is no longer at `from` (another receiver took the probe): one probe at a time.
+        fn move_probe(&self, since: i64, from: i64, to: i64, interval_ms: i64)
+            -> Result<bool, StorageError>;
+
+        /// Ends the hold open since `since` and returns it; `None` if it was not open (ended
+        /// already, by another receiver or `jobs resume`).
+        fn end_hold(&self, since: i64) -> Result<Option<Hold>, StorageError>;
 
         /// The counts of `jobs stats` (a table scan: a command for people).
         fn job_stats(&self, now: i64) -> Result<JobStats, StorageError>;

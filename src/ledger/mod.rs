@@ -26,7 +26,7 @@ pub use contract::Backend;
 pub use error::{Cause, StorageError, StorageLost, STORAGE_LOST_EXIT_STATUS};
 pub use model::{
     duration_ms, now_ms, ActionRecord, Attempt, AttemptEnd, AttemptRecord, ClaimOutcome, Cursor,
-    DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, Failure, JobDetail, JobFilter,
+    DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, Failure, Hold, JobDetail, JobFilter,
     JobPage, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
     RetryCount, RetryError, RetryFilter, Source, State, HISTORY_PER_JOB,
 };

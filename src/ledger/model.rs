@@ -487,6 +487,19 @@ pub struct Dispatch {
     pub changed_by: Option<String>,
 }
 
+/// A hold (`src/hold.rs`): since when the workers of every receiver start no attempt but one
+/// probe at a time, why, and when the next probe may start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Hold {
+    pub since: i64,
+    pub reason: String,
+    /// One failure that opened it, as the job's last error has it.
+    pub sample_error: String,
+    pub next_probe_at: i64,
+    /// The wait after the next failed probe, before doubling.
+    pub probe_interval_ms: i64,
+}
+
 /// Which finished jobs a bulk retry takes: those in `state` that finished in
 /// [`finished_since`, `finished_before`) and, with `error_contains`, whose last error contains
 /// that text (case-sensitive). The upper bound keeps a job that fails again during the bulk

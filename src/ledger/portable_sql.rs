@@ -133,3 +133,45 @@ pub fn list_jobs_sql(
         placeholder.at(1)
     )
 }
+
+/// The hold's columns, in the order of [`Hold`](super::model::Hold)'s fields.
+pub const HOLD_COLUMNS: &str = "since, reason, sample_error, next_probe_at, probe_interval_ms";
+
+/// The hold, if one is open.
+pub fn hold_sql() -> String {
+    format!("SELECT {HOLD_COLUMNS} FROM dispatch_hold WHERE id = 1")
+}
+
+/// Opens a hold unless one is open. Parameters: the hold's columns in order.
+pub fn open_hold_sql(d: Dialect) -> String {
+    format!(
+        "INSERT INTO dispatch_hold (id, {HOLD_COLUMNS}) VALUES (1, {}, {}, {}, {}, {})
+         ON CONFLICT (id) DO NOTHING",
+        d.at(1),
+        d.at(2),
+        d.at(3),
+        d.at(4),
+        d.at(5)
+    )
+}
+
+/// Moves the next probe of the hold open since the first parameter, if it is still at the
+/// second (no other receiver moved it first). Parameters: since, from, to, interval.
+pub fn move_probe_sql(d: Dialect) -> String {
+    format!(
+        "UPDATE dispatch_hold SET next_probe_at = {}, probe_interval_ms = {}
+         WHERE id = 1 AND since = {} AND next_probe_at = {}",
+        d.at(3),
+        d.at(4),
+        d.at(1),
+        d.at(2)
+    )
+}
+
+/// Ends the hold open since the first parameter, returning it.
+pub fn end_hold_sql(d: Dialect) -> String {
+    format!(
+        "DELETE FROM dispatch_hold WHERE id = 1 AND since = {} RETURNING {HOLD_COLUMNS}",
+        d.at(1)
+    )
+}

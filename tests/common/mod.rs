@@ -360,7 +360,9 @@ impl TestServer {
         let request = builder
             .body(Full::new(Bytes::from(body.to_owned())))
             .unwrap();
-        http_client::send(&self.client, request, Duration::from_secs(15), 1 << 20).await
+        http_client::send(&self.client, request, Duration::from_secs(15), 1 << 20)
+            .await
+            .map_err(|error| error.to_string())
     }
 
     /// The status of `GET path`.

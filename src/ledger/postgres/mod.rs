@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 mod claims;
 mod connection;
+mod hold;
 mod open;
 mod pooled;
 mod role;
@@ -42,7 +43,7 @@ use super::error::{Cause, StorageError};
 use super::model::{duration_ms, now_ms};
 use super::model::{
     expectation_counts, state_counts, ActionRecord, Attempt, AttemptEnd, AttemptRecord,
-    ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, JobDetail,
+    ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, Hold, JobDetail,
     JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount,
     RetryError, RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
 };
@@ -614,6 +615,28 @@ impl Backend for PostgresLedger {
             self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
         }
         Ok(changed)
+    }
+
+    async fn hold(&self) -> Result<Option<Hold>, StorageError> {
+        self.read_hold().await
+    }
+
+    async fn open_hold(&self, hold: &Hold) -> Result<bool, StorageError> {
+        self.insert_hold(hold).await
+    }
+
+    async fn move_probe(
+        &self,
+        since: i64,
+        from: i64,
+        to: i64,
+        interval_ms: i64,
+    ) -> Result<bool, StorageError> {
+        self.update_probe(since, from, to, interval_ms).await
+    }
+
+    async fn end_hold(&self, since: i64) -> Result<Option<Hold>, StorageError> {
+        self.delete_hold(since).await
     }
 
     async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {

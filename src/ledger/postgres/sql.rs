@@ -136,10 +136,11 @@ pub const RECORD_ACTION_SQL: &str = "WITH recorded AS (
 pub const RUNNING_BY_RECEIVER_SQL: &str = "SELECT coalesce(leased_by, '(unnamed)'), count(*)
     FROM jobs WHERE state = 'running' GROUP BY 1 ORDER BY 2 DESC, 1";
 pub const DISPATCH_SQL: &str = "SELECT paused, changed_at, changed_by FROM dispatch WHERE id = 1";
-/// Parameters: paused, now, actor.
-pub const SET_DISPATCH_SQL: &str = "UPDATE dispatch SET paused = $1, changed_at = $2,
-        changed_by = $3
-    WHERE id = 1 AND paused <> $1";
+/// Parameters: paused, now, actor. A resume also ends a hold, and is then a change.
+pub const SET_DISPATCH_SQL: &str = "WITH ended AS (
+        DELETE FROM dispatch_hold WHERE NOT $1 RETURNING id)
+    UPDATE dispatch SET paused = $1, changed_at = $2, changed_by = $3
+    WHERE id = 1 AND (paused <> $1 OR EXISTS (SELECT 1 FROM ended))";
 /// job_ids matching a LIKE pattern (the load generator's check of its run).
 pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE $1";
 /// why [`RETRY_JOB_SQL`] changed nothing.

@@ -528,11 +528,13 @@ pub fn dispatch(conn: &Connection) -> rusqlite::Result<Dispatch> {
         })
 }
 
-/// Pauses or resumes the workers; `false` if they already were.
+/// Pauses or resumes the workers; `false` if they already were. A resume also ends a hold,
+/// and is then a change.
 pub fn set_dispatch(conn: &Connection, paused: bool, by: &str, now: i64) -> rusqlite::Result<bool> {
+    let hold_ended = !paused && conn.execute("DELETE FROM dispatch_hold", [])? > 0;
     Ok(conn.execute(
         "UPDATE dispatch SET paused = ?1, changed_at = ?2, changed_by = ?3
-         WHERE id = 1 AND paused <> ?1",
-        params![paused, now, by],
+         WHERE id = 1 AND (paused <> ?1 OR ?4)",
+        params![paused, now, by, hold_ended],
     )? == 1)
 }

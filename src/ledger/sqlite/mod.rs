@@ -5,6 +5,7 @@ mod checkpoint;
 mod expected;
 mod failure;
 mod history;
+mod hold;
 mod integrity;
 mod jobs;
 mod open;
@@ -27,7 +28,7 @@ use super::error::{Cause, StorageError};
 use super::model::now_ms;
 use super::model::{
     Attempt, AttemptEnd, ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs,
-    Expectation, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
+    Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
     RetentionStep, RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
 };
 use crate::config::SqliteConfig;
@@ -611,6 +612,30 @@ impl Backend for SqliteLedger {
         let by = by.to_owned();
         self.write(move |conn| jobs::set_dispatch(conn, paused, &by, now))
             .await
+    }
+
+    async fn hold(&self) -> Result<Option<Hold>, StorageError> {
+        self.read(hold::hold).await
+    }
+
+    async fn open_hold(&self, opened: &Hold) -> Result<bool, StorageError> {
+        let opened = opened.clone();
+        self.write(move |conn| hold::open_hold(conn, &opened)).await
+    }
+
+    async fn move_probe(
+        &self,
+        since: i64,
+        from: i64,
+        to: i64,
+        interval_ms: i64,
+    ) -> Result<bool, StorageError> {
+        self.write(move |conn| hold::move_probe(conn, since, from, to, interval_ms))
+            .await
+    }
+
+    async fn end_hold(&self, since: i64) -> Result<Option<Hold>, StorageError> {
+        self.write(move |conn| hold::end_hold(conn, since)).await
     }
 
     async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {

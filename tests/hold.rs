@@ -1,0 +1,383 @@
+//! The hold: a downstream outage costs no job; a bad job is not an outage; probes, Retry-After,
+//! the rate limit, pause and resume during a hold, and two receivers sharing one.
+
+mod common;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response};
+use hyper_util::rt::TokioIo;
+
+const UP: u8 = 0;
+/// Answers 500 to everything: an outage the hold must infer from different jobs failing.
+const DOWN: u8 = 1;
+/// Answers 503 with `Retry-After: 2`.
+const BUSY: u8 = 2;
+
+/// A handler's downstream: up, down or busy as the test says; `poison-*` jobs always get a 500
+/// and `content-*` jobs a 422. Counts each job's successes and when each request came.
+#[derive(Default)]
+struct Downstream {
+    mode: AtomicU8,
+    requests: AtomicUsize,
+    arrivals: Mutex<Vec<Instant>>,
+    done: Mutex<HashMap<String, u32>>,
+}
+
+impl Downstream {
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    fn answer(&self, job_id: &str) -> (u16, Option<&'static str>) {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        self.arrivals.lock().unwrap().push(Instant::now());
+        if job_id.starts_with("poison") {
+            return (500, None);
+        }
+        if job_id.starts_with("content") {
+            return (422, None);
+        }
+        match self.mode.load(Ordering::SeqCst) {
+            DOWN => (500, None),
+            BUSY => (503, Some("2")),
+            _ => {
+                *self
+                    .done
+                    .lock()
+                    .unwrap()
+                    .entry(job_id.to_owned())
+                    .or_default() += 1;
+                (204, None)
+            }
+        }
+    }
+}
+
+async fn start_downstream(mode: u8) -> (String, Arc<Downstream>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let downstream = Arc::new(Downstream::default());
+    downstream.set(mode);
+    let shared = downstream.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let downstream = shared.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let job_id = request
+                        .headers()
+                        .get("x-sume-job-id")
+                        .map(|v| v.to_str().unwrap().to_owned())
+                        .unwrap_or_default();
+                    let (status, retry_after) = downstream.answer(&job_id);
+                    let mut response = Response::new(Full::new(Bytes::from_static(b"down")));
+                    *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                    if let Some(after) = retry_after {
+                        response
+                            .headers_mut()
+                            .insert("retry-after", after.parse().unwrap());
+                    }
+                    async move { Ok::<_, Infallible>(response) }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}/jobs"), downstream)
+}
+
+/// `[handler]` for `url` with compressed timings: a job left alone dies within ~0.4 s of its
+/// first failure (50 ms doubling to 200 ms, 3 attempts).
+fn handler(url: &str, extra: &str) -> String {
+    format!(
+        "[handler]\nurl = \"{url}\"\ntimeout = \"2s\"\nconcurrency = 8\nmax_attempts = 3\n\
+         backoff = \"50ms\"\nmax_backoff = \"200ms\"\nprobe_interval = \"100ms\"\n\
+         max_probe_interval = \"400ms\"\nramp = \"100ms\"\n{extra}\n\
+         [sweeper]\ninterval = \"1h\"\n"
+    )
+}
+
+fn count(server: &TestServer, sql: &str) -> i64 {
+    server.value(sql, &[]).as_i64().unwrap()
+}
+
+fn held(server: &TestServer) -> bool {
+    count(server, "SELECT count(*) FROM dispatch_hold") == 1
+}
+
+async fn deliver_all(server: &TestServer, job_ids: impl Iterator<Item = String>) {
+    for job_id in job_ids {
+        assert_eq!(server.deliver(&job_body(&job_id)).await.status, 200);
+    }
+}
+
+/// A metric's value in a scrape (0 when absent).
+fn metric(scrape: &str, name: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .map_or(0.0, |value| value.trim().parse().unwrap())
+}
+
+/// The outage, on `receivers` receivers sharing one ledger: 200 jobs arrive while the
+/// downstream is down, which lasts 3 s (far past every job's backoff); then it comes back.
+/// Every job is done, each run successfully exactly once; none is dead; none paid more than
+/// the one failed attempt that revealed the outage.
+async fn outage_costs_no_job(receivers: usize) {
+    let (url, downstream) = start_downstream(DOWN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let shared = (receivers > 1).then(|| postgres_url_of(dir.path()));
+    let first = TestServer::start_in(dir, &handler(&url, "")).await;
+    let mut others = Vec::new();
+    for database in shared.iter().cycle().take(receivers - 1) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("postgres-url"), database).unwrap();
+        others.push(TestServer::start_in(dir, &handler(&url, "")).await);
+    }
+    deliver_all(&first, (0..200).map(|i| format!("outage-{i:03}"))).await;
+    assert!(
+        eventually(Duration::from_secs(10), || held(&first)).await,
+        "no hold opened"
+    );
+    for server in std::iter::once(&first).chain(&others) {
+        let mut dispatch = serde_json::Value::Null;
+        for _ in 0..30 {
+            let readyz = server
+                .request(Method::GET, "/readyz", &[], "")
+                .await
+                .unwrap();
+            assert_eq!(readyz.status, 200, "a hold leaves the receiver ready");
+            dispatch = json(&readyz)["dispatch"].clone();
+            if dispatch == "held" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(dispatch, "held", "a receiver did not hold within 3 s");
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        count(&first, "SELECT count(*) FROM jobs WHERE state = 'dead'"),
+        0
+    );
+    let during = downstream.requests();
+
+    downstream.set(UP);
+    let drained = eventually(Duration::from_secs(30), || {
+        count(&first, "SELECT count(*) FROM jobs WHERE state = 'done'") == 200
+    })
+    .await;
+    assert!(
+        drained,
+        "the backlog did not drain after the downstream came back"
+    );
+    assert!(!held(&first));
+    assert_eq!(
+        count(&first, "SELECT count(*) FROM jobs WHERE state = 'dead'"),
+        0
+    );
+    let done = downstream.done.lock().unwrap().clone();
+    assert_eq!(done.len(), 200);
+    assert!(done.values().all(|&runs| runs == 1), "{done:?}");
+    // Done after at most one failure: the one that revealed the outage, if any.
+    assert!(count(&first, "SELECT max(attempts) FROM jobs") <= 2);
+    // (Tests share one process's metrics: lower bounds only.)
+    let scrape = first.metrics().await;
+    assert!(
+        metric(&scrape, "sume_handler_holds_opened_total") >= 1.0,
+        "{scrape}"
+    );
+    assert!(
+        metric(&scrape, "sume_handler_held_seconds_total") >= 2.0,
+        "{scrape}"
+    );
+    // 200 jobs failing alone, 3 attempts each, would have made 600 requests.
+    assert!(
+        during < 100,
+        "{during} requests reached the downstream during the outage"
+    );
+    for other in others {
+        other.stop().await.0.unwrap();
+    }
+    first.stop().await.0.unwrap();
+}
+
+on_both_ledgers! {
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_outage_longer_than_every_backoff_costs_no_job() {
+        outage_costs_no_job(1).await;
+    }
+
+    /// A job that always fails among jobs that succeed goes through its attempts to the dead
+    /// letter on its own schedule; jobs failing for their content (422) never open a hold,
+    /// however many in a row.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_poison_job_dies_on_its_schedule_and_no_hold_opens() {
+        let (url, downstream) = start_downstream(UP).await;
+        let server = Arc::new(TestServer::start(&handler(&url, "hold_after = 3\n")).await);
+        let watched = server.clone();
+        let ever_held = tokio::spawn(async move {
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(8) {
+                if held(&watched) {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            false
+        });
+        deliver_all(&server, std::iter::once("poison-1".to_owned())).await;
+        for i in 0..20 {
+            deliver_all(&server, std::iter::once(format!("healthy-{i}"))).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        deliver_all(&server, (0..6).map(|i| format!("content-{i}"))).await;
+        let finished = eventually(Duration::from_secs(10), || {
+            count(&server, "SELECT count(*) FROM jobs WHERE state IN ('done', 'dead')") == 27
+        })
+        .await;
+        assert!(finished);
+        assert_eq!(server.state_of("poison-1").as_deref(), Some("dead"));
+        assert_eq!(
+            count(&server, "SELECT attempts FROM jobs WHERE job_id = 'poison-1'"),
+            3
+        );
+        assert_eq!(count(&server, "SELECT count(*) FROM jobs WHERE job_id LIKE 'content-%' AND state = 'dead' AND attempts = 3"), 6);
+        assert_eq!(count(&server, "SELECT count(*) FROM jobs WHERE state = 'done'"), 20);
+        assert_eq!(downstream.done.lock().unwrap().len(), 20);
+        assert!(!ever_held.await.unwrap(), "a hold opened");
+        Arc::into_inner(server).unwrap().stop().await.0.unwrap();
+    }
+
+    /// A 503 opens a hold at once, and its `Retry-After` (2 s, past the 100 ms probe interval)
+    /// delays the first probe; after it, the job is done.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn retry_after_delays_the_first_probe() {
+        let (url, downstream) = start_downstream(BUSY).await;
+        let config = handler(&url, "").replace("\"400ms\"", "\"5s\"");
+        let server = TestServer::start(&config).await;
+        deliver_all(&server, std::iter::once("busy-1".to_owned())).await;
+        assert!(eventually(Duration::from_secs(5), || held(&server)).await);
+        let wait = count(&server, "SELECT next_probe_at - since FROM dispatch_hold");
+        assert!((2_000..2_200).contains(&wait), "first probe {wait} ms after the hold");
+        assert_eq!(count(&server, "SELECT attempts FROM jobs WHERE job_id = 'busy-1'"), 1);
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert_eq!(downstream.requests(), 1, "probed before Retry-After");
+        downstream.set(UP);
+        let done = eventually(Duration::from_secs(5), || {
+            server.state_of("busy-1").as_deref() == Some("done")
+        })
+        .await;
+        assert!(done);
+        assert_eq!(count(&server, "SELECT attempts FROM jobs WHERE job_id = 'busy-1'"), 2);
+        server.stop().await.0.unwrap();
+    }
+
+    /// `max_per_second` spaces every start: 41 jobs at 20 a second take 2 s, within 10 %.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn max_per_second_spaces_the_starts() {
+        let (url, downstream) = start_downstream(UP).await;
+        let server = TestServer::start(&handler(&url, "max_per_second = 20.0\n")).await;
+        dispatch(&server, "pause").await;
+        deliver_all(&server, (0..41).map(|i| format!("paced-{i}"))).await;
+        dispatch(&server, "resume").await;
+        let done = eventually(Duration::from_secs(10), || downstream.requests() == 41).await;
+        assert!(done);
+        let arrivals = downstream.arrivals.lock().unwrap().clone();
+        let span = (arrivals[40] - arrivals[0]).as_secs_f64();
+        assert!((1.8..=2.2).contains(&span), "41 starts at 20/s took {span} s");
+        server.stop().await.0.unwrap();
+    }
+
+    /// Paused during a hold, nothing runs, not even a probe; `jobs resume` then ends the hold
+    /// at once (no probe needed), and the waiting jobs run.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_pause_during_a_hold_stops_probes_and_resume_ends_the_hold() {
+        let (url, downstream) = start_downstream(DOWN).await;
+        let server = TestServer::start(&handler(&url, "")).await;
+        deliver_all(&server, (0..8).map(|i| format!("paused-{i}"))).await;
+        assert!(eventually(Duration::from_secs(5), || held(&server)).await);
+        dispatch(&server, "pause").await;
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        let before = downstream.requests();
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert_eq!(downstream.requests(), before, "a probe ran while paused");
+        assert!(held(&server), "a pause does not end the hold");
+        downstream.set(UP);
+        dispatch(&server, "resume").await;
+        assert!(!held(&server), "resume ends the hold");
+        let done = eventually(Duration::from_secs(10), || {
+            count(&server, "SELECT count(*) FROM jobs WHERE state = 'done'") == 8
+        })
+        .await;
+        assert!(done);
+        server.stop().await.0.unwrap();
+    }
+
+    /// A restart during a hold keeps it: the restarted receiver starts no burst of attempts,
+    /// only probes, and the jobs are done once the downstream is back.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_restart_during_a_hold_keeps_it() {
+        let (url, downstream) = start_downstream(DOWN).await;
+        let config = handler(&url, "").replace("\"100ms\"\nmax_probe", "\"1s\"\nmax_probe").replace("\"400ms\"", "\"2s\"");
+        let server = TestServer::start(&config).await;
+        deliver_all(&server, (0..30).map(|i| format!("restart-{i}"))).await;
+        assert!(eventually(Duration::from_secs(5), || held(&server)).await);
+        let (stopped, dir) = server.stop().await;
+        stopped.unwrap();
+        let before = downstream.requests();
+        let server = TestServer::start_in(dir, &config).await;
+        assert!(held(&server));
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let burst = downstream.requests() - before;
+        assert!(burst <= 2, "{burst} attempts right after the restart; a hold allows probes only");
+        downstream.set(UP);
+        let done = eventually(Duration::from_secs(15), || {
+            count(&server, "SELECT count(*) FROM jobs WHERE state = 'done'") == 30
+        })
+        .await;
+        assert!(done);
+        server.stop().await.0.unwrap();
+    }
+}
+
+/// Pauses or resumes dispatch as `jobs pause` / `jobs resume` do, through the ledger.
+async fn dispatch(server: &TestServer, change: &str) {
+    let ledger = sume_receiver::ledger::Ledger::open_existing(&server.config.database)
+        .await
+        .unwrap();
+    ledger
+        .set_dispatch(change == "pause", "test", sume_receiver::ledger::now_ms())
+        .await
+        .unwrap();
+    ledger.close().await;
+}
+
+/// The same outage on PostgreSQL, with two receivers: both hold, and between them every job is
+/// done once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outage_on_two_receivers_costs_no_job() {
+    Backend::Postgres
+        .run(
+            "an_outage_on_two_receivers_costs_no_job",
+            outage_costs_no_job(2),
+        )
+        .await;
+}
