@@ -1,0 +1,133 @@
+//! The console's actions: a form posted by an operator, and the page saying what happened.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Response, StatusCode};
+
+use super::http::{decode, form_value, page, text, unavailable};
+use super::pages::{self, Viewer};
+use super::{Console, RETRY_BATCH};
+use crate::ledger::{now_ms, RetryFilter, State};
+
+impl Console {
+    /// A form's action; answers with a page saying what happened.
+    pub(super) async fn act(
+        &self,
+        viewer: Viewer,
+        path: &str,
+        form: &str,
+        by: &str,
+    ) -> Response<Full<Bytes>> {
+        let segments: Vec<&str> = path.trim_start_matches("/console/").split('/').collect();
+        let now = now_ms();
+        let (message, back) = match segments.as_slice() {
+            ["dispatch", change @ ("pause" | "resume")] => {
+                let paused = *change == "pause";
+                match self.ledger.set_dispatch(paused, by, now).await {
+                    Ok(_) => {
+                        if let Some(queue) = &self.queue {
+                            queue.dispatch_changed(paused);
+                        }
+                        tracing::info!(%by, paused, "dispatch changed in the console");
+                        (
+                            if paused {
+                                "Dispatch paused: deliveries are claimed, no job runs."
+                            } else {
+                                "Dispatch resumed."
+                            }
+                            .to_owned(),
+                            "/console/".to_owned(),
+                        )
+                    }
+                    Err(error) => return unavailable(&error),
+                }
+            }
+            ["jobs", id, action @ ("retry" | "run-now" | "cancel")] => {
+                let job_id = match decode(id) {
+                    Ok(job_id) => job_id,
+                    Err(response) => return *response,
+                };
+                let done = match *action {
+                    "retry" => match self.ledger.retry_job(job_id.as_str(), by, now).await {
+                        Ok(()) => Ok(true),
+                        Err(crate::ledger::RetryError::Storage(error)) => Err(error),
+                        Err(refused) => return text(StatusCode::CONFLICT, &refused.to_string()),
+                    },
+                    "run-now" => self.ledger.run_now(job_id.as_str(), by, now).await,
+                    _ => {
+                        let Some(reason) =
+                            form_value(form, "reason").filter(|r| !r.trim().is_empty())
+                        else {
+                            return text(StatusCode::BAD_REQUEST, "a cancel needs a reason");
+                        };
+                        self.ledger
+                            .cancel_job(job_id.as_str(), by, &reason, now)
+                            .await
+                    }
+                };
+                match done {
+                    Ok(true) => {
+                        if let Some(queue) = &self.queue {
+                            queue.look_in_ledger();
+                        }
+                        tracing::info!(job_id = %job_id, action, %by, "job action in the console");
+                        (format!("{action}: done."), pages::job_href(job_id.as_str()))
+                    }
+                    Ok(false) => {
+                        return text(
+                            StatusCode::CONFLICT,
+                            &format!("{action} does not apply to this job in its state"),
+                        )
+                    }
+                    Err(error) => return unavailable(&error),
+                }
+            }
+            ["dead", "retry"] => {
+                let signature = form_value(form, "signature").unwrap_or_default();
+                let filter = group_filter(&signature);
+                let mut retried = 0;
+                loop {
+                    match self
+                        .ledger
+                        .retry_matching(
+                            &filter,
+                            by,
+                            "console: retry of a dead-letter group",
+                            now_ms(),
+                            RETRY_BATCH,
+                        )
+                        .await
+                    {
+                        Ok(0) => break,
+                        Ok(batch) => retried += batch,
+                        Err(error) => return unavailable(&error),
+                    }
+                }
+                if let Some(queue) = &self.queue {
+                    queue.look_in_ledger();
+                }
+                self.groups.forget().await;
+                tracing::info!(retried, %by, "dead-letter group retried in the console");
+                (
+                    format!("{retried} jobs are queued to run again."),
+                    "/console/dead".to_owned(),
+                )
+            }
+            _ => return text(StatusCode::NOT_FOUND, "no such action"),
+        };
+        page(
+            StatusCode::OK,
+            pages::layout("Done", Some(viewer), false, pages::done(&message, &back)),
+        )
+    }
+}
+
+/// Dead jobs whose error contains a group's signature, that finished before now.
+pub(super) fn group_filter(signature: &str) -> RetryFilter {
+    RetryFilter {
+        state: State::Dead,
+        finished_since: None,
+        finished_before: now_ms() + 1,
+        error_contains: (!signature.is_empty()).then(|| signature.to_owned()),
+    }
+}
