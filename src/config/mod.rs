@@ -21,7 +21,7 @@ pub use database::{
 pub use handler::{HandlerConfig, HandlerKind};
 use parsing::{describe_toml_error, duration, DAY_SECS};
 pub use secret::Secret;
-pub use sume_api::{AdminConfig, SumeApiConfig};
+pub use sume_api::{AdminConfig, NamedToken, SumeApiConfig, TokenRole};
 
 pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
 /// The secret of the example config and the README's quick start: public, so never live on a
@@ -345,9 +345,15 @@ impl Config {
         for file in files.into_iter().flatten() {
             *file = base_dir.join(&*file);
         }
+        for token in self.admin.iter_mut().flat_map(|admin| &mut admin.tokens) {
+            token.file = base_dir.join(&token.file);
+        }
     }
 
     fn validate(&self, problems: &mut Vec<String>) {
+        if let Some(admin) = &self.admin {
+            problems.extend(admin.token_problems());
+        }
         let signature = &self.signature;
         if signature.secrets.is_empty() && signature.secrets_file.is_none() {
             problems.push(

@@ -6,8 +6,9 @@ use hyper::{Response, StatusCode};
 
 use super::http::{decode, form_value, page, text, unavailable};
 use super::pages::{self, Viewer};
-use super::{Console, RETRY_BATCH};
-use crate::ledger::{now_ms, RetryFilter, State};
+use super::Console;
+use crate::ledger::now_ms;
+use crate::logging::Escaped;
 
 impl Console {
     /// A form's action; answers with a page saying what happened.
@@ -84,34 +85,24 @@ impl Console {
             }
             ["dead", "retry"] => {
                 let signature = form_value(form, "signature").unwrap_or_default();
-                let filter = group_filter(&signature);
-                let mut retried = 0;
-                loop {
-                    match self
-                        .ledger
-                        .retry_matching(
-                            &filter,
-                            by,
-                            "console: retry of a dead-letter group",
-                            now_ms(),
-                            RETRY_BATCH,
-                        )
-                        .await
-                    {
-                        Ok(0) => break,
-                        Ok(batch) => retried += batch,
+                let (retried, refused) =
+                    match self.ledger.retry_dead_group(&signature, by, now).await {
+                        Ok(counts) => counts,
                         Err(error) => return unavailable(&error),
-                    }
-                }
+                    };
                 if let Some(queue) = &self.queue {
                     queue.look_in_ledger();
                 }
                 self.groups.forget().await;
-                tracing::info!(retried, %by, "dead-letter group retried in the console");
-                (
-                    format!("{retried} jobs are queued to run again."),
-                    "/console/dead".to_owned(),
-                )
+                tracing::info!(retried, refused, %by, signature = %Escaped(&signature), "dead-letter group retried in the console");
+                let mut message =
+                    format!("{retried} jobs of the group \"{signature}\" are queued to run again.");
+                if refused > 0 {
+                    message.push_str(&format!(
+                        " {refused} could not be: retention purged their body, or they left the group."
+                    ));
+                }
+                (message, "/console/dead".to_owned())
             }
             _ => return text(StatusCode::NOT_FOUND, "no such action"),
         };
@@ -119,15 +110,5 @@ impl Console {
             StatusCode::OK,
             pages::layout("Done", Some(viewer), false, pages::done(&message, &back)),
         )
-    }
-}
-
-/// Dead jobs whose error contains a group's signature, that finished before now.
-pub(super) fn group_filter(signature: &str) -> RetryFilter {
-    RetryFilter {
-        state: State::Dead,
-        finished_since: None,
-        finished_before: now_ms() + 1,
-        error_contains: (!signature.is_empty()).then(|| signature.to_owned()),
     }
 }

@@ -9,11 +9,13 @@
 mod act;
 mod assets;
 mod fresh;
+mod health;
 mod http;
 mod pages;
 mod session;
 mod settings;
 mod show;
+mod verdict;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -27,11 +29,12 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::Semaphore;
 
-use crate::config::{Config, Secret};
+use crate::config::{Config, Secret, TokenRole};
 use crate::ledger::{DeadGroup, Ledger};
 use crate::refusals::Refusals;
 use crate::worker::Queue;
 use fresh::Fresh;
+pub use health::HealthSource;
 pub use http::form_value;
 use http::{cookie, page, read_form, redirect, same_origin, secure, text};
 use pages::Viewer;
@@ -54,8 +57,6 @@ const GROUPS_FRESH: Duration = Duration::from_secs(10);
 /// How long the overview's ledger figures are shown as read: its script refreshes every 5 s,
 /// and a backlog's counts read its index (a million claimed jobs during an outage).
 const SNAPSHOT_FRESH: Duration = Duration::from_secs(5);
-/// Jobs a group retry changes per transaction (claims commit in between).
-const RETRY_BATCH: usize = 500;
 
 /// No script or style but the console's own files; no frames; forms post only here.
 const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
@@ -68,6 +69,8 @@ pub struct Console {
     pub queue: Option<Queue>,
     operator_token: Secret,
     read_token: Option<Secret>,
+    /// `[[admin.tokens]]`: name, role, token.
+    named_tokens: Vec<(String, TokenRole, Secret)>,
     actions: bool,
     /// Host header values the console answers to (lowercase).
     hosts: Vec<String>,
@@ -77,15 +80,21 @@ pub struct Console {
     settings: Vec<(String, String)>,
     /// The dead-letter groups read every dead job: computed at most every [`GROUPS_FRESH`].
     groups: Fresh<Vec<DeadGroup>>,
-    snapshot: Fresh<crate::metrics::Snapshot>,
+    ledger_facts: Fresh<health::LedgerFacts>,
+    health: Arc<dyn HealthSource>,
+    /// The directory of a ledger file (none on PostgreSQL), absolute.
+    ledger_dir: Option<std::path::PathBuf>,
+    tolerance: Duration,
 }
 
 impl Console {
     pub fn new(
         config: &Config,
         (ledger, queue, refusals): (Arc<Ledger>, Option<Queue>, Arc<Refusals>),
+        health: Arc<dyn HealthSource>,
         operator_token: Secret,
         read_token: Option<Secret>,
+        named_tokens: Vec<(String, TokenRole, Secret)>,
     ) -> Console {
         let admin = config.admin.as_ref();
         let listen = admin.map_or_else(
@@ -111,18 +120,22 @@ impl Console {
         }
         Console {
             settings: settings::settings(config, &ledger),
-            ledger,
+            ledger: ledger.clone(),
             refusals,
             queue,
             operator_token,
             read_token,
+            named_tokens,
             actions: admin.is_some_and(|a| a.console_actions),
             hosts,
             sessions: Sessions::default(),
             csp_reports: Mutex::new(VecDeque::new()),
             busy: Semaphore::new(CONCURRENT_REQUESTS),
             groups: Fresh::new(GROUPS_FRESH),
-            snapshot: Fresh::new(SNAPSHOT_FRESH),
+            ledger_facts: Fresh::new(SNAPSHOT_FRESH),
+            health,
+            ledger_dir: ledger_dir(&ledger),
+            tolerance: config.signature.tolerance,
         }
     }
 
@@ -185,7 +198,7 @@ impl Console {
             );
         };
         let session = cookie(request.headers());
-        let role = session.as_deref().and_then(|id| self.sessions.role(id));
+        let signed_in = session.as_deref().and_then(|id| self.sessions.session(id));
         let (parts, body) = request.into_parts();
         let form = if method == Method::POST {
             match read_form(body).await {
@@ -220,7 +233,7 @@ impl Console {
             }
             _ => {}
         }
-        let Some(role) = role else {
+        let Some((role, name)) = signed_in else {
             return if method == Method::GET || method == Method::HEAD {
                 redirect("/console/sign-in")
             } else {
@@ -231,7 +244,12 @@ impl Console {
             role,
             may_act: self.actions && role == Role::Operator,
         };
-        let by = format!("console:{}", peer.ip());
+        // Who acts: a named token's name; the shared tokens know only where the request came
+        // from.
+        let by = match name {
+            Some(name) => format!("console:{name}"),
+            None => format!("console:{}", peer.ip()),
+        };
         match method {
             Method::GET | Method::HEAD => self.show(viewer, &path, &query).await,
             Method::POST if !viewer.may_act => text(
@@ -256,18 +274,32 @@ impl Console {
             );
         }
         let token = form_value(form, "token").unwrap_or_default();
-        let role = if self.operator_token.matches(token.trim()) {
-            Some(Role::Operator)
-        } else if self
-            .read_token
-            .as_ref()
-            .is_some_and(|read| read.matches(token.trim()))
-        {
-            Some(Role::Reader)
-        } else {
-            None
-        };
-        let Some(role) = role else {
+        let token = token.trim();
+        let named = self
+            .named_tokens
+            .iter()
+            .find(|(_, _, secret)| secret.matches(token))
+            .map(|(name, role, _)| {
+                let role = match role {
+                    TokenRole::Operator => Role::Operator,
+                    TokenRole::Reader => Role::Reader,
+                };
+                (role, Some(name.as_str()))
+            });
+        let signed_in = named.or_else(|| {
+            if self.operator_token.matches(token) {
+                Some((Role::Operator, None))
+            } else if self
+                .read_token
+                .as_ref()
+                .is_some_and(|read| read.matches(token))
+            {
+                Some((Role::Reader, None))
+            } else {
+                None
+            }
+        });
+        let Some((role, name)) = signed_in else {
             self.sessions.failed();
             tracing::warn!(%peer, "console sign-in refused: wrong token");
             return page(
@@ -280,14 +312,14 @@ impl Console {
                 ),
             );
         };
-        let id = match self.sessions.start(role) {
+        let id = match self.sessions.start(role, name) {
             Ok(id) => id,
             Err(error) => {
                 tracing::error!(%error, "cannot start a console session");
                 return text(StatusCode::INTERNAL_SERVER_ERROR, "cannot start a session");
             }
         };
-        tracing::info!(%peer, role = role.label(), "console sign-in");
+        tracing::info!(%peer, role = role.label(), name = name.unwrap_or("-"), "console sign-in");
         let mut response = redirect("/console/");
         let cookie = format!(
             "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}",
@@ -309,4 +341,11 @@ impl Console {
         tracing::debug!("console: a Content-Security-Policy violation was reported");
         text(StatusCode::NO_CONTENT, "")
     }
+}
+
+/// The directory holding the ledger's file, resolved to an absolute path; `None` where the
+/// ledger is not a file (PostgreSQL).
+fn ledger_dir(ledger: &Ledger) -> Option<std::path::PathBuf> {
+    let file = std::fs::canonicalize(ledger.location()).ok()?;
+    file.parent().map(std::path::Path::to_path_buf)
 }

@@ -7,6 +7,7 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::assets;
 use super::session::Role;
+use super::verdict::{Level, Verdict};
 use crate::ledger::{DeadGroup, Dispatch, Expectation, JobDetail, JobPage, State};
 use crate::metrics::Snapshot;
 use crate::refusals::Refusal;
@@ -175,6 +176,7 @@ fn timing_chart(hour: &LastHour, timing: &str) -> Markup {
 
 /// What the overview shows.
 pub struct Overview {
+    pub verdict: Verdict,
     pub readiness: Result<(), &'static str>,
     pub dispatch: Option<Dispatch>,
     pub snapshot: Option<Snapshot>,
@@ -216,9 +218,10 @@ pub fn overview(viewer: Viewer, data: &Overview) -> Markup {
         .map_or(0.0, |s| s.oldest_unfinished_age_seconds);
     html! {
         h1 { "Is anything wrong?" }
+        (verdict_banner(&data.verdict))
         @match data.readiness {
-            Ok(()) => p.banner.ok { "Ready: a delivery sent now is claimed and acknowledged." },
-            Err(reason) => p.banner.bad { "Not ready: " (reason) },
+            Ok(()) => p.muted { "Ready: a delivery sent now is claimed and acknowledged." },
+            Err(reason) => p.muted { "Not ready: " (reason) },
         }
         @if paused {
             @let dispatch = data.dispatch.as_ref().expect("paused");
@@ -265,6 +268,29 @@ pub fn overview(viewer: Viewer, data: &Overview) -> Markup {
         h2 { "Run latency" }
         p.muted { "Handler attempts, start to end." }
         (timing_chart(&data.hour, "run"))
+    }
+}
+
+/// The verdict: its level in words and colour, each reason linked to its evidence.
+fn verdict_banner(verdict: &Verdict) -> Markup {
+    let (class, headline) = match verdict.level {
+        Level::Ok => ("ok", "OK: nothing is wrong that the receiver can see."),
+        Level::Attention => ("warn", "Attention: something needs a look."),
+        Level::Failing => ("bad", "Failing: something is wrong now."),
+    };
+    html! {
+        section.verdict.banner class=(class) role="status" data-level=(verdict.level.label()) {
+            strong { (headline) }
+            @if !verdict.reasons.is_empty() {
+                ul {
+                    @for reason in &verdict.reasons {
+                        li class=(if reason.level == Level::Failing { "bad" } else { "warn" }) {
+                            a href=(reason.href) { (reason.text) }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -482,7 +508,7 @@ pub fn job(viewer: Viewer, job: &JobDetail) -> Markup {
 pub fn dead(viewer: Viewer, groups: &[DeadGroup]) -> Markup {
     html! {
         h1 { "Dead letters" }
-        p.muted { "Dead jobs grouped by their error, up to the handler's own output; the largest groups first (recomputed at most every 10 s)." }
+        p.muted { "Dead jobs grouped by what failed: the error with the first line of the handler's stderr or HTTP answer, ids and numbers as " code { "#" } "; every cancel is one group. The largest groups first (recomputed at most every 10 s). The CLI retries a group with " code { "jobs retry --state dead --group SIGNATURE" } "." }
         @if groups.is_empty() {
             p.ok { "No dead jobs." }
         } @else {
@@ -492,7 +518,7 @@ pub fn dead(viewer: Viewer, groups: &[DeadGroup]) -> Markup {
                     @for group in groups {
                         tr {
                             td.num { (group.jobs) }
-                            td.mono { (if group.signature.is_empty() { "(no error recorded)" } else { &group.signature }) }
+                            td.mono { (group.signature) }
                             td { (time(group.last_finished_at)) }
                             td.mono { a href=(job_href(&group.example_job_id)) { (group.example_job_id) } }
                             @if viewer.may_act {
@@ -512,11 +538,10 @@ pub fn dead(viewer: Viewer, groups: &[DeadGroup]) -> Markup {
 }
 
 /// The confirmation of a group's retry, with the exact count.
-pub fn retry_group(signature: &str, count: u64, purged: u64) -> Markup {
+pub fn retry_group(signature: &str, count: usize) -> Markup {
     html! {
         h1 { "Retry a group of dead jobs" }
-        p { "Dead jobs whose error contains " code { (signature) } ": " strong { (count) } " can run again"
-            @if purged > 0 { " (" (purged) " more match, but retention purged their bodies)" } "." }
+        p { "The group " code { (signature) } " holds " strong { (count) } " dead jobs; each runs again unless retention purged its body." }
         form method="post" action="/console/dead/retry" data-confirm="Retry them all?" {
             input type="hidden" name="signature" value=(signature);
             button type="submit" { "Retry " (count) " jobs" }

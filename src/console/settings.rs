@@ -12,7 +12,12 @@ pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)
             "server.webhook_path".into(),
             config.server.webhook_path.clone(),
         ),
-        ("ledger".into(), ledger.location()),
+        (
+            "ledger".into(),
+            // Absolute: a relative path says nothing without the directory it is relative to.
+            std::fs::canonicalize(ledger.location())
+                .map_or_else(|_| ledger.location(), |path| path.display().to_string()),
+        ),
         (
             "ledger shared by several receivers".into(),
             ledger.is_shared().to_string(),
@@ -36,11 +41,27 @@ pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)
                 humantime::format_duration(handler.timeout).to_string(),
             ));
             rows.push((
+                "handler.backoff".into(),
+                format!(
+                    "{}, doubling up to {}",
+                    humantime::format_duration(handler.backoff),
+                    humantime::format_duration(handler.max_backoff)
+                ),
+            ));
+            rows.push((
                 "handler.concurrency".into(),
                 handler.concurrency.to_string(),
             ));
         }
         None => rows.push(("handler".into(), "none: jobs stay claimed".into())),
+    }
+    let retention = &config.retention;
+    for (key, value) in [
+        ("retention.ttl", retention.ttl),
+        ("retention.dedupe_ttl", retention.dedupe_ttl),
+        ("retention.interval", retention.interval),
+    ] {
+        rows.push((key.into(), humantime::format_duration(value).to_string()));
     }
     rows.push((
         "sume_api".into(),

@@ -6,9 +6,9 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Response, StatusCode};
 use maud::Markup;
 
-use super::act::group_filter;
 use super::http::{decode, form_value, page, refuse, text, unavailable, Refused};
 use super::pages::{self, Viewer};
+use super::{health, verdict};
 use super::{Console, GROUPS_SHOWN, MAX_PAGE_LIMIT, PAGE_LIMIT};
 use crate::ingest::json_response;
 use crate::ledger::{duration_ms, now_ms, Cursor, DeadGroup, JobFilter, State};
@@ -63,15 +63,11 @@ impl Console {
             },
             ["dead", "retry"] if viewer.may_act => {
                 let signature = form_value(query, "signature").unwrap_or_default();
-                match self
-                    .ledger
-                    .count_retry_matching(&group_filter(&signature))
-                    .await
-                {
-                    Ok(count) => Ok((
+                match self.ledger.dead_group_jobs(&signature).await {
+                    Ok(jobs) => Ok((
                         "Retry a group".into(),
-                        pages::retry_group(&signature, count.retryable, count.body_purged),
-                        serde_json::json!(count),
+                        pages::retry_group(&signature, jobs.len()),
+                        serde_json::json!({ "signature": signature, "jobs": jobs.len() }),
                         false,
                     )),
                     Err(error) => Err(Box::new(unavailable(&error))),
@@ -151,23 +147,37 @@ impl Console {
     }
 
     async fn overview(&self, viewer: Viewer) -> Result<(Markup, serde_json::Value), Refused> {
-        let snapshot = self
-            .snapshot
-            .get_or_read(|| self.ledger.metrics_snapshot())
+        let ledger = self
+            .ledger_facts
+            .get_or_read(|| health::read_ledger(&self.ledger))
             .await
             .ok();
         let dispatch = self.ledger.dispatch().await.ok();
+        let hour = ROLLUP.last_hour();
+        let disk = self.ledger_dir.as_deref().and_then(health::disk_space);
+        let readiness = self.ledger.readiness();
+        let facts = health::facts(&health::Sources {
+            ledger: ledger.as_ref(),
+            health: self.health.as_ref(),
+            readiness,
+            dispatch: dispatch.as_ref(),
+            hour: &hour,
+            tolerance: self.tolerance,
+            disk,
+        });
         let data = pages::Overview {
-            readiness: self.ledger.readiness(),
-            free_disk: self.ledger_directory().and_then(|dir| free_bytes(&dir)),
+            verdict: verdict::verdict(&facts),
+            readiness,
+            free_disk: disk.map(|(free, _)| free),
             dispatch,
-            snapshot,
+            snapshot: ledger.map(|facts| facts.snapshot),
             totals: METRICS.delivery_totals(),
             maintenance: METRICS.maintenance_totals(),
-            hour: ROLLUP.last_hour(),
+            hour,
             refusals: self.refusals.recent().len(),
         };
         let json = serde_json::json!({
+            "verdict": data.verdict.to_json(),
             "ready": data.readiness.is_ok(),
             "not_ready_because": data.readiness.err(),
             "dispatch": data.dispatch,
@@ -176,14 +186,6 @@ impl Console {
             "last_hour": data.hour,
         });
         Ok((pages::overview(viewer, &data), json))
-    }
-
-    fn ledger_directory(&self) -> Option<std::path::PathBuf> {
-        let location = std::path::PathBuf::from(self.ledger.location());
-        location
-            .is_absolute()
-            .then(|| location.parent().map(std::path::Path::to_path_buf))
-            .flatten()
     }
 
     async fn jobs(&self, query: &str) -> Result<(Markup, serde_json::Value), Refused> {
@@ -282,14 +284,4 @@ impl Console {
             Err(error) => unavailable(&error),
         }
     }
-}
-
-/// Free bytes on the file system holding `dir`.
-fn free_bytes(dir: &std::path::Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes only into the struct it is given; the path is NUL-terminated.
-    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
-    (unsafe { libc::statvfs(path.as_ptr(), &mut stats) } == 0)
-        .then(|| stats.f_bavail.saturating_mul(stats.f_frsize))
 }

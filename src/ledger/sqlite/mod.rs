@@ -24,9 +24,9 @@ use super::contract::Backend;
 use super::error::{Cause, StorageError};
 use super::model::now_ms;
 use super::model::{
-    Attempt, AttemptEnd, ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs,
-    Expectation, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
-    RetentionStep, RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
+    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation,
+    JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
+    RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
 };
 use crate::config::SqliteConfig;
 use crate::job_id::JobId;
@@ -514,10 +514,6 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn dead_groups(&self, limit: usize) -> Result<Vec<DeadGroup>, StorageError> {
-        self.read(move |conn| jobs::dead_groups(conn, limit)).await
-    }
-
     async fn count_retry_matching(&self, filter: &RetryFilter) -> Result<RetryCount, StorageError> {
         let filter = filter.clone();
         self.read(move |conn| jobs::count_retry_matching(conn, &filter))
@@ -590,16 +586,21 @@ impl Backend for SqliteLedger {
         let Some(writer) = self.writer() else {
             return Ok(());
         };
-        if writer.failure().is_failed() {
-            return Err("the ledger failed (see the log): it acknowledges nothing any more");
-        }
-        if !writer.last_commit_ok() {
-            return Err("the last ledger commit failed");
+        if let Some(failure) = self.write_failure() {
+            return Err(failure);
         }
         if writer.queued() * 10 >= QUEUE_CAPACITY * 9 {
             return Err("the ledger writer's queue is nearly full");
         }
         Ok(())
+    }
+
+    fn write_failure(&self) -> Option<&'static str> {
+        let writer = self.writer()?;
+        if writer.failure().is_failed() {
+            return Some("the ledger failed (see the log): it acknowledges nothing any more");
+        }
+        (!writer.last_commit_ok()).then_some("the last ledger commit failed")
     }
 
     fn is_storage_lost(&self) -> bool {
