@@ -72,7 +72,8 @@ impl Console {
                             queue.look_in_ledger();
                         }
                         tracing::info!(job_id = %job_id, action, %by, "job action in the console");
-                        (format!("{action}: done."), pages::job_href(job_id.as_str()))
+                        let paused = self.ledger.dispatch().await.is_ok_and(|d| d.paused);
+                        (queued(action, paused), pages::job_href(job_id.as_str()))
                     }
                     Ok(false) => {
                         return text(
@@ -110,5 +111,20 @@ impl Console {
             StatusCode::OK,
             pages::layout("Done", Some(viewer), false, pages::done(&message, &back)),
         )
+    }
+}
+
+/// What a job action did: queued, not run (a worker runs the job when one is free, and not
+/// before dispatch resumes).
+fn queued(action: &str, paused: bool) -> String {
+    let when = if paused {
+        "dispatch is paused: it runs after the resume"
+    } else {
+        "a worker starts it when one is free"
+    };
+    match action {
+        "retry" => format!("Queued to run again from its stored body; {when}."),
+        "run-now" => format!("Queued: the job is due now instead of after its backoff; {when}."),
+        _ => "Cancelled: the job is dead and never runs.".to_owned(),
     }
 }

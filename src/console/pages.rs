@@ -405,7 +405,7 @@ fn short(text: &str, max_chars: usize) -> String {
 }
 
 /// One job as a timeline, its payload, and what may be done with it.
-pub fn job(viewer: Viewer, job: &JobDetail) -> Markup {
+pub fn job(viewer: Viewer, job: &JobDetail, dispatch: Option<&Dispatch>) -> Markup {
     let summary = &job.summary;
     let href = job_href(&summary.job_id);
     let mut events: Vec<(i64, Markup)> = vec![(
@@ -437,7 +437,11 @@ pub fn job(viewer: Viewer, job: &JobDetail) -> Markup {
             action.at,
             html! {
                 strong { (action.action) } " by " (action.actor)
-                @if let Some(reason) = &action.reason { ": " (reason) }
+                @if let Some(reason) = &action.reason {
+                    // A cancel's reason is kept as the job's error too ("cancelled by X: why").
+                    @let prefix = format!("cancelled by {}: ", action.actor);
+                    ": " (reason.strip_prefix(prefix.as_str()).unwrap_or(reason))
+                }
             },
         ));
     }
@@ -450,15 +454,29 @@ pub fn job(viewer: Viewer, job: &JobDetail) -> Markup {
     if let Some(at) = job.body_purged_at {
         events.push((at, html! { "body purged by retention (a tombstone remains: redeliveries stay duplicates)" }));
     }
-    events.sort_by_key(|(at, _)| *at);
     let waiting = matches!(summary.state.as_str(), "claimed" | "retrying");
+    if let Some(dispatch) = dispatch.filter(|d| d.paused && waiting) {
+        events.push((
+            dispatch.changed_at.unwrap_or(summary.received_at).max(summary.received_at),
+            html! {
+                strong.warn { "dispatch paused" } " by " (dispatch.changed_by.as_deref().unwrap_or("?"))
+                ": this job waits for the resume"
+            },
+        ));
+    }
+    events.sort_by_key(|(at, _)| *at);
     html! {
         h1 { "Job " code { (summary.job_id) } }
         table {
             tr { th { "state" } td { strong { (summary.state) } @if waiting { " · next attempt " (time(summary.next_attempt_at)) " (" (job.next_attempt_cause) ")" } } }
             tr { th { "event" } td { (summary.event_type.as_deref().unwrap_or("-")) } }
             tr { th { "attempts (this set)" } td { (summary.attempts) } }
-            tr { th { "last error" } td { (summary.last_error.as_deref().unwrap_or("-")) } }
+            @if summary.state == "done" {
+                // An earlier attempt's error is history (the timeline), not the job's state.
+                tr { th { "last error" } td { "none: the job is done" } }
+            } @else {
+                tr { th { "last error" } td { (summary.last_error.as_deref().unwrap_or("-")) } }
+            }
             tr { th { "duplicates" } td { (job.duplicates) } }
         }
         @if viewer.may_act {
@@ -547,6 +565,19 @@ pub fn retry_group(signature: &str, count: usize) -> Markup {
             button type="submit" { "Retry " (count) " jobs" }
             " " a href="/console/dead" { "Back" }
         }
+    }
+}
+
+/// A job the ledger does not have, in the console's frame.
+pub fn unknown_job(job_id: &str) -> Markup {
+    html! {
+        h1 { "No such job" }
+        p { "The ledger has no job " code { (job_id) } ": it never arrived, or retention forgot it (after " code { "retention.dedupe_ttl" } ")." }
+        form.filters method="get" action="/console/jobs" {
+            label { "job_id" input type="search" name="job_id" placeholder="exact id" maxlength="1024" value=(job_id); }
+            button type="submit" { "Open" }
+        }
+        p { a href="/console/jobs" { "All jobs" } " · " a href="/console/expected" { "Expected jobs" } }
     }
 }
 

@@ -48,7 +48,7 @@ impl Console {
                 .await
                 .map(|(m, j)| ("Jobs".into(), m, j, false)),
             ["jobs", id] => self
-                .job(viewer, id)
+                .job(viewer, id, json)
                 .await
                 .map(|(m, j)| ("Job".into(), m, j, false)),
             ["jobs", id, "body"] if !json => return self.body(id).await,
@@ -248,11 +248,30 @@ impl Console {
         Ok((pages::jobs(&list, &page), serde_json::json!(page)))
     }
 
-    async fn job(&self, viewer: Viewer, id: &str) -> Result<(Markup, serde_json::Value), Refused> {
+    async fn job(
+        &self,
+        viewer: Viewer,
+        id: &str,
+        json: bool,
+    ) -> Result<(Markup, serde_json::Value), Refused> {
         let job_id = decode(id)?;
         match self.ledger.show_job(job_id.as_str()).await {
-            Ok(Some(job)) => Ok((pages::job(viewer, &job), serde_json::json!(job))),
-            Ok(None) => Err(refuse(StatusCode::NOT_FOUND, "no such job in the ledger")),
+            Ok(Some(job)) => {
+                // A pause delays a waiting job: its timeline says so.
+                let dispatch = self.ledger.dispatch().await.ok();
+                let main = pages::job(viewer, &job, dispatch.as_ref());
+                Ok((main, serde_json::json!(job)))
+            }
+            Ok(None) if json => Err(refuse(StatusCode::NOT_FOUND, "no such job in the ledger")),
+            Ok(None) => Err(Box::new(page(
+                StatusCode::NOT_FOUND,
+                pages::layout(
+                    "No such job",
+                    Some(viewer),
+                    false,
+                    pages::unknown_job(job_id.as_str()),
+                ),
+            ))),
             Err(error) => Err(Box::new(unavailable(&error))),
         }
     }
