@@ -490,16 +490,28 @@ mod tests {
         let admin = config.admin.unwrap();
         assert_eq!(admin.tokens[0].file, Path::new("/base/alice"));
         assert_eq!(admin.tokens[0].role, TokenRole::Operator);
-        assert_eq!(admin.tokens[1].role, TokenRole::Reader, "the least, by default");
-        let twice = format!("{MINIMAL}[admin]\n[[admin.tokens]]\nname = \"a\"\nfile = \"x\"\n\
+        assert_eq!(
+            admin.tokens[1].role,
+            TokenRole::Reader,
+            "the least, by default"
+        );
+        let twice = format!(
+            "{MINIMAL}[admin]\n[[admin.tokens]]\nname = \"a\"\nfile = \"x\"\n\
                              [[admin.tokens]]\nname = \"a\"\nfile = \"y\"\n\
-                             [[admin.tokens]]\nname = \"has space\"\nfile = \"z\"\n");
+                             [[admin.tokens]]\nname = \"has space\"\nfile = \"z\"\n"
+        );
         let message = error(&twice);
-        assert!(message.contains("the name \"a\" is given twice"), "{message}");
+        assert!(
+            message.contains("the name \"a\" is given twice"),
+            "{message}"
+        );
         assert!(message.contains("name \"has space\" must be"), "{message}");
         let unreadable = parse(&format!("{MINIMAL}{tokens}")).unwrap().admin.unwrap();
         let e = unreadable.named_tokens().unwrap_err().to_string();
-        assert!(e.contains("admin.tokens \"alice\": cannot read /base/alice"), "{e}");
+        assert!(
+            e.contains("admin.tokens \"alice\": cannot read /base/alice"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 mod act;
 mod assets;
+mod charts;
 mod fresh;
 mod health;
 mod http;

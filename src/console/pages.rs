@@ -5,13 +5,13 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
-use super::assets;
 use super::session::Role;
 use super::verdict::{Level, Verdict};
+use super::{assets, charts};
 use crate::ledger::{DeadGroup, Dispatch, Expectation, JobDetail, JobPage, State};
 use crate::metrics::Snapshot;
 use crate::refusals::Refusal;
-use crate::rollup::{LastHour, MINUTES};
+use crate::rollup::LastHour;
 
 /// How much of a stored body a page shows (the raw download has all of it).
 const BODY_SHOWN_BYTES: usize = 64 * 1024;
@@ -95,85 +95,6 @@ pub fn sign_in(message: Option<&str>) -> Markup {
     }
 }
 
-/// A stacked bar per minute of the last hour, drawn here: no script, no image from elsewhere.
-fn chart(hour: &LastHour, series: &[&str]) -> Markup {
-    let (width, height) = (600.0_f64, 100.0_f64);
-    let picked: Vec<&(&str, Vec<u64>)> = hour
-        .series
-        .iter()
-        .filter(|(label, _)| series.contains(label))
-        .collect();
-    let totals: Vec<u64> = (0..MINUTES)
-        .map(|minute| picked.iter().map(|(_, counts)| counts[minute]).sum())
-        .collect();
-    let peak = totals.iter().copied().max().unwrap_or(0).max(1) as f64;
-    let bar = width / MINUTES as f64;
-    html! {
-        svg.chart viewBox=(format!("0 0 {width} {height}")) preserveAspectRatio="none" role="img" {
-            title { "per minute, the last hour; highest minute: " (peak as u64) }
-            @for minute in 0..MINUTES {
-                @let mut base = height;
-                @for (label, counts) in &picked {
-                    @let h = counts[minute] as f64 / peak * (height - 4.0);
-                    @if h > 0.0 {
-                        @let y = { base -= h; base };
-                        rect class=(label) x=(format!("{:.1}", minute as f64 * bar)) y=(format!("{y:.1}"))
-                            width=(format!("{:.1}", bar - 1.0)) height=(format!("{h:.1}")) {}
-                    }
-                }
-            }
-        }
-        p.key {
-            @for (label, counts) in &picked {
-                span { svg viewBox="0 0 1 1" { rect class=(label) width="1" height="1" {} } (label) " " (counts.iter().sum::<u64>()) }
-            }
-            span.muted { "(last hour; highest minute " (peak as u64) ")" }
-        }
-    }
-}
-
-/// One timing of the last hour (`ack`, `run`) as bars per minute: the slowest of the minute,
-/// and its mean in front.
-fn timing_chart(hour: &LastHour, timing: &str) -> Markup {
-    let (width, height) = (600.0_f64, 100.0_f64);
-    let Some((_, minutes)) = hour.timings.iter().find(|(label, _)| *label == timing) else {
-        return html! {};
-    };
-    let peak = minutes.iter().map(|m| m.max_ms).fold(0.0, f64::max);
-    let scale = |ms: f64| ms / peak.max(0.001) * (height - 4.0);
-    let bar = width / MINUTES as f64;
-    let timed: u64 = minutes.iter().map(|m| m.count).sum();
-    let mean = minutes
-        .iter()
-        .map(|m| m.mean_ms * m.count as f64)
-        .sum::<f64>()
-        / timed.max(1) as f64;
-    let ms = |value: f64| {
-        if value < 10.0 {
-            format!("{value:.2} ms")
-        } else {
-            format!("{value:.0} ms")
-        }
-    };
-    html! {
-        svg.chart viewBox=(format!("0 0 {width} {height}")) preserveAspectRatio="none" role="img" {
-            title { "per minute, the last hour: the slowest and the mean; slowest " (ms(peak)) }
-            @for (index, minute) in minutes.iter().enumerate().filter(|(_, m)| m.count > 0) {
-                @let x = index as f64 * bar;
-                rect class="slowest" x=(format!("{x:.1}")) y=(format!("{:.1}", height - scale(minute.max_ms)))
-                    width=(format!("{:.1}", bar - 1.0)) height=(format!("{:.1}", scale(minute.max_ms))) {}
-                rect class="mean" x=(format!("{x:.1}")) y=(format!("{:.1}", height - scale(minute.mean_ms)))
-                    width=(format!("{:.1}", bar - 1.0)) height=(format!("{:.1}", scale(minute.mean_ms))) {}
-            }
-        }
-        p.key {
-            span { svg viewBox="0 0 1 1" { rect class="mean" width="1" height="1" {} } "mean " (ms(mean)) }
-            span { svg viewBox="0 0 1 1" { rect class="slowest" width="1" height="1" {} } "slowest " (ms(peak)) }
-            span.muted { "(last hour, " (timed) " timed)" }
-        }
-    }
-}
-
 /// What the overview shows.
 pub struct Overview {
     pub verdict: Verdict,
@@ -254,20 +175,20 @@ pub fn overview(viewer: Viewer, data: &Overview) -> Markup {
             }
         }
         h2 { "Deliveries" }
-        (chart(&data.hour, &["claimed", "duplicate", "refused", "unavailable"]))
+        (charts::counts(&data.hour, &["claimed", "duplicate", "refused", "unavailable"], "Deliveries"))
         p.muted { "Since start: " (data.totals.0) " claimed, " (data.totals.1) " duplicates, " (data.totals.2) " refused or unavailable." }
         h2 { "Attempts" }
-        (chart(&data.hour, &["done", "failed", "dead"]))
+        (charts::counts(&data.hour, &["done", "failed", "dead"], "Attempts"))
         p.muted {
             "Since start: " (data.maintenance.0) " leases taken back by the sweeper, "
             (data.maintenance.1) " jobs recovered by polling Sume, " (data.maintenance.2) " expectations given up."
         }
         h2 { "Acknowledgement latency" }
         p.muted { "From a verified delivery to its answer: the claim's commit on disk (Sume waits at most 10 s)." }
-        (timing_chart(&data.hour, "ack"))
+        (charts::timing(&data.hour, "ack", "Acknowledgement latency"))
         h2 { "Run latency" }
         p.muted { "Handler attempts, start to end." }
-        (timing_chart(&data.hour, "run"))
+        (charts::timing(&data.hour, "run", "Run latency"))
     }
 }
 
