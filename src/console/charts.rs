@@ -10,8 +10,10 @@ use crate::rollup::{LastHour, MINUTES};
 
 const WIDTH: f64 = 1000.0;
 const HEIGHT: f64 = 180.0;
-/// The plot's box inside the drawing: room on the left for the scale, below for the times.
+/// The plot's box inside the drawing: room on the left for the scale, below and on the right
+/// for the times.
 const LEFT: f64 = 48.0;
+const RIGHT: f64 = 976.0;
 const TOP: f64 = 8.0;
 const BOTTOM: f64 = 150.0;
 /// A tick and a time every this many minutes.
@@ -119,12 +121,12 @@ fn draw(
     } else {
         0.0
     };
-    let step = (WIDTH - LEFT) / MINUTES as f64;
+    let step = (RIGHT - LEFT) / MINUTES as f64;
     let n = |value: f64| format!("{value:.1}");
     html! {
         figure.chart {
             svg.chart viewBox=(format!("0 0 {WIDTH} {HEIGHT}")) role="img" aria-label=(summary) {
-                line.axis x1=(n(LEFT)) y1=(n(BOTTOM)) x2=(n(WIDTH)) y2=(n(BOTTOM)) {}
+                line.axis x1=(n(LEFT)) y1=(n(BOTTOM)) x2=(n(RIGHT)) y2=(n(BOTTOM)) {}
                 line.axis x1=(n(LEFT)) y1=(n(TOP)) x2=(n(LEFT)) y2=(n(BOTTOM)) {}
                 text.scale x=(n(LEFT - 6.0)) y=(n(TOP + 10.0)) { (format(peak)) }
                 text.scale x=(n(LEFT - 6.0)) y=(n(BOTTOM)) { "0" }

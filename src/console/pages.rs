@@ -200,7 +200,7 @@ fn verdict_banner(verdict: &Verdict) -> Markup {
         Level::Failing => ("bad", "Failing: something is wrong now."),
     };
     html! {
-        section.verdict.banner class=(class) role="status" data-level=(verdict.level.label()) {
+        section class=(format!("verdict banner {class}")) role="status" data-level=(verdict.level.label()) {
             strong { (headline) }
             @if !verdict.reasons.is_empty() {
                 ul {
