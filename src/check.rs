@@ -57,6 +57,12 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
             "admin.read_token_file",
             admin.read_token().map(drop),
         );
+        credential(
+            &mut findings,
+            unreadable,
+            "admin.tokens",
+            admin.named_tokens().map(drop),
+        );
     }
     match &config.database {
         // Not connected to here: `serve` says at start if the server cannot be reached.

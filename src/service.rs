@@ -247,8 +247,12 @@ async fn start_admin(
     let console = Console::new(
         config,
         (ledger.clone(), queue.clone(), refusals.clone()),
+        // The verdict's health facts: the ledger knows its writer's; a separate work side or
+        // an outage hold answers through its own `HealthSource` here.
+        ledger.clone(),
         token.clone(),
         admin.read_token()?,
+        admin.named_tokens()?,
     );
     let admin = Arc::new(Admin {
         ledger,

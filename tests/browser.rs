@@ -224,7 +224,37 @@ async fn the_console_works_in_a_real_browser_and_keeps_its_guard() {
     let (_driver, client) = start_browser().await;
     let base = format!("http://127.0.0.1:{admin_port}");
     sign_in(&client, &base, OPERATOR_TOKEN).await;
-    assert!(text_of(&client).await.contains("Is anything wrong?"));
+    let overview = text_of(&client).await;
+    assert!(overview.contains("Is anything wrong?"));
+    // The verdict answers it: red, with its evidence one click away.
+    assert!(
+        overview.contains("Failing: something is wrong now."),
+        "{overview}"
+    );
+    let reason = wait_for(&client, Locator::Css("section.verdict li a")).await;
+    assert_eq!(
+        reason.text().await.unwrap(),
+        "4 jobs went dead in the last hour"
+    );
+    assert_eq!(
+        reason.attr("href").await.unwrap().as_deref(),
+        Some("/console/dead")
+    );
+    // The charts fill the page's width, with their times on the axis.
+    let chart = wait_for(&client, Locator::Css("svg.chart")).await;
+    let (_, _, width, _) = chart.rectangle().await.unwrap();
+    let (_, _, page_width, _) = wait_for(&client, Locator::Css("main"))
+        .await
+        .rectangle()
+        .await
+        .unwrap();
+    assert!(width > page_width * 0.9, "{width} of {page_width}");
+    assert!(wait_for(&client, Locator::Css("svg.chart text.time"))
+        .await
+        .text()
+        .await
+        .unwrap()
+        .contains(':'));
     screenshot(&client, "overview").await;
 
     // Every page: rendered, nothing planted runs, and (below) not one CSP report.
@@ -266,7 +296,9 @@ async fn the_console_works_in_a_real_browser_and_keeps_its_guard() {
     confirm.click().await.unwrap();
     client.accept_alert().await.unwrap();
     wait_for(&client, Locator::Css("p#done")).await;
-    assert!(text_of(&client).await.contains("4 jobs are queued"));
+    assert!(text_of(&client)
+        .await
+        .contains("4 jobs of the group \"exited with status 4: "));
     let ran_again = eventually(Duration::from_secs(10), || {
         server.value(
             "SELECT count(*) FROM job_attempts WHERE job_id = ?1",

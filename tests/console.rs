@@ -14,6 +14,8 @@ use sume_receiver::http_client::{self, Answer};
 
 const OPERATOR_TOKEN: &str = "console-operator-token";
 const READ_TOKEN: &str = "console-read-token";
+/// `[[admin.tokens]]`: alice, an operator by name.
+const ALICE_TOKEN: &str = "console-alice-token";
 /// Written by a handler on stderr, and sent as an event type and in a payload: none of it may
 /// ever reach a page unescaped.
 const CANARY: &str = "<img src=x onerror=\"window.__xss=1\">";
@@ -22,11 +24,13 @@ const CANARY: &str = "<img src=x onerror=\"window.__xss=1\">";
 fn console_config(dir: &std::path::Path, admin_port: u16, actions: bool) -> String {
     std::fs::write(dir.join("admin_token"), OPERATOR_TOKEN).unwrap();
     std::fs::write(dir.join("read_token"), READ_TOKEN).unwrap();
+    std::fs::write(dir.join("alice_token"), ALICE_TOKEN).unwrap();
     let script = format!("echo '{CANARY}' >&2; exit 4");
     format!(
         "[handler]\ncommand = [\"sh\", \"-c\", {script:?}]\nmax_attempts = 1\n\n\
          [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n\
-         read_token_file = \"read_token\"\nconsole_actions = {actions}\n"
+         read_token_file = \"read_token\"\nconsole_actions = {actions}\n\n\
+         [[admin.tokens]]\nname = \"alice\"\nfile = \"alice_token\"\nrole = \"operator\"\n"
     )
 }
 
@@ -138,8 +142,12 @@ async fn dead_canary_job(server: &TestServer) -> String {
     })
     .await;
     assert!(dead);
-    let encoded: String = job_id
-        .bytes()
+    format!("/console/jobs/{}", percent(&job_id))
+}
+
+/// `text` percent-encoded but for unreserved characters: a path segment, or a form value.
+fn percent(text: &str) -> String {
+    text.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
                 (b as char).to_string()
@@ -147,8 +155,7 @@ async fn dead_canary_job(server: &TestServer) -> String {
                 format!("%{b:02X}")
             }
         })
-        .collect();
-    format!("/console/jobs/{encoded}")
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -405,25 +412,32 @@ async fn an_operator_acts_only_from_the_console_itself() {
     );
     assert_eq!(server.state_of(&job_id).as_deref(), Some("dead"));
 
-    // The dead-letter group: counted, then retried; each job records the console's action.
-    let dead = html(&operator.get("/console/dead").await);
+    // The dead-letter group, by what failed (the handler's stderr is part of it): counted,
+    // then retried by alice, who signed in with her own token.
+    let alice = Console::sign_in(admin_port, ALICE_TOKEN).await;
+    let groups: serde_json::Value =
+        serde_json::from_slice(&alice.get("/console/api/dead").await.body).unwrap();
+    let signature = groups[0]["signature"].as_str().unwrap().to_owned();
+    assert_eq!(signature, format!("exited with status 4: {CANARY}"));
+    let dead = html(&alice.get("/console/dead").await);
     assert!(dead.contains("Retry this group"), "{dead}");
-    let signature = "exited%20with%20status%204";
+    let encoded = percent(&signature);
     let confirm = html(
-        &operator
-            .get(&format!("/console/dead/retry?signature={signature}"))
+        &alice
+            .get(&format!("/console/dead/retry?signature={encoded}"))
             .await,
     );
     assert!(
-        confirm.contains("<strong>1</strong> can run again"),
+        confirm.contains("holds <strong>1</strong> dead jobs"),
         "{confirm}"
     );
-    let retried = operator
-        .post("/console/dead/retry", &format!("signature={signature}"))
+    let retried = alice
+        .post("/console/dead/retry", &format!("signature={encoded}"))
         .await;
     assert_eq!(retried.status, 200, "{}", html(&retried));
+    // The message names the group (escaped, as everything a handler wrote).
     assert!(
-        html(&retried).contains("1 jobs are queued"),
+        html(&retried).contains("1 jobs of the group &quot;exited with status 4: &lt;img"),
         "{}",
         html(&retried)
     );
@@ -439,15 +453,19 @@ async fn an_operator_acts_only_from_the_console_itself() {
         "SELECT actor FROM job_actions WHERE job_id = ?1",
         &[&job_id],
     );
-    assert_eq!(actor, "console:127.0.0.1");
+    assert_eq!(actor, "console:alice");
 
-    // Pause and resume.
+    // Pause and resume, with the shared operator token: it knows only the address.
     assert_eq!(
         operator.post("/console/dispatch/pause", "").await.status,
         200
     );
     let overview = html(&operator.get("/console/").await);
     assert!(overview.contains("Dispatch is paused"), "{overview}");
+    assert!(
+        overview.contains("Dispatch is paused by console:127.0.0.1"),
+        "{overview}"
+    );
     assert!(overview.contains("Resume dispatch"), "{overview}");
     assert_eq!(
         operator.post("/console/dispatch/resume", "").await.status,
@@ -527,5 +545,84 @@ async fn with_actions_off_an_operator_only_looks() {
         operator.post("/console/dispatch/pause", "").await.status,
         403
     );
+    server.stop().await.0.unwrap();
+}
+
+/// The overview answers "is anything wrong?" from facts: ok on a calm receiver, attention
+/// while dispatch is paused (naming who paused it), failing once a job went dead; the JSON
+/// twin carries the same verdict.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_verdict_follows_the_facts() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let config = console_config(dir.path(), admin_port, true);
+    let server = TestServer::start_in(dir, &config).await;
+    let alice = Console::sign_in(admin_port, ALICE_TOKEN).await;
+    let verdict = || async {
+        let answer = alice.get("/console/api/").await;
+        let overview: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+        overview["verdict"].clone()
+    };
+    let calm = verdict().await;
+    assert_eq!(calm["level"], "ok", "{calm}");
+    assert_eq!(calm["reasons"], serde_json::json!([]));
+    let page = html(&alice.get("/console/").await);
+    assert!(page.contains("data-level=\"ok\""), "{page}");
+
+    assert_eq!(alice.post("/console/dispatch/pause", "").await.status, 200);
+    let paused = verdict().await;
+    assert_eq!(paused["level"], "attention", "{paused}");
+    assert_eq!(
+        paused["reasons"][0],
+        "Dispatch is paused by console:alice: no job runs"
+    );
+    assert_eq!(alice.post("/console/dispatch/resume", "").await.status, 200);
+
+    dead_canary_job(&server).await;
+    // The ledger's facts are kept a few seconds: the dead job shows within them.
+    let mut failing = serde_json::Value::Null;
+    for _ in 0..40 {
+        failing = verdict().await;
+        if failing["level"] == "failing" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(failing["level"], "failing", "{failing}");
+    assert_eq!(failing["reasons"][0], "1 job went dead in the last hour");
+    assert_eq!(failing["evidence"][0]["href"], "/console/dead");
+    let page = html(&alice.get("/console/").await);
+    assert!(
+        page.contains("<a href=\"/console/dead\">1 job went dead in the last hour</a>"),
+        "{page}"
+    );
+
+    // A cancel is an operator's decision, not a failure; every cancel is one group.
+    let body = r#"{"job_id":"unwanted","type":"job.completed","result":{}}"#;
+    assert_eq!(alice.post("/console/dispatch/pause", "").await.status, 200);
+    assert_eq!(server.deliver(body).await.status, 200);
+    let cancelled = alice
+        .post("/console/jobs/unwanted/cancel", "reason=a+test+order")
+        .await;
+    assert_eq!(cancelled.status, 200, "{}", html(&cancelled));
+    assert!(html(&cancelled).contains("Cancelled: the job is dead"));
+    let job = html(&alice.get("/console/jobs/unwanted").await);
+    assert!(
+        job.contains("<strong>cancel</strong> by console:alice: a test order"),
+        "the cancel entry repeats itself: {job}"
+    );
+    // An unknown job: a page of the console, with its navigation.
+    let unknown = alice.get("/console/jobs/never-sent").await;
+    assert_eq!(unknown.status, 404);
+    assert!(html(&unknown).contains("<nav>"), "{}", html(&unknown));
+    let groups: serde_json::Value =
+        serde_json::from_slice(&alice.get("/console/api/dead").await.body).unwrap();
+    let signatures: Vec<&str> = groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|group| group["signature"].as_str().unwrap())
+        .collect();
+    assert!(signatures.contains(&"cancelled by an operator"), "{groups}");
     server.stop().await.0.unwrap();
 }

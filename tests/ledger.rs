@@ -406,13 +406,6 @@ async fn the_operator_statements_read_indexes_in_order() {
         !plan.contains("jobs_finished") && !plan.contains("jobs_dead"),
         "{plan}"
     );
-    // The dead-letter groups read the dead jobs' index (the few), then group and sort them.
-    let sql = ledger::dead_groups_sql(ledger::Dialect::Sqlite);
-    let plan = query_plan(&conn, &sql);
-    assert!(
-        plan.starts_with("SCAN jobs USING INDEX jobs_dead"),
-        "{sql}\n=> {plan}"
-    );
 }
 
 /// The service's reads run on read-only connections, and one that runs past its time budget is

@@ -813,6 +813,65 @@ on_both_ledgers! {
         ledger.close().await;
     }
 
+    /// Dead letters group by what failed, the handler's own first line included (ids and
+    /// numbers alike), every cancel in one group; a group's retry takes exactly its jobs, each
+    /// recorded as the operator's retry.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn dead_letters_group_by_what_failed_and_a_group_is_retried_alone() {
+        let (_dir, ledger) = fresh().await;
+        let failing = |error: &str| AttemptEnd::Failed {
+            failure: ledger::Failure::new(error),
+            retry_at: None,
+        };
+        let transient = "exited with status 1; stderr: downstream unavailable: 503 from billing-api";
+        for (job_id, error) in [
+            ("dl-1", format!("{transient} (request 7f3a9c01)\nat main.py:12")),
+            ("dl-2", format!("{transient} (request 0b12ffe9)")),
+            ("dl-3", format!("{transient} (request 99aa0011)")),
+            ("dl-4", "exited with status 1; stderr: invalid payload: no amount".to_owned()),
+        ] {
+            claimed(&ledger, job_id).await;
+            let attempt = started(&ledger, job_id, i64::MAX).await;
+            ledger.finish_attempt(&attempt, &failing(&error), 5_000).await.unwrap();
+        }
+        for (job_id, by) in [("dl-cancel-1", "cli:bob"), ("dl-cancel-2", "console:alice")] {
+            claimed(&ledger, job_id).await;
+            assert!(ledger.cancel_job(job_id, by, &format!("{job_id} is a test"), 6_000).await.unwrap());
+        }
+        let groups = ledger.dead_groups(10).await.unwrap();
+        let found: Vec<(&str, u64)> =
+            groups.iter().map(|group| (group.signature.as_str(), group.jobs)).collect();
+        let downstream =
+            "exited with status 1: downstream unavailable: 503 from billing-api (request #)";
+        assert_eq!(
+            found,
+            [
+                (downstream, 3),
+                ("cancelled by an operator", 2),
+                ("exited with status 1: invalid payload: no amount", 1),
+            ]
+        );
+        assert_eq!(ledger.dead_groups(1).await.unwrap().len(), 1, "at most the limit");
+        let mut members = ledger.dead_group_jobs(downstream).await.unwrap();
+        members.sort();
+        assert_eq!(members, ["dl-1", "dl-2", "dl-3"]);
+
+        assert_eq!(ledger.retry_dead_group(downstream, "console:alice", 7_000).await.unwrap(), (3, 0));
+        for (job_id, state) in [
+            ("dl-1", State::Claimed),
+            ("dl-3", State::Claimed),
+            ("dl-4", State::Dead),
+            ("dl-cancel-1", State::Dead),
+        ] {
+            assert_eq!(state_of(&ledger, job_id).await, Some(state), "{job_id}");
+        }
+        let job = ledger.show_job("dl-2").await.unwrap().unwrap();
+        let retry = job.actions.last().unwrap();
+        assert_eq!((retry.action.as_str(), retry.actor.as_str()), ("retry", "console:alice"));
+        assert_eq!(ledger.retry_dead_group(downstream, "console:alice", 8_000).await.unwrap(), (0, 0));
+        ledger.close().await;
+    }
+
     /// Duplicate counts add up per job; a job no longer in the ledger is skipped.
     #[tokio::test(flavor = "multi_thread")]
     async fn duplicates_are_counted_per_job() {

@@ -1245,6 +1245,22 @@ async fn cli_bulk_retry_pause_cancel_and_history() {
         ],
     ));
     assert!(none.contains("0 dead job(s) match"), "{none}");
+    // The dead-letter group of the handler's failure, by its signature (the console's).
+    let group = stdout(&cli(
+        &config,
+        &[
+            "jobs",
+            "retry",
+            "--state",
+            "dead",
+            "--group",
+            "exited with status 1: no luck",
+        ],
+    ));
+    assert!(
+        group.contains("3 dead jobs in the group \"exited with status 1: no luck\"; add --yes"),
+        "{group}"
+    );
 
     assert!(stdout(&cli(&config, &["jobs", "pause"])).starts_with("paused"));
     assert!(stdout(&cli(&config, &["jobs", "pause"])).starts_with("already paused"));
@@ -1289,10 +1305,19 @@ async fn cli_bulk_retry_pause_cancel_and_history() {
     );
     assert!(last.stderr.is_empty(), "no page after the last: {last:?}");
 
-    stdout(&cli(
-        &config,
-        &["jobs", "cancel", "bad-c", "--reason", "not needed"],
-    ));
+    // With no USER in its environment (cron, systemd-run), the CLI names its uid's user.
+    let nameless = Command::new(BINARY)
+        .arg("--config")
+        .arg(&config)
+        .args(["jobs", "cancel", "bad-c", "--reason", "not needed"])
+        .env_remove("USER")
+        .env_remove("SUDO_USER")
+        .env_remove("LOGNAME")
+        .output()
+        .unwrap();
+    stdout(&nameless);
+    let user = Command::new("id").arg("-un").output().unwrap();
+    let user = String::from_utf8_lossy(&user.stdout).trim().to_owned();
     let again = cli(&config, &["jobs", "cancel", "bad-c", "--reason", "twice"]);
     assert!(
         String::from_utf8_lossy(&again.stderr).contains("only a claimed or retrying job"),
@@ -1318,7 +1343,10 @@ async fn cli_bulk_retry_pause_cancel_and_history() {
         "{story}"
     );
     let cancelled = stdout(&cli(&config, &["jobs", "show", "bad-c"]));
-    assert!(cancelled.contains("cancel by cli:"), "{cancelled}");
+    assert!(
+        cancelled.contains(&format!("cancel by cli:{user} (uid ")),
+        "{cancelled}"
+    );
     assert!(cancelled.contains("not needed"), "{cancelled}");
     let neither = cli(&config, &["jobs", "retry"]);
     assert!(!neither.status.success());

@@ -137,6 +137,10 @@ pub enum JobsCommand {
         /// Only jobs whose last error contains this text (case-sensitive).
         #[arg(long, requires = "state", value_name = "TEXT")]
         error_contains: Option<String>,
+        /// Only the dead jobs of this dead-letter group: its signature, as the console's Dead
+        /// letters page and `/console/api/dead` show it.
+        #[arg(long, requires = "state", conflicts_with_all = ["since", "error_contains"], value_name = "SIGNATURE")]
+        group: Option<String>,
         /// Retry them (without it, only count them).
         #[arg(long, requires = "state")]
         yes: bool,
@@ -373,9 +377,16 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
             state,
             since,
             error_contains,
+            group,
             yes,
         } => {
             let state = state.expect("clap requires a job_id or --state");
+            if let Some(signature) = group {
+                if state != State::Dead {
+                    bail!("--group: dead-letter groups are of dead jobs (--state dead)");
+                }
+                return retry_group(ledger, &signature, yes).await;
+            }
             if !state.is_finished() {
                 bail!("--state {state}: only done or dead jobs can be retried");
             }
@@ -617,6 +628,26 @@ fn retry_reason(filter: &ledger::RetryFilter) -> String {
     reason
 }
 
+/// `jobs retry --state dead --group SIGNATURE`: counts the group, and with `yes` retries it.
+async fn retry_group(ledger: &Ledger, signature: &str, yes: bool) -> anyhow::Result<()> {
+    if !yes {
+        let jobs = ledger.dead_group_jobs(signature).await?;
+        println!(
+            "{} dead jobs in the group {signature:?}; add --yes to retry them",
+            jobs.len()
+        );
+        return Ok(());
+    }
+    let (retried, refused) = ledger
+        .retry_dead_group(signature, &actor(), ledger::now_ms())
+        .await?;
+    println!("{retried} jobs of the group {signature:?} are queued to run again");
+    if refused > 0 {
+        println!("{refused} could not be: retention purged their body, or they left the group");
+    }
+    Ok(())
+}
+
 /// Who the command line acts as, for the jobs' history: `cli:<user>` (the user behind sudo,
 /// where there is one).
 fn actor() -> String {
@@ -624,11 +655,37 @@ fn actor() -> String {
     let uid = unsafe { libc::getuid() };
     let name = ["SUDO_USER", "USER", "LOGNAME"]
         .into_iter()
-        .find_map(|key| std::env::var(key).ok().filter(|name| !name.is_empty()));
+        .find_map(|key| std::env::var(key).ok().filter(|name| !name.is_empty()))
+        .or_else(|| user_name(uid));
     match name {
         Some(name) => format!("cli:{} (uid {uid})", Escaped(&name)),
         None => format!("cli:uid {uid}"),
     }
+}
+
+/// The user name of `uid` in the password database (a service's environment, cron and
+/// `systemd-run` often set no `USER`).
+fn user_name(uid: libc::uid_t) -> Option<String> {
+    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    let mut buffer = vec![0 as libc::c_char; 4096];
+    // SAFETY: getpwuid_r writes only into `entry` and `buffer` (of the length given), and sets
+    // `found` to `&entry` or null; the name is read before either is dropped.
+    let status = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut entry,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &mut found,
+        )
+    };
+    if status != 0 || found.is_null() || entry.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null pw_name from getpwuid_r is a NUL-terminated string inside `buffer`.
+    let name = unsafe { std::ffi::CStr::from_ptr(entry.pw_name) };
+    Some(name.to_string_lossy().into_owned()).filter(|name| !name.is_empty())
 }
 
 /// `text` as one shell word: as it is when it is plain, else in single quotes.

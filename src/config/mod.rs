@@ -21,7 +21,7 @@ pub use database::{
 pub use handler::{HandlerConfig, HandlerKind, HoldConfig};
 use parsing::{describe_toml_error, duration, DAY_SECS};
 pub use secret::Secret;
-pub use sume_api::{AdminConfig, SumeApiConfig};
+pub use sume_api::{AdminConfig, NamedToken, SumeApiConfig, TokenRole};
 
 pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
 /// The secret of the example config and the README's quick start: public, so never live on a
@@ -345,9 +345,15 @@ impl Config {
         for file in files.into_iter().flatten() {
             *file = base_dir.join(&*file);
         }
+        for token in self.admin.iter_mut().flat_map(|admin| &mut admin.tokens) {
+            token.file = base_dir.join(&token.file);
+        }
     }
 
     fn validate(&self, problems: &mut Vec<String>) {
+        if let Some(admin) = &self.admin {
+            problems.extend(admin.token_problems());
+        }
         let signature = &self.signature;
         if signature.secrets.is_empty() && signature.secrets_file.is_none() {
             problems.push(
@@ -473,6 +479,39 @@ mod tests {
                 "{problem:?} missing from {message}"
             );
         }
+    }
+
+    #[test]
+    fn named_tokens_are_checked_and_their_files_resolved() {
+        let tokens = "[admin]\ntoken_file = \"t\"\n\
+                      [[admin.tokens]]\nname = \"alice\"\nfile = \"alice\"\nrole = \"operator\"\n\
+                      [[admin.tokens]]\nname = \"bob\"\nfile = \"/etc/bob\"\n";
+        let config = parse(&format!("{MINIMAL}{tokens}")).unwrap();
+        let admin = config.admin.unwrap();
+        assert_eq!(admin.tokens[0].file, Path::new("/base/alice"));
+        assert_eq!(admin.tokens[0].role, TokenRole::Operator);
+        assert_eq!(
+            admin.tokens[1].role,
+            TokenRole::Reader,
+            "the least, by default"
+        );
+        let twice = format!(
+            "{MINIMAL}[admin]\n[[admin.tokens]]\nname = \"a\"\nfile = \"x\"\n\
+                             [[admin.tokens]]\nname = \"a\"\nfile = \"y\"\n\
+                             [[admin.tokens]]\nname = \"has space\"\nfile = \"z\"\n"
+        );
+        let message = error(&twice);
+        assert!(
+            message.contains("the name \"a\" is given twice"),
+            "{message}"
+        );
+        assert!(message.contains("name \"has space\" must be"), "{message}");
+        let unreadable = parse(&format!("{MINIMAL}{tokens}")).unwrap().admin.unwrap();
+        let e = unreadable.named_tokens().unwrap_err().to_string();
+        assert!(
+            e.contains("admin.tokens \"alice\": cannot read /base/alice"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -84,6 +84,29 @@ pub struct AdminConfig {
     /// rebinding).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// Named console sign-ins (`[[admin.tokens]]`): each token signs in as its name, and the
+    /// jobs' history records its actions as `console:<name>`.
+    #[serde(default)]
+    pub tokens: Vec<NamedToken>,
+}
+
+/// One `[[admin.tokens]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedToken {
+    pub name: String,
+    pub file: PathBuf,
+    /// What its sessions may do; a reader only looks (the least, when left out).
+    #[serde(default)]
+    pub role: TokenRole,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenRole {
+    #[default]
+    Reader,
+    Operator,
 }
 
 impl AdminConfig {
@@ -93,6 +116,47 @@ impl AdminConfig {
             .as_deref()
             .map(|file| read_secret_file("admin.token_file", file))
             .transpose()
+    }
+
+    /// The named tokens, each read from its file.
+    pub fn named_tokens(&self) -> anyhow::Result<Vec<(String, TokenRole, Secret)>> {
+        self.tokens
+            .iter()
+            .map(|token| {
+                let key = format!("admin.tokens {:?}", token.name);
+                Ok((
+                    token.name.clone(),
+                    token.role,
+                    read_secret_file(&key, &token.file)?,
+                ))
+            })
+            .collect()
+    }
+
+    /// What is wrong with the named tokens' names: empty, not a plain name, or twice.
+    pub fn token_problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (index, token) in self.tokens.iter().enumerate() {
+            let plain = !token.name.is_empty()
+                && token.name.len() <= 64
+                && token
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-@".contains(&b));
+            if !plain {
+                problems.push(format!(
+                    "admin.tokens: name {:?} must be 1 to 64 letters, digits, '.', '_', '-' or '@'",
+                    token.name
+                ));
+            }
+            if self.tokens[..index].iter().any(|t| t.name == token.name) {
+                problems.push(format!(
+                    "admin.tokens: the name {:?} is given twice",
+                    token.name
+                ));
+            }
+        }
+        problems
     }
 
     /// The token from `read_token_file`, if one is configured.

@@ -6,9 +6,17 @@
 //! [`CONCURRENT_REQUESTS`] console requests run at once: the console never starves the
 //! ledger of readers.
 
+mod act;
 mod assets;
+mod charts;
+mod fresh;
+mod health;
+mod http;
 mod pages;
 mod session;
+mod settings;
+mod show;
+mod verdict;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -16,29 +24,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use maud::Markup;
 use tokio::sync::Semaphore;
 
-use crate::config::{Config, Secret};
-use crate::ingest::json_response;
-use crate::job_id::JobId;
-use crate::ledger::{
-    duration_ms, now_ms, Cursor, DeadGroup, JobFilter, Ledger, RetryFilter, State,
-};
-use crate::metrics::METRICS;
+use crate::config::{Config, Secret, TokenRole};
+use crate::ledger::{DeadGroup, Ledger};
 use crate::refusals::Refusals;
-use crate::rollup::ROLLUP;
 use crate::worker::Queue;
+use fresh::Fresh;
+pub use health::HealthSource;
+pub use http::form_value;
+use http::{cookie, page, read_form, redirect, same_origin, secure, text};
 use pages::Viewer;
 pub use session::Role;
 use session::Sessions;
-
-/// An answer that ends a request early (boxed: it is large, and the rare path).
-type Refused = Box<Response<Full<Bytes>>>;
 
 /// Console requests served at once; more wait their turn briefly, then get 503.
 pub const CONCURRENT_REQUESTS: usize = 4;
@@ -56,8 +58,6 @@ const GROUPS_FRESH: Duration = Duration::from_secs(10);
 /// How long the overview's ledger figures are shown as read: its script refreshes every 5 s,
 /// and a backlog's counts read its index (a million claimed jobs during an outage).
 const SNAPSHOT_FRESH: Duration = Duration::from_secs(5);
-/// Jobs a group retry changes per transaction (claims commit in between).
-const RETRY_BATCH: usize = 500;
 
 /// No script or style but the console's own files; no frames; forms post only here.
 const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
@@ -70,6 +70,8 @@ pub struct Console {
     pub queue: Option<Queue>,
     operator_token: Secret,
     read_token: Option<Secret>,
+    /// `[[admin.tokens]]`: name, role, token.
+    named_tokens: Vec<(String, TokenRole, Secret)>,
     actions: bool,
     /// Host header values the console answers to (lowercase).
     hosts: Vec<String>,
@@ -79,15 +81,21 @@ pub struct Console {
     settings: Vec<(String, String)>,
     /// The dead-letter groups read every dead job: computed at most every [`GROUPS_FRESH`].
     groups: Fresh<Vec<DeadGroup>>,
-    snapshot: Fresh<crate::metrics::Snapshot>,
+    ledger_facts: Fresh<health::LedgerFacts>,
+    health: Arc<dyn HealthSource>,
+    /// The directory of a ledger file (none on PostgreSQL), absolute.
+    ledger_dir: Option<std::path::PathBuf>,
+    tolerance: Duration,
 }
 
 impl Console {
     pub fn new(
         config: &Config,
         (ledger, queue, refusals): (Arc<Ledger>, Option<Queue>, Arc<Refusals>),
+        health: Arc<dyn HealthSource>,
         operator_token: Secret,
         read_token: Option<Secret>,
+        named_tokens: Vec<(String, TokenRole, Secret)>,
     ) -> Console {
         let admin = config.admin.as_ref();
         let listen = admin.map_or_else(
@@ -112,19 +120,23 @@ impl Console {
             hosts.push(host);
         }
         Console {
-            settings: settings(config, &ledger),
-            ledger,
+            settings: settings::settings(config, &ledger),
+            ledger: ledger.clone(),
             refusals,
             queue,
             operator_token,
             read_token,
+            named_tokens,
             actions: admin.is_some_and(|a| a.console_actions),
             hosts,
             sessions: Sessions::default(),
             csp_reports: Mutex::new(VecDeque::new()),
             busy: Semaphore::new(CONCURRENT_REQUESTS),
             groups: Fresh::new(GROUPS_FRESH),
-            snapshot: Fresh::new(SNAPSHOT_FRESH),
+            ledger_facts: Fresh::new(SNAPSHOT_FRESH),
+            health,
+            ledger_dir: ledger_dir(&ledger),
+            tolerance: config.signature.tolerance,
         }
     }
 
@@ -187,7 +199,7 @@ impl Console {
             );
         };
         let session = cookie(request.headers());
-        let role = session.as_deref().and_then(|id| self.sessions.role(id));
+        let signed_in = session.as_deref().and_then(|id| self.sessions.session(id));
         let (parts, body) = request.into_parts();
         let form = if method == Method::POST {
             match read_form(body).await {
@@ -222,7 +234,7 @@ impl Console {
             }
             _ => {}
         }
-        let Some(role) = role else {
+        let Some((role, name)) = signed_in else {
             return if method == Method::GET || method == Method::HEAD {
                 redirect("/console/sign-in")
             } else {
@@ -233,7 +245,12 @@ impl Console {
             role,
             may_act: self.actions && role == Role::Operator,
         };
-        let by = format!("console:{}", peer.ip());
+        // Who acts: a named token's name; the shared tokens know only where the request came
+        // from.
+        let by = match name {
+            Some(name) => format!("console:{name}"),
+            None => format!("console:{}", peer.ip()),
+        };
         match method {
             Method::GET | Method::HEAD => self.show(viewer, &path, &query).await,
             Method::POST if !viewer.may_act => text(
@@ -258,18 +275,32 @@ impl Console {
             );
         }
         let token = form_value(form, "token").unwrap_or_default();
-        let role = if self.operator_token.matches(token.trim()) {
-            Some(Role::Operator)
-        } else if self
-            .read_token
-            .as_ref()
-            .is_some_and(|read| read.matches(token.trim()))
-        {
-            Some(Role::Reader)
-        } else {
-            None
-        };
-        let Some(role) = role else {
+        let token = token.trim();
+        let named = self
+            .named_tokens
+            .iter()
+            .find(|(_, _, secret)| secret.matches(token))
+            .map(|(name, role, _)| {
+                let role = match role {
+                    TokenRole::Operator => Role::Operator,
+                    TokenRole::Reader => Role::Reader,
+                };
+                (role, Some(name.as_str()))
+            });
+        let signed_in = named.or_else(|| {
+            if self.operator_token.matches(token) {
+                Some((Role::Operator, None))
+            } else if self
+                .read_token
+                .as_ref()
+                .is_some_and(|read| read.matches(token))
+            {
+                Some((Role::Reader, None))
+            } else {
+                None
+            }
+        });
+        let Some((role, name)) = signed_in else {
             self.sessions.failed();
             tracing::warn!(%peer, "console sign-in refused: wrong token");
             return page(
@@ -282,14 +313,14 @@ impl Console {
                 ),
             );
         };
-        let id = match self.sessions.start(role) {
+        let id = match self.sessions.start(role, name) {
             Ok(id) => id,
             Err(error) => {
                 tracing::error!(%error, "cannot start a console session");
                 return text(StatusCode::INTERNAL_SERVER_ERROR, "cannot start a session");
             }
         };
-        tracing::info!(%peer, role = role.label(), "console sign-in");
+        tracing::info!(%peer, role = role.label(), name = name.unwrap_or("-"), "console sign-in");
         let mut response = redirect("/console/");
         let cookie = format!(
             "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}",
@@ -311,602 +342,11 @@ impl Console {
         tracing::debug!("console: a Content-Security-Policy violation was reported");
         text(StatusCode::NO_CONTENT, "")
     }
-
-    /// A page, or its JSON twin under `/console/api/`.
-    async fn show(&self, viewer: Viewer, path: &str, query: &str) -> Response<Full<Bytes>> {
-        let (json, path) = match path.strip_prefix("/console/api/") {
-            Some(rest) => (true, format!("/console/{rest}")),
-            None => (false, path.to_owned()),
-        };
-        let segments: Vec<&str> = path.trim_start_matches("/console/").split('/').collect();
-        let shown: Result<(String, Markup, serde_json::Value, bool), Refused> = match segments
-            .as_slice()
-        {
-            [""] => self
-                .overview(viewer)
-                .await
-                .map(|(m, j)| ("Overview".into(), m, j, true)),
-            ["jobs"] if !json && form_value(query, "job_id").is_some_and(|id| !id.is_empty()) => {
-                // The search box: straight to the job's page.
-                let location = pages::job_href(&form_value(query, "job_id").unwrap_or_default());
-                let mut response = text(StatusCode::SEE_OTHER, "");
-                let value = HeaderValue::from_str(&location).expect("percent-encoded: ASCII");
-                response.headers_mut().insert(header::LOCATION, value);
-                return response;
-            }
-            ["jobs"] => self
-                .jobs(query)
-                .await
-                .map(|(m, j)| ("Jobs".into(), m, j, false)),
-            ["jobs", id] => self
-                .job(viewer, id)
-                .await
-                .map(|(m, j)| ("Job".into(), m, j, false)),
-            ["jobs", id, "body"] if !json => return self.body(id).await,
-            ["dead"] => match self.dead_groups().await {
-                Ok(groups) => Ok((
-                    "Dead letters".into(),
-                    pages::dead(viewer, &groups),
-                    serde_json::json!(groups),
-                    false,
-                )),
-                Err(error) => Err(Box::new(unavailable(&error))),
-            },
-            ["dead", "retry"] if viewer.may_act => {
-                let signature = form_value(query, "signature").unwrap_or_default();
-                match self
-                    .ledger
-                    .count_retry_matching(&group_filter(&signature))
-                    .await
-                {
-                    Ok(count) => Ok((
-                        "Retry a group".into(),
-                        pages::retry_group(&signature, count.retryable, count.body_purged),
-                        serde_json::json!(count),
-                        false,
-                    )),
-                    Err(error) => Err(Box::new(unavailable(&error))),
-                }
-            }
-            ["receipts"] => {
-                let refusals = self.refusals.recent();
-                let hour = ROLLUP.last_hour();
-                let json = serde_json::json!({ "refusals": refusals, "last_hour": hour });
-                Ok((
-                    "Receipts".into(),
-                    pages::receipts(&refusals, &hour),
-                    json,
-                    false,
-                ))
-            }
-            ["expected"] => match self.ledger.list_expectations(PAGE_LIMIT * 4).await {
-                Ok(rows) => Ok((
-                    "Expected".into(),
-                    pages::expected(&rows),
-                    serde_json::json!(rows),
-                    false,
-                )),
-                Err(error) => Err(Box::new(unavailable(&error))),
-            },
-            ["config"] => match self.ledger.running_by_receiver().await {
-                Ok(receivers) => {
-                    let settings: std::collections::BTreeMap<_, _> =
-                        self.settings.iter().cloned().collect();
-                    let json = serde_json::json!({
-                        "settings": settings,
-                        "running_by_receiver": receivers,
-                    });
-                    let main = pages::config(&self.settings, &receivers);
-                    Ok(("Config".into(), main, json, false))
-                }
-                Err(error) => Err(Box::new(unavailable(&error))),
-            },
-            ["csp-canary"] => Ok((
-                "CSP canary".into(),
-                pages::csp_canary(),
-                serde_json::json!({}),
-                false,
-            )),
-            ["csp-reports"] => {
-                let reports: Vec<String> = self
-                    .csp_reports
-                    .lock()
-                    .expect("not poisoned")
-                    .iter()
-                    .cloned()
-                    .collect();
-                Ok((
-                    "CSP reports".into(),
-                    maud::html! { pre { (reports.join("\n")) } },
-                    serde_json::json!(reports),
-                    false,
-                ))
-            }
-            _ => Err(refuse(StatusCode::NOT_FOUND, "no such page")),
-        };
-        match shown {
-            Ok((_, _, value, _)) if json => json_response(StatusCode::OK, &value),
-            Ok((title, main, _, refresh)) => page(
-                StatusCode::OK,
-                pages::layout(&title, Some(viewer), refresh, main),
-            ),
-            Err(response) => *response,
-        }
-    }
-
-    /// The dead-letter groups, as computed at most [`GROUPS_FRESH`] ago.
-    async fn dead_groups(&self) -> Result<Vec<DeadGroup>, crate::ledger::StorageError> {
-        self.groups
-            .get_or_read(|| self.ledger.dead_groups(GROUPS_SHOWN))
-            .await
-    }
-
-    async fn overview(&self, viewer: Viewer) -> Result<(Markup, serde_json::Value), Refused> {
-        let snapshot = self
-            .snapshot
-            .get_or_read(|| self.ledger.metrics_snapshot())
-            .await
-            .ok();
-        let dispatch = self.ledger.dispatch().await.ok();
-        let data = pages::Overview {
-            readiness: self.ledger.readiness(),
-            free_disk: self.ledger_directory().and_then(|dir| free_bytes(&dir)),
-            dispatch,
-            snapshot,
-            totals: METRICS.delivery_totals(),
-            maintenance: METRICS.maintenance_totals(),
-            hour: ROLLUP.last_hour(),
-            refusals: self.refusals.recent().len(),
-        };
-        let json = serde_json::json!({
-            "ready": data.readiness.is_ok(),
-            "not_ready_because": data.readiness.err(),
-            "dispatch": data.dispatch,
-            "jobs": data.snapshot.as_ref().map(|s| s.jobs.clone()),
-            "oldest_unfinished_age_seconds": data.snapshot.as_ref().map(|s| s.oldest_unfinished_age_seconds),
-            "last_hour": data.hour,
-        });
-        Ok((pages::overview(viewer, &data), json))
-    }
-
-    fn ledger_directory(&self) -> Option<std::path::PathBuf> {
-        let location = std::path::PathBuf::from(self.ledger.location());
-        location
-            .is_absolute()
-            .then(|| location.parent().map(std::path::Path::to_path_buf))
-            .flatten()
-    }
-
-    async fn jobs(&self, query: &str) -> Result<(Markup, serde_json::Value), Refused> {
-        let state = match form_value(query, "state").filter(|s| !s.is_empty()) {
-            Some(state) => Some(
-                state
-                    .parse::<State>()
-                    .map_err(|error| refuse(StatusCode::BAD_REQUEST, &error))?,
-            ),
-            None => None,
-        };
-        let after = match form_value(query, "after").filter(|s| !s.is_empty()) {
-            Some(after) => Some(
-                after
-                    .parse::<Cursor>()
-                    .map_err(|error| refuse(StatusCode::BAD_REQUEST, &error))?,
-            ),
-            None => None,
-        };
-        let limit = form_value(query, "limit")
-            .and_then(|limit| limit.parse::<usize>().ok())
-            .unwrap_or(PAGE_LIMIT)
-            .clamp(1, MAX_PAGE_LIMIT);
-        let given = |name| form_value(query, name).filter(|value| !value.is_empty());
-        let (event_type, since, before) = (given("event_type"), given("since"), given("before"));
-        let ago = |text: &Option<String>, name: &str| -> Result<Option<i64>, Refused> {
-            text.as_deref()
-                .map(|text| {
-                    humantime::parse_duration(text)
-                        .map(|ago| now_ms() - duration_ms(ago))
-                        .map_err(|error| {
-                            refuse(
-                                StatusCode::BAD_REQUEST,
-                                &format!(
-                                    "{name}: {text:?} is not a duration (\"1h\", \"2d\"): {error}"
-                                ),
-                            )
-                        })
-                })
-                .transpose()
-        };
-        let filter = JobFilter {
-            state,
-            event_type: event_type.clone(),
-            since: ago(&since, "since")?,
-            before: ago(&before, "before")?,
-        };
-        let page = self
-            .ledger
-            .find_jobs(&filter, after.as_ref(), limit)
-            .await
-            .map_err(|e| Box::new(unavailable(&e)))?;
-        let list = pages::ListQuery {
-            state,
-            event_type: event_type.as_deref(),
-            since: since.as_deref(),
-            before: before.as_deref(),
-            limit,
-        };
-        Ok((pages::jobs(&list, &page), serde_json::json!(page)))
-    }
-
-    async fn job(&self, viewer: Viewer, id: &str) -> Result<(Markup, serde_json::Value), Refused> {
-        let job_id = decode(id)?;
-        match self.ledger.show_job(job_id.as_str()).await {
-            Ok(Some(job)) => Ok((pages::job(viewer, &job), serde_json::json!(job))),
-            Ok(None) => Err(refuse(StatusCode::NOT_FOUND, "no such job in the ledger")),
-            Err(error) => Err(Box::new(unavailable(&error))),
-        }
-    }
-
-    /// The stored body exactly as received, as a download: never rendered by the browser.
-    async fn body(&self, id: &str) -> Response<Full<Bytes>> {
-        let job_id = match decode(id) {
-            Ok(job_id) => job_id,
-            Err(response) => return *response,
-        };
-        match self.ledger.show_job(job_id.as_str()).await {
-            Ok(Some(job)) => match job.body {
-                Some(body) => {
-                    let mut response = Response::new(Full::new(Bytes::from(body)));
-                    let headers = response.headers_mut();
-                    headers.insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/octet-stream"),
-                    );
-                    headers.insert(
-                        header::CONTENT_DISPOSITION,
-                        HeaderValue::from_static("attachment; filename=\"body.json\""),
-                    );
-                    response
-                }
-                None => text(StatusCode::GONE, "retention purged this job's body"),
-            },
-            Ok(None) => text(StatusCode::NOT_FOUND, "no such job in the ledger"),
-            Err(error) => unavailable(&error),
-        }
-    }
-
-    /// A form's action; answers with a page saying what happened.
-    async fn act(&self, viewer: Viewer, path: &str, form: &str, by: &str) -> Response<Full<Bytes>> {
-        let segments: Vec<&str> = path.trim_start_matches("/console/").split('/').collect();
-        let now = now_ms();
-        let (message, back) = match segments.as_slice() {
-            ["dispatch", change @ ("pause" | "resume")] => {
-                let paused = *change == "pause";
-                match self.ledger.set_dispatch(paused, by, now).await {
-                    Ok(_) => {
-                        if let Some(queue) = &self.queue {
-                            queue.dispatch_changed(paused);
-                        }
-                        tracing::info!(%by, paused, "dispatch changed in the console");
-                        (
-                            if paused {
-                                "Dispatch paused: deliveries are claimed, no job runs."
-                            } else {
-                                "Dispatch resumed."
-                            }
-                            .to_owned(),
-                            "/console/".to_owned(),
-                        )
-                    }
-                    Err(error) => return unavailable(&error),
-                }
-            }
-            ["jobs", id, action @ ("retry" | "run-now" | "cancel")] => {
-                let job_id = match decode(id) {
-                    Ok(job_id) => job_id,
-                    Err(response) => return *response,
-                };
-                let done = match *action {
-                    "retry" => match self.ledger.retry_job(job_id.as_str(), by, now).await {
-                        Ok(()) => Ok(true),
-                        Err(crate::ledger::RetryError::Storage(error)) => Err(error),
-                        Err(refused) => return text(StatusCode::CONFLICT, &refused.to_string()),
-                    },
-                    "run-now" => self.ledger.run_now(job_id.as_str(), by, now).await,
-                    _ => {
-                        let Some(reason) =
-                            form_value(form, "reason").filter(|r| !r.trim().is_empty())
-                        else {
-                            return text(StatusCode::BAD_REQUEST, "a cancel needs a reason");
-                        };
-                        self.ledger
-                            .cancel_job(job_id.as_str(), by, &reason, now)
-                            .await
-                    }
-                };
-                match done {
-                    Ok(true) => {
-                        if let Some(queue) = &self.queue {
-                            queue.look_in_ledger();
-                        }
-                        tracing::info!(job_id = %job_id, action, %by, "job action in the console");
-                        (format!("{action}: done."), pages::job_href(job_id.as_str()))
-                    }
-                    Ok(false) => {
-                        return text(
-                            StatusCode::CONFLICT,
-                            &format!("{action} does not apply to this job in its state"),
-                        )
-                    }
-                    Err(error) => return unavailable(&error),
-                }
-            }
-            ["dead", "retry"] => {
-                let signature = form_value(form, "signature").unwrap_or_default();
-                let filter = group_filter(&signature);
-                let mut retried = 0;
-                loop {
-                    match self
-                        .ledger
-                        .retry_matching(
-                            &filter,
-                            by,
-                            "console: retry of a dead-letter group",
-                            now_ms(),
-                            RETRY_BATCH,
-                        )
-                        .await
-                    {
-                        Ok(0) => break,
-                        Ok(batch) => retried += batch,
-                        Err(error) => return unavailable(&error),
-                    }
-                }
-                if let Some(queue) = &self.queue {
-                    queue.look_in_ledger();
-                }
-                self.groups.forget().await;
-                tracing::info!(retried, %by, "dead-letter group retried in the console");
-                (
-                    format!("{retried} jobs are queued to run again."),
-                    "/console/dead".to_owned(),
-                )
-            }
-            _ => return text(StatusCode::NOT_FOUND, "no such action"),
-        };
-        page(
-            StatusCode::OK,
-            pages::layout("Done", Some(viewer), false, pages::done(&message, &back)),
-        )
-    }
 }
 
-/// Dead jobs whose error contains a group's signature, that finished before now.
-fn group_filter(signature: &str) -> RetryFilter {
-    RetryFilter {
-        state: State::Dead,
-        finished_since: None,
-        finished_before: now_ms() + 1,
-        error_contains: (!signature.is_empty()).then(|| signature.to_owned()),
-    }
-}
-
-/// Headers on every console answer.
-fn secure(headers: &mut HeaderMap) {
-    let set = [
-        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (header::REFERRER_POLICY, "no-referrer"),
-        (header::X_FRAME_OPTIONS, "DENY"),
-    ];
-    for (name, value) in set {
-        headers.insert(name, HeaderValue::from_static(value));
-    }
-    headers.insert(
-        "cross-origin-opener-policy",
-        HeaderValue::from_static("same-origin"),
-    );
-    headers.insert(
-        "cross-origin-resource-policy",
-        HeaderValue::from_static("same-origin"),
-    );
-    headers
-        .entry(header::CACHE_CONTROL)
-        .or_insert(HeaderValue::from_static("no-store"));
-}
-
-/// A POST from one of the console's own pages: the browser says so (`Sec-Fetch-Site`), or
-/// its `Origin` is this console's.
-fn same_origin(headers: &HeaderMap, host: &str) -> bool {
-    if let Some(site) = headers.get("sec-fetch-site") {
-        return site == "same-origin";
-    }
-    headers
-        .get(header::ORIGIN)
-        .and_then(|origin| origin.to_str().ok())
-        .is_some_and(|origin| origin.eq_ignore_ascii_case(&format!("http://{host}")))
-}
-
-fn cookie(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .find_map(|pair| pair.trim().strip_prefix("sume_console=").map(str::to_owned))
-}
-
-async fn read_form(body: Incoming) -> Result<String, Box<Response<Full<Bytes>>>> {
-    let read =
-        tokio::time::timeout(FORM_READ_TIMEOUT, Limited::new(body, FORM_BYTES).collect()).await;
-    match read {
-        Ok(Ok(collected)) => Ok(String::from_utf8_lossy(&collected.to_bytes()).into_owned()),
-        Ok(Err(_)) => Err(Box::new(text(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "a form is at most 8 KiB",
-        ))),
-        Err(_) => Err(Box::new(text(
-            StatusCode::REQUEST_TIMEOUT,
-            "the form did not arrive in time",
-        ))),
-    }
-}
-
-/// The value of `name` in a query string or an urlencoded form, decoded.
-pub fn form_value(text: &str, name: &str) -> Option<String> {
-    text.split('&').find_map(|pair| {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        (key == name).then(|| {
-            percent_encoding::percent_decode_str(&value.replace('+', " "))
-                .decode_utf8_lossy()
-                .into_owned()
-        })
-    })
-}
-
-fn decode(segment: &str) -> Result<JobId, Refused> {
-    let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
-    JobId::parse(&decoded).map_err(|error| refuse(StatusCode::BAD_REQUEST, &error.to_string()))
-}
-
-fn page(status: StatusCode, markup: Markup) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(markup.into_string())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    response
-}
-
-fn text(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(message.to_owned())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
-}
-
-fn refuse(status: StatusCode, message: &str) -> Refused {
-    Box::new(text(status, message))
-}
-
-fn redirect(to: &'static str) -> Response<Full<Bytes>> {
-    let mut response = text(StatusCode::SEE_OTHER, "");
-    response
-        .headers_mut()
-        .insert(header::LOCATION, HeaderValue::from_static(to));
-    response
-}
-
-fn unavailable(error: &crate::ledger::StorageError) -> Response<Full<Bytes>> {
-    tracing::warn!(%error, "a console page found the ledger unavailable");
-    text(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the ledger is unavailable; try again",
-    )
-}
-
-/// Free bytes on the file system holding `dir`.
-fn free_bytes(dir: &std::path::Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes only into the struct it is given; the path is NUL-terminated.
-    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
-    (unsafe { libc::statvfs(path.as_ptr(), &mut stats) } == 0)
-        .then(|| stats.f_bavail.saturating_mul(stats.f_frsize))
-}
-
-/// What the config page shows: the settings in effect, without any credential.
-fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)> {
-    let mut rows = vec![
-        ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
-        ("server.listen".into(), config.server.listen.to_string()),
-        (
-            "server.webhook_path".into(),
-            config.server.webhook_path.clone(),
-        ),
-        ("ledger".into(), ledger.location()),
-        (
-            "ledger shared by several receivers".into(),
-            ledger.is_shared().to_string(),
-        ),
-        (
-            "signature.tolerance".into(),
-            humantime::format_duration(config.signature.tolerance).to_string(),
-        ),
-        ("signing secrets".into(), "(never shown)".into()),
-    ];
-    match &config.handler {
-        Some(handler) => {
-            let kind = handler.kind.describe();
-            rows.push(("handler".into(), kind));
-            rows.push((
-                "handler.max_attempts".into(),
-                handler.max_attempts.to_string(),
-            ));
-            rows.push((
-                "handler.timeout".into(),
-                humantime::format_duration(handler.timeout).to_string(),
-            ));
-            rows.push((
-                "handler.concurrency".into(),
-                handler.concurrency.to_string(),
-            ));
-        }
-        None => rows.push(("handler".into(), "none: jobs stay claimed".into())),
-    }
-    rows.push((
-        "sume_api".into(),
-        config
-            .sume_api
-            .as_ref()
-            .map_or("off".into(), |api| api.base_url.clone()),
-    ));
-    if let Some(admin) = &config.admin {
-        rows.push(("admin.listen".into(), admin.listen.to_string()));
-        rows.push((
-            "admin.console_actions".into(),
-            admin.console_actions.to_string(),
-        ));
-    }
-    rows
-}
-
-/// A value read from the ledger and shown as read for a while: however many viewers poll a
-/// page, the ledger pays for it once per period.
-struct Fresh<T> {
-    period: Duration,
-    read: tokio::sync::Mutex<Option<(std::time::Instant, T)>>,
-}
-
-impl<T: Clone> Fresh<T> {
-    fn new(period: Duration) -> Fresh<T> {
-        Fresh {
-            period,
-            read: tokio::sync::Mutex::new(None),
-        }
-    }
-
-    /// The value read less than a period ago, or `read`'s (a failed read is not kept).
-    async fn get_or_read<F, E>(&self, read: impl FnOnce() -> F) -> Result<T, E>
-    where
-        F: std::future::Future<Output = Result<T, E>>,
-    {
-        let mut kept = self.read.lock().await;
-        if let Some((at, value)) = kept.as_ref() {
-            if at.elapsed() < self.period {
-                return Ok(value.clone());
-            }
-        }
-        let value = read().await?;
-        *kept = Some((std::time::Instant::now(), value.clone()));
-        Ok(value)
-    }
-
-    /// The next look reads afresh.
-    async fn forget(&self) {
-        *self.read.lock().await = None;
-    }
+/// The directory holding the ledger's file, resolved to an absolute path; `None` where the
+/// ledger is not a file (PostgreSQL).
+fn ledger_dir(ledger: &Ledger) -> Option<std::path::PathBuf> {
+    let file = std::fs::canonicalize(ledger.location()).ok()?;
+    file.parent().map(std::path::Path::to_path_buf)
 }

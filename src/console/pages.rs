@@ -5,12 +5,13 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
-use super::assets;
 use super::session::Role;
+use super::verdict::{Level, Verdict};
+use super::{assets, charts};
 use crate::ledger::{DeadGroup, Dispatch, Expectation, JobDetail, JobPage, State};
 use crate::metrics::Snapshot;
 use crate::refusals::Refusal;
-use crate::rollup::{LastHour, MINUTES};
+use crate::rollup::LastHour;
 
 /// How much of a stored body a page shows (the raw download has all of it).
 const BODY_SHOWN_BYTES: usize = 64 * 1024;
@@ -94,87 +95,9 @@ pub fn sign_in(message: Option<&str>) -> Markup {
     }
 }
 
-/// A stacked bar per minute of the last hour, drawn here: no script, no image from elsewhere.
-fn chart(hour: &LastHour, series: &[&str]) -> Markup {
-    let (width, height) = (600.0_f64, 100.0_f64);
-    let picked: Vec<&(&str, Vec<u64>)> = hour
-        .series
-        .iter()
-        .filter(|(label, _)| series.contains(label))
-        .collect();
-    let totals: Vec<u64> = (0..MINUTES)
-        .map(|minute| picked.iter().map(|(_, counts)| counts[minute]).sum())
-        .collect();
-    let peak = totals.iter().copied().max().unwrap_or(0).max(1) as f64;
-    let bar = width / MINUTES as f64;
-    html! {
-        svg.chart viewBox=(format!("0 0 {width} {height}")) preserveAspectRatio="none" role="img" {
-            title { "per minute, the last hour; highest minute: " (peak as u64) }
-            @for minute in 0..MINUTES {
-                @let mut base = height;
-                @for (label, counts) in &picked {
-                    @let h = counts[minute] as f64 / peak * (height - 4.0);
-                    @if h > 0.0 {
-                        @let y = { base -= h; base };
-                        rect class=(label) x=(format!("{:.1}", minute as f64 * bar)) y=(format!("{y:.1}"))
-                            width=(format!("{:.1}", bar - 1.0)) height=(format!("{h:.1}")) {}
-                    }
-                }
-            }
-        }
-        p.key {
-            @for (label, counts) in &picked {
-                span { svg viewBox="0 0 1 1" { rect class=(label) width="1" height="1" {} } (label) " " (counts.iter().sum::<u64>()) }
-            }
-            span.muted { "(last hour; highest minute " (peak as u64) ")" }
-        }
-    }
-}
-
-/// One timing of the last hour (`ack`, `run`) as bars per minute: the slowest of the minute,
-/// and its mean in front.
-fn timing_chart(hour: &LastHour, timing: &str) -> Markup {
-    let (width, height) = (600.0_f64, 100.0_f64);
-    let Some((_, minutes)) = hour.timings.iter().find(|(label, _)| *label == timing) else {
-        return html! {};
-    };
-    let peak = minutes.iter().map(|m| m.max_ms).fold(0.0, f64::max);
-    let scale = |ms: f64| ms / peak.max(0.001) * (height - 4.0);
-    let bar = width / MINUTES as f64;
-    let timed: u64 = minutes.iter().map(|m| m.count).sum();
-    let mean = minutes
-        .iter()
-        .map(|m| m.mean_ms * m.count as f64)
-        .sum::<f64>()
-        / timed.max(1) as f64;
-    let ms = |value: f64| {
-        if value < 10.0 {
-            format!("{value:.2} ms")
-        } else {
-            format!("{value:.0} ms")
-        }
-    };
-    html! {
-        svg.chart viewBox=(format!("0 0 {width} {height}")) preserveAspectRatio="none" role="img" {
-            title { "per minute, the last hour: the slowest and the mean; slowest " (ms(peak)) }
-            @for (index, minute) in minutes.iter().enumerate().filter(|(_, m)| m.count > 0) {
-                @let x = index as f64 * bar;
-                rect class="slowest" x=(format!("{x:.1}")) y=(format!("{:.1}", height - scale(minute.max_ms)))
-                    width=(format!("{:.1}", bar - 1.0)) height=(format!("{:.1}", scale(minute.max_ms))) {}
-                rect class="mean" x=(format!("{x:.1}")) y=(format!("{:.1}", height - scale(minute.mean_ms)))
-                    width=(format!("{:.1}", bar - 1.0)) height=(format!("{:.1}", scale(minute.mean_ms))) {}
-            }
-        }
-        p.key {
-            span { svg viewBox="0 0 1 1" { rect class="mean" width="1" height="1" {} } "mean " (ms(mean)) }
-            span { svg viewBox="0 0 1 1" { rect class="slowest" width="1" height="1" {} } "slowest " (ms(peak)) }
-            span.muted { "(last hour, " (timed) " timed)" }
-        }
-    }
-}
-
 /// What the overview shows.
 pub struct Overview {
+    pub verdict: Verdict,
     pub readiness: Result<(), &'static str>,
     pub dispatch: Option<Dispatch>,
     pub snapshot: Option<Snapshot>,
@@ -216,9 +139,10 @@ pub fn overview(viewer: Viewer, data: &Overview) -> Markup {
         .map_or(0.0, |s| s.oldest_unfinished_age_seconds);
     html! {
         h1 { "Is anything wrong?" }
+        (verdict_banner(&data.verdict))
         @match data.readiness {
-            Ok(()) => p.banner.ok { "Ready: a delivery sent now is claimed and acknowledged." },
-            Err(reason) => p.banner.bad { "Not ready: " (reason) },
+            Ok(()) => p.muted { "Ready: a delivery sent now is claimed and acknowledged." },
+            Err(reason) => p.muted { "Not ready: " (reason) },
         }
         @if paused {
             @let dispatch = data.dispatch.as_ref().expect("paused");
@@ -251,20 +175,43 @@ pub fn overview(viewer: Viewer, data: &Overview) -> Markup {
             }
         }
         h2 { "Deliveries" }
-        (chart(&data.hour, &["claimed", "duplicate", "refused", "unavailable"]))
+        (charts::counts(&data.hour, &["claimed", "duplicate", "refused", "unavailable"], "Deliveries"))
         p.muted { "Since start: " (data.totals.0) " claimed, " (data.totals.1) " duplicates, " (data.totals.2) " refused or unavailable." }
         h2 { "Attempts" }
-        (chart(&data.hour, &["done", "failed", "dead"]))
+        (charts::counts(&data.hour, &["done", "failed", "dead"], "Attempts"))
         p.muted {
             "Since start: " (data.maintenance.0) " leases taken back by the sweeper, "
             (data.maintenance.1) " jobs recovered by polling Sume, " (data.maintenance.2) " expectations given up."
         }
         h2 { "Acknowledgement latency" }
         p.muted { "From a verified delivery to its answer: the claim's commit on disk (Sume waits at most 10 s)." }
-        (timing_chart(&data.hour, "ack"))
+        (charts::timing(&data.hour, "ack", "Acknowledgement latency"))
         h2 { "Run latency" }
         p.muted { "Handler attempts, start to end." }
-        (timing_chart(&data.hour, "run"))
+        (charts::timing(&data.hour, "run", "Run latency"))
+    }
+}
+
+/// The verdict: its level in words and colour, each reason linked to its evidence.
+fn verdict_banner(verdict: &Verdict) -> Markup {
+    let (class, headline) = match verdict.level {
+        Level::Ok => ("ok", "OK: nothing is wrong that the receiver can see."),
+        Level::Attention => ("warn", "Attention: something needs a look."),
+        Level::Failing => ("bad", "Failing: something is wrong now."),
+    };
+    html! {
+        section class=(format!("verdict banner {class}")) role="status" data-level=(verdict.level.label()) {
+            strong { (headline) }
+            @if !verdict.reasons.is_empty() {
+                ul {
+                    @for reason in &verdict.reasons {
+                        li class=(if reason.level == Level::Failing { "bad" } else { "warn" }) {
+                            a href=(reason.href) { (reason.text) }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -379,7 +326,7 @@ fn short(text: &str, max_chars: usize) -> String {
 }
 
 /// One job as a timeline, its payload, and what may be done with it.
-pub fn job(viewer: Viewer, job: &JobDetail) -> Markup {
+pub fn job(viewer: Viewer, job: &JobDetail, dispatch: Option<&Dispatch>) -> Markup {
     let summary = &job.summary;
     let href = job_href(&summary.job_id);
     let mut events: Vec<(i64, Markup)> = vec![(
@@ -411,7 +358,11 @@ pub fn job(viewer: Viewer, job: &JobDetail) -> Markup {
             action.at,
             html! {
                 strong { (action.action) } " by " (action.actor)
-                @if let Some(reason) = &action.reason { ": " (reason) }
+                @if let Some(reason) = &action.reason {
+                    // A cancel's reason is kept as the job's error too ("cancelled by X: why").
+                    @let prefix = format!("cancelled by {}: ", action.actor);
+                    ": " (reason.strip_prefix(prefix.as_str()).unwrap_or(reason))
+                }
             },
         ));
     }
@@ -424,15 +375,29 @@ pub fn job(viewer: Viewer, job: &JobDetail) -> Markup {
     if let Some(at) = job.body_purged_at {
         events.push((at, html! { "body purged by retention (a tombstone remains: redeliveries stay duplicates)" }));
     }
-    events.sort_by_key(|(at, _)| *at);
     let waiting = matches!(summary.state.as_str(), "claimed" | "retrying");
+    if let Some(dispatch) = dispatch.filter(|d| d.paused && waiting) {
+        events.push((
+            dispatch.changed_at.unwrap_or(summary.received_at).max(summary.received_at),
+            html! {
+                strong.warn { "dispatch paused" } " by " (dispatch.changed_by.as_deref().unwrap_or("?"))
+                ": this job waits for the resume"
+            },
+        ));
+    }
+    events.sort_by_key(|(at, _)| *at);
     html! {
         h1 { "Job " code { (summary.job_id) } }
         table {
             tr { th { "state" } td { strong { (summary.state) } @if waiting { " · next attempt " (time(summary.next_attempt_at)) " (" (job.next_attempt_cause) ")" } } }
             tr { th { "event" } td { (summary.event_type.as_deref().unwrap_or("-")) } }
             tr { th { "attempts (this set)" } td { (summary.attempts) } }
-            tr { th { "last error" } td { (summary.last_error.as_deref().unwrap_or("-")) } }
+            @if summary.state == "done" {
+                // An earlier attempt's error is history (the timeline), not the job's state.
+                tr { th { "last error" } td { "none: the job is done" } }
+            } @else {
+                tr { th { "last error" } td { (summary.last_error.as_deref().unwrap_or("-")) } }
+            }
             tr { th { "duplicates" } td { (job.duplicates) } }
         }
         @if viewer.may_act {
@@ -482,7 +447,7 @@ pub fn job(viewer: Viewer, job: &JobDetail) -> Markup {
 pub fn dead(viewer: Viewer, groups: &[DeadGroup]) -> Markup {
     html! {
         h1 { "Dead letters" }
-        p.muted { "Dead jobs grouped by their error, up to the handler's own output; the largest groups first (recomputed at most every 10 s)." }
+        p.muted { "Dead jobs grouped by what failed: the error with the first line of the handler's stderr or HTTP answer, ids and numbers as " code { "#" } "; every cancel is one group. The largest groups first (recomputed at most every 10 s). The CLI retries a group with " code { "jobs retry --state dead --group SIGNATURE" } "." }
         @if groups.is_empty() {
             p.ok { "No dead jobs." }
         } @else {
@@ -492,7 +457,7 @@ pub fn dead(viewer: Viewer, groups: &[DeadGroup]) -> Markup {
                     @for group in groups {
                         tr {
                             td.num { (group.jobs) }
-                            td.mono { (if group.signature.is_empty() { "(no error recorded)" } else { &group.signature }) }
+                            td.mono { (group.signature) }
                             td { (time(group.last_finished_at)) }
                             td.mono { a href=(job_href(&group.example_job_id)) { (group.example_job_id) } }
                             @if viewer.may_act {
@@ -512,16 +477,28 @@ pub fn dead(viewer: Viewer, groups: &[DeadGroup]) -> Markup {
 }
 
 /// The confirmation of a group's retry, with the exact count.
-pub fn retry_group(signature: &str, count: u64, purged: u64) -> Markup {
+pub fn retry_group(signature: &str, count: usize) -> Markup {
     html! {
         h1 { "Retry a group of dead jobs" }
-        p { "Dead jobs whose error contains " code { (signature) } ": " strong { (count) } " can run again"
-            @if purged > 0 { " (" (purged) " more match, but retention purged their bodies)" } "." }
+        p { "The group " code { (signature) } " holds " strong { (count) } " dead jobs; each runs again unless retention purged its body." }
         form method="post" action="/console/dead/retry" data-confirm="Retry them all?" {
             input type="hidden" name="signature" value=(signature);
             button type="submit" { "Retry " (count) " jobs" }
             " " a href="/console/dead" { "Back" }
         }
+    }
+}
+
+/// A job the ledger does not have, in the console's frame.
+pub fn unknown_job(job_id: &str) -> Markup {
+    html! {
+        h1 { "No such job" }
+        p { "The ledger has no job " code { (job_id) } ": it never arrived, or retention forgot it (after " code { "retention.dedupe_ttl" } ")." }
+        form.filters method="get" action="/console/jobs" {
+            label { "job_id" input type="search" name="job_id" placeholder="exact id" maxlength="1024" value=(job_id); }
+            button type="submit" { "Open" }
+        }
+        p { a href="/console/jobs" { "All jobs" } " · " a href="/console/expected" { "Expected jobs" } }
     }
 }
 

@@ -35,10 +35,13 @@ impl Role {
     }
 }
 
+/// A live session: its role, the name it signed in as (a named token's), when it ends.
+type Live = (Role, Option<String>, Instant);
+
 #[derive(Default)]
 pub struct Sessions {
     /// By the SHA-256 of the cookie's value: the map holds no usable secret.
-    live: Mutex<HashMap<[u8; 32], (Role, Instant)>>,
+    live: Mutex<HashMap<[u8; 32], Live>>,
     failures: Mutex<Vec<Instant>>,
 }
 
@@ -54,31 +57,35 @@ fn new_id() -> std::io::Result<String> {
 }
 
 impl Sessions {
-    /// Starts a session; its id, for the cookie.
-    pub fn start(&self, role: Role) -> std::io::Result<String> {
+    /// Starts a session of `role`, signed in as `name` where the token has one; its id, for
+    /// the cookie.
+    pub fn start(&self, role: Role, name: Option<&str>) -> std::io::Result<String> {
         let id = new_id()?;
         let now = Instant::now();
         let mut live = self.live.lock().expect("not poisoned");
-        live.retain(|_, (_, ends)| *ends > now);
+        live.retain(|_, (_, _, ends)| *ends > now);
         if live.len() >= MAX_SESSIONS {
             if let Some(first_to_end) = live
                 .iter()
-                .min_by_key(|(_, (_, ends))| *ends)
+                .min_by_key(|(_, (_, _, ends))| *ends)
                 .map(|(k, _)| *k)
             {
                 live.remove(&first_to_end);
             }
         }
-        live.insert(key(&id), (role, now + SESSION_LIFETIME));
+        live.insert(
+            key(&id),
+            (role, name.map(str::to_owned), now + SESSION_LIFETIME),
+        );
         Ok(id)
     }
 
-    /// The role of a live session.
-    pub fn role(&self, id: &str) -> Option<Role> {
+    /// The role of a live session, and the name it signed in as.
+    pub fn session(&self, id: &str) -> Option<(Role, Option<String>)> {
         let live = self.live.lock().expect("not poisoned");
         live.get(&key(id))
-            .filter(|(_, ends)| *ends > Instant::now())
-            .map(|(role, _)| *role)
+            .filter(|(_, _, ends)| *ends > Instant::now())
+            .map(|(role, name, _)| (*role, name.clone()))
     }
 
     pub fn end(&self, id: &str) {
@@ -112,21 +119,24 @@ mod tests {
     #[test]
     fn sessions_are_bounded_and_sign_ins_limited() {
         let sessions = Sessions::default();
-        let first = sessions.start(Role::Reader).unwrap();
-        assert_eq!(sessions.role(&first), Some(Role::Reader));
-        assert_eq!(sessions.role("forged"), None);
+        let first = sessions.start(Role::Reader, Some("alice")).unwrap();
+        assert_eq!(
+            sessions.session(&first),
+            Some((Role::Reader, Some("alice".to_owned())))
+        );
+        assert_eq!(sessions.session("forged"), None);
         for _ in 0..MAX_SESSIONS + 10 {
-            sessions.start(Role::Operator).unwrap();
+            sessions.start(Role::Operator, None).unwrap();
         }
         assert_eq!(sessions.count(), MAX_SESSIONS);
         assert_eq!(
-            sessions.role(&first),
+            sessions.session(&first),
             None,
             "the first to end was pushed out"
         );
-        let last = sessions.start(Role::Operator).unwrap();
+        let last = sessions.start(Role::Operator, None).unwrap();
         sessions.end(&last);
-        assert_eq!(sessions.role(&last), None);
+        assert_eq!(sessions.session(&last), None);
         for _ in 0..SIGN_IN_FAILURES {
             assert!(sessions.may_try());
             sessions.failed();

@@ -11,9 +11,9 @@ use std::future::Future;
 
 use super::error::StorageError;
 use super::model::{
-    Attempt, AttemptEnd, ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs,
-    Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
-    RetentionStep, RetryCount, RetryError, RetryFilter, State,
+    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation,
+    Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
+    RetryCount, RetryError, RetryFilter, State,
 };
 use super::work_side::WorkSide;
 
@@ -218,9 +218,6 @@ macro_rules! operations {
         fn retry_matching(&self, filter: &RetryFilter, by: &str, reason: &str, now: i64,
                           limit: usize) -> Result<usize, StorageError>;
 
-        /// Dead jobs grouped by error signature, the largest groups first, at most `limit`.
-        fn dead_groups(&self, limit: usize) -> Result<Vec<DeadGroup>, StorageError>;
-
         /// What [`Backend::retry_matching`] would take in all, counted exactly.
         fn count_retry_matching(&self, filter: &RetryFilter)
             -> Result<RetryCount, StorageError>;
@@ -294,6 +291,10 @@ macro_rules! operations {
         /// Whether the work side can write the ledger, where the backend tracks it apart from
         /// readiness (PostgreSQL: a failover can leave it behind).
         fn work_side(&self) -> Option<WorkSide> = { None };
+
+        /// Why the ledger cannot write now (it failed, or its last commit did), if it cannot;
+        /// the console's verdict reads it. A backend that knows no such state has no answer.
+        fn write_failure(&self) -> Option<&'static str> = { None };
 
         /// Whether the ledger failed because the disk did (see [`StorageLost`](crate::ledger::StorageLost)).
         fn is_storage_lost(&self) -> bool = { false };

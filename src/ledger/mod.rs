@@ -8,6 +8,7 @@
 //! the errors in `error.rs`; neither backend imports anything from this file.
 
 mod contract;
+mod dead_letters;
 mod error;
 mod model;
 mod portable_sql;
@@ -36,7 +37,7 @@ pub const ROWS_READ_PER_FILTERED_PAGE: usize = 10_000;
 /// Rows read per query while filtering.
 const ROWS_READ_PER_CHUNK: usize = 1_000;
 
-pub use portable_sql::{dead_groups_sql, list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL};
+pub use portable_sql::{list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL};
 pub use postgres::PostgresLedger;
 pub use sqlite::{backup, BackupReport, SqliteLedger};
 #[cfg(feature = "bench")]

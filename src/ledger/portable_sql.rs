@@ -47,31 +47,6 @@ impl Dialect {
             Dialect::Postgres => format!("${n}"),
         }
     }
-
-    /// The 1-based position of `needle` in `haystack`, 0 if absent.
-    fn position(self, haystack: &str, needle: &str) -> String {
-        match self {
-            Dialect::Sqlite => format!("instr({haystack}, {needle})"),
-            Dialect::Postgres => format!("strpos({haystack}, {needle})"),
-        }
-    }
-}
-
-/// Dead jobs grouped by their error's signature: the error before the handler's own output
-/// (`; stderr:`), at most 120 characters of it; the largest groups first. Parameter: limit.
-/// Reads every dead job (the dead index, then each row): dead jobs are the few.
-pub fn dead_groups_sql(dialect: Dialect) -> String {
-    let error = "coalesce(last_error, '')";
-    let cut = dialect.position(error, "'; stderr:'");
-    format!(
-        "SELECT signature, count(*), max(finished_at), max(job_id) FROM (
-             SELECT job_id, finished_at,
-                    substr(CASE WHEN {cut} > 0 THEN substr({error}, 1, {cut} - 1)
-                                ELSE {error} END, 1, 120) AS signature
-             FROM jobs WHERE state = 'dead') AS dead
-         GROUP BY signature ORDER BY count(*) DESC, signature LIMIT {}",
-        dialect.at(1)
-    )
 }
 
 /// The time a list of jobs in `state` is ordered by (newest first), and the condition that

@@ -43,9 +43,9 @@ use super::error::{Cause, StorageError};
 use super::model::{duration_ms, now_ms};
 use super::model::{
     expectation_counts, state_counts, ActionRecord, Attempt, AttemptEnd, AttemptRecord,
-    ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, Hold, JobDetail,
-    JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount,
-    RetryError, RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
+    ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation, Hold, JobDetail, JobPage,
+    JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount, RetryError,
+    RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
 };
 use super::portable_sql;
 use super::WorkSide;
@@ -509,20 +509,6 @@ impl Backend for PostgresLedger {
             self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
         }
         Ok(job_ids.len())
-    }
-
-    async fn dead_groups(&self, limit: usize) -> Result<Vec<DeadGroup>, StorageError> {
-        let sql = portable_sql::dead_groups_sql(portable_sql::Dialect::Postgres);
-        let rows = self.read(&sql, &[&(limit as i64)]).await?;
-        Ok(rows
-            .iter()
-            .map(|row| DeadGroup {
-                signature: row.get(0),
-                jobs: row.get::<_, i64>(1).unsigned_abs(),
-                last_finished_at: row.get(2),
-                example_job_id: row.get(3),
-            })
-            .collect())
     }
 
     async fn count_retry_matching(&self, filter: &RetryFilter) -> Result<RetryCount, StorageError> {

@@ -7,13 +7,13 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use super::history::{history_of, record_action, record_end, record_start};
 use crate::event_type::EventType;
 use crate::job_id::JobId;
+use crate::ledger::model::Dispatch;
 use crate::ledger::model::{
     state_counts, Attempt, AttemptEnd, ClaimOutcome, Cursor, DueJobs, JobDetail, JobPage, JobStats,
     JobSummary, LeasedAttempt, NewClaim, RetryCount, RetryError, RetryFilter, Source, State,
 };
-use crate::ledger::model::{DeadGroup, Dispatch};
 use crate::ledger::portable_sql::{
-    dead_groups_sql, list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL, OLDEST_UNFINISHED_SQL,
+    list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL, OLDEST_UNFINISHED_SQL,
 };
 
 // The statements that must stay cheap however large the ledger grows; tests check that each
@@ -500,20 +500,6 @@ pub fn record_duplicates(conn: &Connection, seen: &[(JobId, u32, i64)]) -> rusql
         statement.execute(params![job_id.as_str(), count, last])?;
     }
     Ok(())
-}
-
-/// Dead jobs grouped by error signature.
-pub fn dead_groups(conn: &Connection, limit: usize) -> rusqlite::Result<Vec<DeadGroup>> {
-    let mut statement = conn.prepare_cached(&dead_groups_sql(Dialect::Sqlite))?;
-    let rows = statement.query_map([limit as i64], |row| {
-        Ok(DeadGroup {
-            signature: row.get(0)?,
-            jobs: row.get::<_, i64>(1)?.unsigned_abs(),
-            last_finished_at: row.get(2)?,
-            example_job_id: row.get(3)?,
-        })
-    })?;
-    rows.collect()
 }
 
 /// Whether the workers run jobs.

@@ -27,9 +27,9 @@ use super::contract::Backend;
 use super::error::{Cause, StorageError};
 use super::model::now_ms;
 use super::model::{
-    Attempt, AttemptEnd, ClaimOutcome, Cursor, DeadGroup, Dispatch, DueExpectation, DueJobs,
-    Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
-    RetentionStep, RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
+    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation,
+    Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
+    RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
 };
 use crate::config::SqliteConfig;
 use crate::job_id::JobId;
@@ -566,10 +566,6 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn dead_groups(&self, limit: usize) -> Result<Vec<DeadGroup>, StorageError> {
-        self.read(move |conn| jobs::dead_groups(conn, limit)).await
-    }
-
     async fn count_retry_matching(&self, filter: &RetryFilter) -> Result<RetryCount, StorageError> {
         let filter = filter.clone();
         self.read(move |conn| jobs::count_retry_matching(conn, &filter))
@@ -670,24 +666,29 @@ impl Backend for SqliteLedger {
         let Some(writer) = self.writer() else {
             return Ok(());
         };
-        match writer.failure().cause() {
-            None => {}
-            Some(FailureCause::Damaged) => {
-                return Err(
-                    "the ledger check found damage (see the log): it acknowledges nothing any more",
-                )
-            }
-            Some(_) => {
-                return Err("the ledger failed (see the log): it acknowledges nothing any more")
-            }
-        }
-        if !writer.last_commit_ok() {
-            return Err("the last ledger commit failed");
+        if let Some(failure) = self.write_failure() {
+            return Err(failure);
         }
         if writer.queued() * 10 >= QUEUE_CAPACITY * 9 {
             return Err("the ledger writer's queue is nearly full");
         }
         Ok(())
+    }
+
+    fn write_failure(&self) -> Option<&'static str> {
+        let writer = self.writer()?;
+        match writer.failure().cause() {
+            None => {}
+            Some(FailureCause::Damaged) => {
+                return Some(
+                    "the ledger check found damage (see the log): it acknowledges nothing any more",
+                )
+            }
+            Some(_) => {
+                return Some("the ledger failed (see the log): it acknowledges nothing any more")
+            }
+        }
+        (!writer.last_commit_ok()).then_some("the last ledger commit failed")
     }
 
     fn is_storage_lost(&self) -> bool {

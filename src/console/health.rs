@@ -1,0 +1,156 @@
+//! Reads the verdict's facts: the ledger's (kept [`super::SNAPSHOT_FRESH`]), the rollup's last
+//! minutes, the disk, and the health facts other parts of the receiver own ([`HealthSource`]).
+
+use std::time::Duration;
+
+use super::verdict::{Facts, DEAD_COUNTED, RECENT_MINUTES};
+use crate::ledger::{now_ms, Dispatch, Ledger, State, StorageError};
+use crate::metrics::Snapshot;
+use crate::rollup::LastHour;
+
+/// A due job waiting longer than this to start makes the receiver `failing`.
+pub const DUE_LIMIT: Duration = Duration::from_secs(10 * 60);
+
+/// The health facts the console does not read from the ledger's rows: whether each side can
+/// write, and whether an outage hold holds dispatch. The ledger answers them today; a
+/// receiver with a separate work side, or with outage holds, gives the console its own
+/// source (the `health` argument of [`super::Console::new`], given in `service.rs`).
+pub trait HealthSource: Send + Sync {
+    /// Why the ledger cannot write, if it cannot.
+    fn ledger_cannot_write(&self) -> Option<String>;
+    /// Why the work side (attempts, retries, leases) cannot write, if it cannot. Where the
+    /// work side is the ledger itself, it has no failure of its own to report.
+    fn work_cannot_write(&self) -> Option<String> {
+        None
+    }
+    /// Why dispatch is held, while an outage hold holds it (a pause by hand is read from the
+    /// ledger's dispatch row).
+    fn dispatch_held(&self) -> Option<String> {
+        None
+    }
+}
+
+impl HealthSource for Ledger {
+    fn ledger_cannot_write(&self) -> Option<String> {
+        self.write_failure().map(str::to_owned)
+    }
+}
+
+/// What the overview reads from the ledger, kept for a few seconds together.
+#[derive(Debug, Clone)]
+pub struct LedgerFacts {
+    pub snapshot: Snapshot,
+    pub dead_last_hour: u64,
+    /// When the oldest due job became due (Unix ms), if one is.
+    pub oldest_due_at: Option<i64>,
+}
+
+/// Failed, not cancelled: an operator's cancel is a decision, not something wrong.
+fn failed(error: Option<&str>) -> bool {
+    !error.is_some_and(|error| error.starts_with("cancelled by "))
+}
+
+/// Reads the ledger's facts: its snapshot, the head of the dead index for the last hour (at
+/// most [`DEAD_COUNTED`] rows), the head of the due index.
+pub async fn read_ledger(ledger: &Ledger) -> Result<LedgerFacts, StorageError> {
+    let now = now_ms();
+    let snapshot = ledger.metrics_snapshot().await?;
+    let dead = ledger
+        .list_jobs(Some(State::Dead), None, Some(now - 3_600_000), DEAD_COUNTED)
+        .await?;
+    let dead_last_hour = dead
+        .jobs
+        .iter()
+        .filter(|job| failed(job.last_error.as_deref()))
+        .count() as u64;
+    let oldest_due_at = ledger
+        .due_jobs(now, 1)
+        .await?
+        .next_at
+        .filter(|at| *at <= now);
+    Ok(LedgerFacts {
+        snapshot,
+        dead_last_hour,
+        oldest_due_at,
+    })
+}
+
+/// The sum of the newest [`RECENT_MINUTES`] of the series `labels`.
+fn recent(hour: &LastHour, labels: &[&str]) -> u64 {
+    hour.series
+        .iter()
+        .filter(|(label, _)| labels.contains(label))
+        .map(|(_, counts)| counts.iter().rev().take(RECENT_MINUTES).sum::<u64>())
+        .sum()
+}
+
+/// What the verdict is computed from.
+pub struct Sources<'a> {
+    pub ledger: Option<&'a LedgerFacts>,
+    pub health: &'a dyn HealthSource,
+    pub readiness: Result<(), &'static str>,
+    pub dispatch: Option<&'a Dispatch>,
+    pub hour: &'a LastHour,
+    pub tolerance: Duration,
+    pub disk: Option<(u64, u64)>,
+}
+
+pub fn facts(sources: &Sources) -> Facts {
+    let now = now_ms();
+    let jobs = |state: &str| {
+        sources.ledger.map_or(0, |facts| {
+            facts
+                .snapshot
+                .jobs
+                .iter()
+                .find(|(name, _)| *name == state)
+                .map_or(0, |(_, count)| *count)
+        })
+    };
+    let hour = sources.hour;
+    Facts {
+        dead_last_hour: sources.ledger.map_or(0, |facts| facts.dead_last_hour),
+        ledger_cannot_write: sources.health.ledger_cannot_write(),
+        work_cannot_write: sources.health.work_cannot_write(),
+        not_ready: sources.readiness.err().map(str::to_owned),
+        oldest_due_secs: sources
+            .ledger
+            .and_then(|facts| facts.oldest_due_at)
+            .map(|at| u64::try_from((now - at) / 1000).unwrap_or(0)),
+        due_limit_secs: DUE_LIMIT.as_secs(),
+        paused_by: sources
+            .dispatch
+            .filter(|dispatch| dispatch.paused)
+            .map(|dispatch| dispatch.changed_by.clone().unwrap_or_else(|| "?".into())),
+        held: sources.health.dispatch_held(),
+        waiting: jobs("claimed") + jobs("retrying"),
+        arrived_recently: recent(hour, &["claimed"]),
+        finished_recently: recent(hour, &["done", "dead"]),
+        refused_recently: recent(hour, &["refused"]),
+        accepted_recently: recent(hour, &["claimed", "duplicate"]),
+        max_skew_secs: hour
+            .max_skew_secs
+            .iter()
+            .rev()
+            .take(RECENT_MINUTES)
+            .copied()
+            .max()
+            .unwrap_or(0),
+        tolerance_secs: sources.tolerance.as_secs(),
+        disk: sources.disk,
+    }
+}
+
+/// Free and total bytes of the file system holding `dir`.
+pub fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes only into the struct it is given; the path is NUL-terminated.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statvfs(path.as_ptr(), &mut stats) } == 0).then(|| {
+        (
+            stats.f_bavail.saturating_mul(stats.f_frsize),
+            stats.f_blocks.saturating_mul(stats.f_frsize),
+        )
+    })
+}

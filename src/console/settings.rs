@@ -1,0 +1,81 @@
+//! The Config page's rows: the settings in effect, without any credential.
+
+use crate::config::Config;
+use crate::ledger::Ledger;
+
+/// What the config page shows: the settings in effect, without any credential.
+pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)> {
+    let mut rows = vec![
+        ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+        ("server.listen".into(), config.server.listen.to_string()),
+        (
+            "server.webhook_path".into(),
+            config.server.webhook_path.clone(),
+        ),
+        (
+            "ledger".into(),
+            // Absolute: a relative path says nothing without the directory it is relative to.
+            std::fs::canonicalize(ledger.location())
+                .map_or_else(|_| ledger.location(), |path| path.display().to_string()),
+        ),
+        (
+            "ledger shared by several receivers".into(),
+            ledger.is_shared().to_string(),
+        ),
+        (
+            "signature.tolerance".into(),
+            humantime::format_duration(config.signature.tolerance).to_string(),
+        ),
+        ("signing secrets".into(), "(never shown)".into()),
+    ];
+    match &config.handler {
+        Some(handler) => {
+            let kind = handler.kind.describe();
+            rows.push(("handler".into(), kind));
+            rows.push((
+                "handler.max_attempts".into(),
+                handler.max_attempts.to_string(),
+            ));
+            rows.push((
+                "handler.timeout".into(),
+                humantime::format_duration(handler.timeout).to_string(),
+            ));
+            rows.push((
+                "handler.backoff".into(),
+                format!(
+                    "{}, doubling up to {}",
+                    humantime::format_duration(handler.backoff),
+                    humantime::format_duration(handler.max_backoff)
+                ),
+            ));
+            rows.push((
+                "handler.concurrency".into(),
+                handler.concurrency.to_string(),
+            ));
+        }
+        None => rows.push(("handler".into(), "none: jobs stay claimed".into())),
+    }
+    let retention = &config.retention;
+    for (key, value) in [
+        ("retention.ttl", retention.ttl),
+        ("retention.dedupe_ttl", retention.dedupe_ttl),
+        ("retention.interval", retention.interval),
+    ] {
+        rows.push((key.into(), humantime::format_duration(value).to_string()));
+    }
+    rows.push((
+        "sume_api".into(),
+        config
+            .sume_api
+            .as_ref()
+            .map_or("off".into(), |api| api.base_url.clone()),
+    ));
+    if let Some(admin) = &config.admin {
+        rows.push(("admin.listen".into(), admin.listen.to_string()));
+        rows.push((
+            "admin.console_actions".into(),
+            admin.console_actions.to_string(),
+        ));
+    }
+    rows
+}
