@@ -37,18 +37,86 @@ fn man_page(command: clap::Command, out: &mut dyn std::io::Write) -> std::io::Re
     man.render_version_section(out)
 }
 
-/// Each command below `parent` as a tagged paragraph (its name, then its summary), each followed
-/// by its own commands.
+/// Each command below `parent` as a tagged paragraph (its name, then its summary), its arguments
+/// and options indented under it, then its own commands.
 fn list_commands(page: &mut Roff, path: &str, parent: &clap::Command) {
     for child in parent.get_subcommands().filter(|c| c.get_name() != "help") {
         let name = format!("{path} {}", child.get_name());
         page.control("TP", []);
         page.text([bold(name.as_str())]);
-        if let Some(about) = child.get_about() {
+        if let Some(about) = child.get_long_about().or(child.get_about()) {
             page.text([roman(about.to_string())]);
+        }
+        let arguments: Vec<&clap::Arg> = child
+            .get_arguments()
+            .filter(|arg| !arg.is_hide_set())
+            .collect();
+        if !arguments.is_empty() {
+            page.control("RS", []);
+            for arg in arguments {
+                page.control("TP", []);
+                page.text([bold(usage(arg).as_str())]);
+                page.text([roman(description(arg).as_str())]);
+            }
+            page.control("RE", []);
         }
         list_commands(page, &name, child);
     }
+}
+
+/// How an argument is written: `<JOB_ID>`, `-- <PROGRAM>...`, `--state <STATE>`, `--json`.
+fn usage(arg: &clap::Arg) -> String {
+    let value = || {
+        let names = arg.get_value_names().map(|names| names.to_vec());
+        let name = names
+            .and_then(|names| names.first().map(|name| name.to_string()))
+            .unwrap_or_else(|| arg.get_id().as_str().to_uppercase());
+        let repeated = matches!(arg.get_action(), clap::ArgAction::Append);
+        format!("<{name}>{}", if repeated { "..." } else { "" })
+    };
+    if arg.is_positional() {
+        return if arg.is_last_set() {
+            format!("-- {}", value())
+        } else {
+            value()
+        };
+    }
+    let mut usage = match (arg.get_short(), arg.get_long()) {
+        (Some(short), Some(long)) => format!("-{short}, --{long}"),
+        (Some(short), None) => format!("-{short}"),
+        (None, long) => format!("--{}", long.unwrap_or(arg.get_id().as_str())),
+    };
+    if arg.get_action().takes_values() {
+        usage = format!("{usage} {}", value());
+    }
+    usage
+}
+
+/// An argument's help text, then its default and the values it takes, as `--help` has them.
+fn description(arg: &clap::Arg) -> String {
+    let mut text = arg
+        .get_long_help()
+        .or(arg.get_help())
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    let defaults: Vec<String> = arg
+        .get_default_values()
+        .iter()
+        .map(|value| value.to_string_lossy().into_owned())
+        .collect();
+    if !defaults.is_empty() {
+        text.push_str(&format!(" [default: {}]", defaults.join(", ")));
+    }
+    let possible: Vec<String> = arg
+        .get_possible_values()
+        .iter()
+        .filter(|value| !value.is_hide_set())
+        .map(|value| value.get_name().to_owned())
+        .collect();
+    if !possible.is_empty() && arg.get_action().takes_values() {
+        text.push_str(&format!(" [possible values: {}]", possible.join(", ")));
+    }
+    text
 }
 
 /// The man page's own sections: a heading, then paragraphs (`term\ttext` for a tagged one).
@@ -90,7 +158,7 @@ const MAN_SECTIONS: &[(&str, &[&str])] = &[
     ),
     (
         "SEE ALSO",
-        &["systemctl(1), journalctl(1), sqlite3(1); /usr/share/doc/sume-receiver/README.md"],
+        &["systemctl(1), journalctl(1), sqlite3(1); /usr/share/doc/sume-receiver/README.md and docs/*.md"],
     ),
 ];
 

@@ -1,0 +1,424 @@
+//! Docs that cannot drift: every config key, every metric, every command and option, every
+//! relative link, and the example handlers, checked against the code that exists.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::service::BINARY;
+use common::*;
+use sume_receiver::config::Config;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn read(relative: &str) -> String {
+    std::fs::read_to_string(Path::new(ROOT).join(relative))
+        .unwrap_or_else(|error| panic!("cannot read {relative}: {error}"))
+}
+
+/// The first cell of each row of every table in `markdown` whose first column header is
+/// `header`, as the code span it holds (`| `name{labels}` | ...` gives `name{labels}`).
+fn first_column(markdown: &str, header: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut in_table = false;
+    for line in markdown.lines() {
+        if !line.starts_with('|') {
+            in_table = false;
+            continue;
+        }
+        let first = line.split('|').nth(1).unwrap_or("").trim();
+        if first == header {
+            in_table = true;
+        } else if in_table {
+            if let Some(code) = first.strip_prefix('`').and_then(|s| s.split('`').next()) {
+                names.push(code.to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// The field names serde accepts where `probe` puts an unknown key: the deserializer of each
+/// `deny_unknown_fields` struct lists them in its error ("unknown field `__probe`, expected
+/// one of `a`, `b`"), so the list comes from the code itself.
+fn accepted_fields(probe: &str) -> Vec<String> {
+    let error = Config::parse(probe, Path::new("/"))
+        .map(|_| ())
+        .expect_err("an unknown key must be refused")
+        .to_string();
+    let list = error
+        .split("unknown field `__probe`, expected ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("not serde's unknown-field error: {error}"));
+    let list = list.lines().next().unwrap_or("");
+    list.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every key the config file accepts, as `section.key`.
+fn accepted_keys() -> BTreeSet<String> {
+    let sections = accepted_fields("__probe = 1\n");
+    assert!(sections.len() >= 8, "{sections:?}");
+    let mut keys = BTreeSet::new();
+    for section in sections {
+        let fields = accepted_fields(&format!("[{section}]\n__probe = 1\n"));
+        assert!(!fields.is_empty(), "[{section}] accepts no key?");
+        keys.extend(fields.into_iter().map(|field| format!("{section}.{field}")));
+    }
+    keys
+}
+
+#[test]
+fn every_config_key_is_documented_and_every_documented_key_exists() {
+    let accepted = accepted_keys();
+    let documented: BTreeSet<String> = first_column(&read("docs/configuration.md"), "key")
+        .into_iter()
+        .collect();
+    let undocumented: Vec<_> = accepted.difference(&documented).collect();
+    let unknown: Vec<_> = documented.difference(&accepted).collect();
+    assert!(
+        undocumented.is_empty() && unknown.is_empty(),
+        "docs/configuration.md lacks a row for {undocumented:?}; it documents keys the code \
+         does not accept: {unknown:?}"
+    );
+}
+
+#[test]
+fn every_key_of_the_example_config_exists() {
+    let accepted = accepted_keys();
+    let mut section = String::new();
+    for line in read("config.example.toml").lines() {
+        // Commented-out keys (`# url = ...`) are documentation too.
+        let line = line.trim_start_matches(['#', ' ']);
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_owned();
+        } else if let Some((key, _)) = line.split_once(" = ") {
+            if key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                let key = format!("{section}.{key}");
+                assert!(accepted.contains(&key), "config.example.toml has {key}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_metric_served_is_in_the_metrics_table_and_back() {
+    // One job run first: a histogram family shows in the exposition once it has a series.
+    let server = TestServer::start("[handler]\ncommand = [\"true\"]\n").await;
+    assert_eq!(server.deliver(&job_body("metrics-1")).await.status, 200);
+    let mut text = String::new();
+    for _ in 0..500 {
+        text = server.metrics().await;
+        if text.contains("sume_attempts_total{result=\"done\"} 1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        text.contains("sume_attempts_total{result=\"done\"} 1"),
+        "the job never ran\n{text}"
+    );
+    // `# TYPE sume_deliveries counter`: a counter's samples end in _total, an info's in _info.
+    let served: BTreeSet<String> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .map(|line| match line.split_once(' ') {
+            Some((name, "counter")) => format!("{name}_total"),
+            Some((name, "info")) => format!("{name}_info"),
+            Some((name, _)) => name.to_owned(),
+            None => panic!("a TYPE line without a type: {line}"),
+        })
+        .collect();
+    assert!(served.len() >= 20, "{text}");
+    let documented: BTreeSet<String> = first_column(&read("docs/operating.md"), "metric")
+        .iter()
+        .map(|name| name.split('{').next().unwrap().to_owned())
+        .collect();
+    let undocumented: Vec<_> = served.difference(&documented).collect();
+    let unknown: Vec<_> = documented.difference(&served).collect();
+    assert!(
+        undocumented.is_empty() && unknown.is_empty(),
+        "docs/operating.md's metrics table lacks {undocumented:?}; it names metrics /metrics \
+         does not serve: {unknown:?}"
+    );
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The markdown outside fenced code blocks.
+fn prose(markdown: &str) -> String {
+    let mut fenced = false;
+    let mut out = String::new();
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    prose(markdown)
+        .lines()
+        .filter_map(|line| line.strip_prefix('#'))
+        .map(|line| anchor(line.trim_start_matches('#')))
+        .collect()
+}
+
+/// The targets of the `[text](target)` links of `markdown`, code spans and blocks left out.
+fn link_targets(markdown: &str) -> Vec<String> {
+    let mut targets = Vec::new();
+    for line in prose(markdown).lines() {
+        let outside_code: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+        for piece in outside_code.split("](").skip(1) {
+            if let Some(end) = piece.find(')') {
+                targets.push(piece[..end].to_owned());
+            }
+        }
+    }
+    targets
+}
+
+#[test]
+fn every_relative_link_in_the_readme_and_docs_resolves() {
+    let mut pages = vec![PathBuf::from(ROOT).join("README.md")];
+    for entry in std::fs::read_dir(Path::new(ROOT).join("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|ext| ext == "md") {
+            pages.push(path);
+        }
+    }
+    assert!(pages.len() >= 8, "{pages:?}");
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for target in link_targets(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (file, fragment) = target.split_once('#').unwrap_or((&target, ""));
+            let file = if file.is_empty() {
+                page.clone()
+            } else {
+                page.parent().unwrap().join(file)
+            };
+            if !file.exists() {
+                broken.push(format!("{}: {target} (no such file)", page.display()));
+            } else if !fragment.is_empty() && file.extension().is_some_and(|ext| ext == "md") {
+                let headings = anchors(&std::fs::read_to_string(&file).unwrap());
+                if !headings.contains(fragment) {
+                    broken.push(format!("{}: {target} (no such heading)", page.display()));
+                }
+            }
+        }
+    }
+    assert!(checked >= 30, "only {checked} relative links found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// `--help`'s sections of a command: its subcommands, its argument names and its long options.
+struct Help {
+    commands: Vec<String>,
+    arguments: Vec<String>,
+    options: Vec<String>,
+}
+
+fn help(path: &[&str]) -> Help {
+    let output = Command::new(BINARY).args(path).arg("-h").output().unwrap();
+    assert!(output.status.success(), "{path:?} -h failed");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let mut help = Help {
+        commands: Vec::new(),
+        arguments: Vec::new(),
+        options: Vec::new(),
+    };
+    let mut section = "";
+    for line in text.lines() {
+        if !line.starts_with(' ') {
+            section = line;
+            continue;
+        }
+        let first = line.split_whitespace().next().unwrap_or("");
+        match section {
+            "Commands:" if first != "help" => help.commands.push(first.to_owned()),
+            "Arguments:" => help
+                .arguments
+                .push(first.trim_matches(['<', '>', '[', ']', '.']).to_owned()),
+            "Options:" => {
+                if let Some(long) = line.split_whitespace().find(|w| w.starts_with("--")) {
+                    help.options.push(long.trim_end_matches(',').to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    help
+}
+
+#[test]
+fn the_man_page_has_every_command_and_every_option() {
+    let output = Command::new(BINARY)
+        .args(["generate", "man"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let man = String::from_utf8(output.stdout)
+        .unwrap()
+        .replace("\\-", "-")
+        .replace("\\fB", "")
+        .replace("\\fR", "")
+        .replace("\\fI", "");
+    let lines: Vec<&str> = man.lines().collect();
+    let root = help(&[]);
+    for option in &root.options {
+        assert!(man.contains(option.as_str()), "the man page lacks {option}");
+    }
+    let mut commands: Vec<Vec<String>> = root.commands.iter().map(|c| vec![c.clone()]).collect();
+    let mut all = Vec::new();
+    while let Some(path) = commands.pop() {
+        let args: Vec<&str> = path.iter().map(String::as_str).collect();
+        let help = help(&args);
+        for sub in &help.commands {
+            let mut deeper = path.clone();
+            deeper.push(sub.clone());
+            commands.push(deeper);
+        }
+        all.push((format!("sume-receiver {}", path.join(" ")), help));
+    }
+    assert!(all.len() >= 20, "{} commands", all.len());
+    let headings: BTreeSet<&str> = all.iter().map(|(name, _)| name.as_str()).collect();
+    for (name, help) in &all {
+        let start = lines
+            .iter()
+            .position(|line| *line == name)
+            .unwrap_or_else(|| panic!("the man page lacks the command {name}"));
+        let end = lines[start + 1..]
+            .iter()
+            .position(|line| headings.contains(line))
+            .map_or(lines.len(), |offset| start + 1 + offset);
+        let entry = lines[start..end].join("\n");
+        for option in help.options.iter().filter(|o| !root.options.contains(o)) {
+            assert!(
+                entry.contains(option.as_str()),
+                "{name}: no {option}\n{entry}"
+            );
+        }
+        for argument in &help.arguments {
+            let shown = format!("<{argument}>");
+            assert!(entry.contains(&shown), "{name}: no {shown}\n{entry}");
+        }
+    }
+}
+
+#[test]
+fn the_readmes_example_handlers_are_the_files_the_tests_run() {
+    let readme = read("README.md");
+    for (heading, file) in [
+        ("### Example: a shell handler", "examples/handler.sh"),
+        ("### Example: an HTTP handler", "examples/http_handler.py"),
+    ] {
+        let section = &readme[readme.find(heading).expect(heading)..];
+        let block = section
+            .split("```")
+            .nth(1)
+            .expect("a code block under the heading");
+        let source = read(file);
+        let lines: BTreeSet<&str> = source.lines().map(str::trim_end).collect();
+        // The block's first line is its language.
+        for line in block.lines().skip(1).filter(|l| !l.trim().is_empty()) {
+            assert!(
+                lines.contains(line.trim_end()),
+                "{file} lacks the README's line {line:?}"
+            );
+        }
+    }
+}
+
+/// Runs the receiver with `handler` (a `[handler]` section's keys) and delivers two jobs, one
+/// whose id is no safe file name; both must end `done` with their body saved in `out`.
+async fn example_handler_does_jobs(handler: &str, out: &Path) {
+    let server = TestServer::start(&format!("[handler]\n{handler}\n")).await;
+    let jobs = ["example-1", "tenant/42 ../x"];
+    for job in jobs {
+        assert_eq!(server.deliver(&job_body(job)).await.status, 200);
+    }
+    let done = eventually(Duration::from_secs(20), || {
+        jobs.iter()
+            .all(|job| server.state_of(job).as_deref() == Some("done"))
+    })
+    .await;
+    assert!(
+        done,
+        "{:?}",
+        server.rows("SELECT job_id, state, last_error FROM jobs", &[])
+    );
+    let mut saved: Vec<String> = std::fs::read_dir(out)
+        .unwrap()
+        .map(|entry| std::fs::read_to_string(entry.unwrap().path()).unwrap())
+        .collect();
+    saved.sort();
+    let mut expected: Vec<String> = jobs.iter().map(|job| job_body(job)).collect();
+    expected.sort();
+    assert_eq!(saved, expected);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_shell_example_handler_does_jobs() {
+    let out = tempfile::tempdir().unwrap();
+    let handler = format!(
+        "command = [\"{ROOT}/examples/handler.sh\", \"{}\"]",
+        out.path().display()
+    );
+    example_handler_does_jobs(&handler, out.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_http_example_handler_does_jobs() {
+    let out = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _handler = KillOnDrop(
+        Command::new("python3")
+            .arg(format!("{ROOT}/examples/http_handler.py"))
+            .arg(format!("127.0.0.1:{port}"))
+            .arg(out.path())
+            .spawn()
+            .expect("python3 runs the HTTP example handler"),
+    );
+    let listening = eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .await;
+    assert!(listening, "the HTTP example handler never listened");
+    let config = format!("url = \"http://127.0.0.1:{port}/sume-jobs\"");
+    example_handler_does_jobs(&config, out.path()).await;
+}
+
+/// A child process stopped when the test ends, passed or failed.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
