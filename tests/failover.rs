@@ -360,7 +360,7 @@ async fn failovers(journal: Journal) {
     let handler = format!(
         "[server]\nclaim_timeout = \"2s\"\n[handler]\ncommand = [\"sh\", \"-c\", \"echo $SUME_JOB_ID >> {}\"]\n\
          concurrency = {CONCURRENCY}\nbackoff = \"50ms\"\nmax_backoff = \"200ms\"\ntimeout = \"5s\"\n\
-         [sweeper]\ninterval = \"1s\"\nstale_after = \"1s\"\n",
+         [sweeper]\ninterval = \"1s\"\n",
         runs.display()
     );
     let mut receivers = Vec::new();
