@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
+use sume_receiver::ledger::Ledger;
 
 const VARIABLE: &str = "SUME_TEST_FAILOVER";
 /// The two clusters' ports: the first is the primary at the start.
@@ -359,7 +360,7 @@ async fn failovers(journal: Journal) {
     let handler = format!(
         "[server]\nclaim_timeout = \"2s\"\n[handler]\ncommand = [\"sh\", \"-c\", \"echo $SUME_JOB_ID >> {}\"]\n\
          concurrency = {CONCURRENCY}\nbackoff = \"50ms\"\nmax_backoff = \"200ms\"\ntimeout = \"5s\"\n\
-         [sweeper]\ninterval = \"1s\"\nstale_after = \"1s\"\n",
+         [sweeper]\ninterval = \"1s\"\n",
         runs.display()
     );
     let mut receivers = Vec::new();
@@ -368,6 +369,8 @@ async fn failovers(journal: Journal) {
         std::fs::write(dir.path().join("postgres-url"), &url).unwrap();
         receivers.push(Arc::new(TestServer::start_in(dir, &handler).await));
     }
+    // A third ledger on the same URL, idle, to see what wakes a receiver's worker.
+    let watcher = Ledger::open(&receivers[0].config.database).await.unwrap();
 
     // Load on both receivers: new job_ids, and 15 % resends of earlier ones.
     let stop = Arc::new(AtomicBool::new(false));
@@ -514,12 +517,28 @@ async fn failovers(journal: Journal) {
         reruns <= bound,
         "{reruns} re-runs, more than the {bound} attempts three faults could interrupt"
     );
-    // Both receivers LISTEN on the last primary.
+    // Every ledger LISTENs on the last primary, and a NOTIFY there (what a claim sends) wakes
+    // the idle one: not its poll, which never resolves `work_added_elsewhere`.
     let listening = sql_rows(
         primary.port,
         "SELECT count(*)::text FROM pg_stat_activity WHERE application_name LIKE '%(LISTEN)'",
     );
-    assert_eq!(listening, ["2"], "each receiver LISTENs on the new primary");
+    assert_eq!(listening, ["3"], "each ledger LISTENs on the new primary");
+    // The wake-ups of its reconnections, if any are still pending.
+    while tokio::time::timeout(Duration::from_millis(200), watcher.work_added_elsewhere())
+        .await
+        .is_ok()
+    {}
+    with_postgres(&admin_url(primary.port, "sume"), |client| {
+        client.batch_execute("NOTIFY sume_jobs").unwrap()
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), watcher.work_added_elsewhere())
+            .await
+            .is_ok(),
+        "a NOTIFY on the new primary never reached the idle ledger"
+    );
+    watcher.close().await;
     // Ready, the work side writing, and no read-only or recovery error logged once recovered.
     for receiver in &receivers {
         let answer = receiver

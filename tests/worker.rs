@@ -141,6 +141,35 @@ async fn a_ledger_that_refuses_starts_is_not_hammered() {
     wait_for_state(&server, "job-stuck", "dead").await;
 }
 
+/// Regression: an attempt whose end the ledger refused (a failover: the old primary read-only,
+/// the new one not there yet) left its job `running` until the lease ran out, and the job ran
+/// again. Now the end is recorded again every second until the ledger takes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_attempt_end_the_ledger_refused_is_recorded_once_it_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let script = format!("echo run >> {}; sleep 0.5", runs.display());
+    let server = TestServer::start_in(
+        dir,
+        &command_handler(
+            &script,
+            "concurrency = 1\ntimeout = \"1m\"\n[database]\nbusy_timeout = \"10ms\"",
+        ),
+    )
+    .await;
+    server.deliver(&job_body("job-end-refused")).await;
+    wait_for_state(&server, "job-end-refused", "running").await;
+    // Locked while the handler runs and ends, and a while after.
+    let blocker = server.db();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    blocker.execute_batch("COMMIT").unwrap();
+    // Well before the lease (1 minute and the sweeper's slack) could run out.
+    wait_for_state(&server, "job-end-refused", "done").await;
+    assert_eq!(attempts_and_error(&server, "job-end-refused"), (1, None));
+    assert_eq!(std::fs::read_to_string(&runs).unwrap(), "run\n", "ran once");
+}
+
 on_both_ledgers! {
 #[tokio::test(flavor = "multi_thread")]
 async fn handler_gets_body_and_environment_and_job_is_done() {

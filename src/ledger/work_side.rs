@@ -24,7 +24,8 @@ pub struct WorkSideState {
 }
 
 impl WorkSide {
-    pub fn new() -> WorkSide {
+    /// The work side of a ledger just opened: able to write until a write fails.
+    pub fn started() -> WorkSide {
         METRICS.set_work_side_writable(true);
         WorkSide(Arc::new(Mutex::new(WorkSideState {
             can_write: true,
@@ -71,7 +72,7 @@ mod tests {
 
     #[test]
     fn a_failure_and_a_recovery_each_change_the_state_once() {
-        let side = WorkSide::new();
+        let side = WorkSide::started();
         assert!(side.state().can_write);
         side.record(Some(&"read-only"));
         let failing = side.state();

@@ -107,7 +107,7 @@ impl PostgresLedger {
             last_commit_ok,
             failed,
             work_added,
-            work_side: Some(WorkSide::new()),
+            work_side: Some(WorkSide::started()),
             location,
             receiver: config.receiver.clone(),
         })

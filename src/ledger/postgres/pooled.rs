@@ -84,9 +84,10 @@ impl Pooled {
         if !role_lost(&error) {
             return Settled::Done(Err(RunError::Statement(error)));
         }
+        let created = Object::metrics(&client).created;
         drop(Object::take(client));
         let why = error_text(&error);
-        self.role.lost(&why);
+        self.role.lost_on(created, &why);
         let refused = error.code().is_some();
         if first_try && (refused || rerun == Rerun::Safe) {
             tracing::debug!(error = %why, "running a statement again on a fresh connection");

@@ -98,6 +98,15 @@ impl RoleWatch {
         }
     }
 
+    /// A connection opened at `created` met [`role_lost`]: a loss, unless the connection
+    /// predates the last one (its fellows, failing one by one, would otherwise drop every
+    /// connection opened since, again and again).
+    pub(super) fn lost_on(&self, created: Instant, why: &str) {
+        if !self.predates_loss(created) {
+            self.lost(why);
+        }
+    }
+
     /// A new connection's server takes writes.
     fn found(&self, server: String) {
         let mut primary = self.0.primary.lock().expect("not poisoned");
@@ -228,6 +237,20 @@ mod tests {
         assert!(losses.has_changed().unwrap());
         losses.mark_unchanged();
         watch.lost("again");
+        assert!(losses.has_changed().unwrap());
+    }
+
+    #[test]
+    fn a_connection_from_before_the_last_loss_is_no_new_loss() {
+        let watch = RoleWatch::new();
+        let old = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        watch.lost("first");
+        let losses = watch.losses();
+        watch.lost_on(old, "its fellow");
+        assert!(!losses.has_changed().unwrap(), "already known");
+        std::thread::sleep(Duration::from_millis(2));
+        watch.lost_on(Instant::now(), "a new one");
         assert!(losses.has_changed().unwrap());
     }
 }
