@@ -465,35 +465,38 @@ impl JobRun {
         };
         let started = std::time::Instant::now();
         tracing::info!(job_id = %job_id, attempt = attempt.number, probe = probe.is_some(), "running handler");
-        let outcome = self
+        let outcome = match self
             .handler
             .run(&attempt, timeout, &self.stop_handlers)
-            .await;
-        let probe_taken_to = probe.map(|(_, taken_to)| taken_to);
-        let verdict = match &outcome {
-            Ok(()) => self.breaker.finished(job_id, probe_taken_to, Ok(())),
-            Err(AttemptError::Failed(failure, sign)) => {
-                self.breaker
-                    .finished(job_id, probe_taken_to, Err((failure, *sign)))
-            }
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(AttemptError::Failed(failure, sign)) => Err((failure, sign)),
             Err(AttemptError::Interrupted) => {
                 self.breaker.unused(None);
-                self.release(attempt, "handler stopped by shutdown; the job runs again at the next start, this attempt uncounted").await;
+                self.release(attempt, Some("handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")).await;
                 return false;
             }
         };
+        let verdict = self.breaker.finished(
+            job_id,
+            probe.map(|(_, taken_to)| taken_to),
+            outcome
+                .as_ref()
+                .map(|_| ())
+                .map_err(|(failure, sign)| (failure, *sign)),
+        );
         if !verdict.counts {
-            if let Err(AttemptError::Failed(failure, _)) = &outcome {
+            if let Err((failure, _)) = &outcome {
                 tracing::info!(job_id = %job_id, error = %Escaped(&failure.error), "attempt failed during a handler hold; given back uncounted");
             }
-            self.release(attempt, "").await;
+            self.release(attempt, None).await;
             self.breaker.apply(&self.ledger, verdict.change).await;
             return false;
         }
         let (end, retry_in) = match outcome {
             Ok(()) => (AttemptEnd::Done, None),
-            Err(AttemptError::Interrupted) => unreachable!("returned above"),
-            Err(AttemptError::Failed(failure, _)) if attempt.number < self.config.max_attempts => {
+            Err((failure, _)) if attempt.number < self.config.max_attempts => {
                 let delay = backoff(&self.config, attempt.number);
                 let retry_at = now_ms() + duration_ms(delay);
                 (
@@ -504,7 +507,7 @@ impl JobRun {
                     Some(delay),
                 )
             }
-            Err(AttemptError::Failed(failure, _)) => (
+            Err((failure, _)) => (
                 AttemptEnd::Failed {
                     failure,
                     retry_at: None,
@@ -583,13 +586,13 @@ impl JobRun {
     }
 
     /// Gives an attempt back uncounted, due again now: our own shutdown stopped the handler (a
-    /// job on its last attempt must not become `dead` because we stopped; `said` is logged), or
-    /// it failed for an outage that a hold already knows (see `src/hold.rs`).
-    async fn release(&self, attempt: Attempt, said: &str) {
+    /// job on its last attempt must not become `dead` because we stopped), or it failed for an
+    /// outage that a hold already knows (see `src/hold.rs`). `said` is logged once released.
+    async fn release(&self, attempt: Attempt, said: Option<&str>) {
         let job_id = &attempt.job_id;
         match self.ledger.release_attempt(&attempt, now_ms()).await {
             Ok(_) => {
-                if !said.is_empty() {
+                if let Some(said) = said {
                     tracing::warn!(job_id = %job_id, "{said}")
                 }
             }
