@@ -57,7 +57,7 @@ fn promtool_checks_the_rules_and_each_alert_fires_and_stays_silent_as_tested() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn every_metric_the_rules_and_the_dashboard_use_is_served() {
+async fn every_metric_the_rules_and_the_dashboard_use_is_served_and_says_what_it_should() {
     let server = TestServer::start("[handler]\ncommand = [\"true\"]\n").await;
     // Signed 42 s ago: our clock is 42 s ahead of the sender's.
     let answer = server
@@ -118,19 +118,68 @@ async fn every_metric_the_rules_and_the_dashboard_use_is_served() {
     let free = served.value("sume_ledger_filesystem_free_bytes").unwrap();
     let size = served.value("sume_ledger_filesystem_size_bytes").unwrap();
     assert!(free > 0.0 && free <= size, "{free} of {size}");
-}
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_due_job_that_no_worker_starts_shows_its_wait() {
-    // No handler: a claimed job is due at once and never started.
-    let server = TestServer::start("").await;
-    assert_eq!(server.deliver(&job_body("job-waits")).await.status, 200);
+    // No handler: a claimed job is due at once and never started. (In this test, not one of
+    // its own: the gauges are the process's, and its delivery would set the skew above.)
+    let idle = TestServer::start("").await;
+    assert_eq!(idle.deliver(&job_body("job-waits")).await.status, 200);
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let text = server.metrics().await;
+    let text = idle.metrics().await;
     let waited = Served::new(&text)
         .value("sume_oldest_due_job_wait_seconds")
         .unwrap();
     assert!(waited >= 1.0, "{waited}");
+}
+
+/// `SumeLedgerUnreachable`'s fact: with PostgreSQL refusing every connection, `/metrics` still
+/// answers (it answered 503, which Prometheus counts as the receiver down) and says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgresql_an_unreachable_ledger_is_a_metric_not_a_failed_scrape() {
+    let test = "on_postgresql_an_unreachable_ledger_is_a_metric_not_a_failed_scrape";
+    Backend::Postgres
+        .run(test, async {
+            let server = TestServer::start("").await;
+            let text = server.metrics().await;
+            let served = Served::new(&text);
+            assert_eq!(served.value("sume_ledger_reachable"), Some(1.0));
+            assert_eq!(served.value("sume_ready"), Some(1.0));
+
+            let url = postgres_url_of(server.dir.path());
+            let name = url.rsplit('/').next().unwrap().to_owned();
+            let admin = std::env::var("SUME_TEST_POSTGRES_URL").unwrap();
+            let allow = |allowed: bool| {
+                with_postgres(&admin, |client| {
+                    client
+                        .batch_execute(&format!(
+                            "ALTER DATABASE {name} ALLOW_CONNECTIONS {allowed};
+                             SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                              WHERE datname = '{name}'"
+                        ))
+                        .unwrap()
+                })
+            };
+            tokio::task::block_in_place(|| allow(false));
+            let text = server.metrics().await;
+            assert_eq!(
+                Served::new(&text).value("sume_ledger_reachable"),
+                Some(0.0),
+                "{text}"
+            );
+            tokio::task::block_in_place(|| allow(true));
+            let reachable_again = async {
+                loop {
+                    let text = server.metrics().await;
+                    if Served::new(&text).value("sume_ledger_reachable") == Some(1.0) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(20), reachable_again)
+                .await
+                .expect("the ledger never read as reachable again");
+        })
+        .await;
 }
 
 /// The samples of one scrape: `(name, labels, value)`.
