@@ -279,3 +279,27 @@ fn lower_priority() {
         }
     }
 }
+
+/// Fills the ledger at `path` (migrated, closed) with 2000 jobs and overwrites one page in the
+/// middle of the file, as a bad sector or a stray write would. Returns the file as it was whole.
+#[cfg(any(test, feature = "testing"))]
+pub fn damage_for_test(path: &Path) -> Vec<u8> {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+         INSERT INTO jobs (job_id, state, body, received_at, updated_at)
+         SELECT 'old-' || i, 'done', hex(randomblob(500)), i, i FROM n;
+         PRAGMA wal_checkpoint(TRUNCATE);",
+    )
+    .unwrap();
+    let pages: i64 = conn
+        .query_row("PRAGMA page_count", [], |row| row.get(0))
+        .unwrap();
+    drop(conn);
+    let whole = std::fs::read(path).unwrap();
+    let mut bytes = whole.clone();
+    let page = usize::try_from(pages / 2).unwrap() * 4096;
+    bytes[page..page + 4096].fill(0x55);
+    std::fs::write(path, bytes).unwrap();
+    whole
+}
