@@ -86,6 +86,20 @@ stop_receiver() {
 # Milliseconds since the epoch, in SQL that Debian's sqlite3 3.40 understands.
 NOW_MS_SQL="CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
 
+# prefill_sql FROM TO: the INSERT of finished jobs number FROM+1 to TO, with ~1 KiB bodies and
+# random job_ids, finished a day ago (inside every retention window): bench/run.sh's prefilled
+# ledger, bench/startup.sh's large ones.
+prefill_sql() {
+  cat <<SQL
+WITH RECURSIVE n(i) AS (SELECT $1 + 1 UNION ALL SELECT i + 1 FROM n WHERE i < $2)
+INSERT INTO jobs (job_id, state, source, event_type, body, received_at, attempts, finished_at, updated_at)
+SELECT lower(hex(randomblob(8))) || '-prefill', 'done', 'webhook', 'job.completed',
+       '{"job_id":"prefill-' || i || '","type":"job.completed","result":{"pad":"' || hex(zeroblob(450)) || '"}}',
+       now - i, 1, now - i, now - i
+FROM n, (SELECT $NOW_MS_SQL - 86400000 AS now);
+SQL
+}
+
 # metric NAME: its value on the running receiver (the config must expose /metrics).
 metric() {
   curl -s "http://127.0.0.1:$port/metrics" | awk -v name="$1" '$1 == name { print $2 }'

@@ -148,12 +148,7 @@ prefill() {
   sqlite3 "$1/ledger.sqlite3" >/dev/null <<SQL
 PRAGMA journal_mode = WAL;
 BEGIN;
-WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $PREFILL)
-INSERT INTO jobs (job_id, state, source, event_type, body, received_at, attempts, finished_at, updated_at)
-SELECT lower(hex(randomblob(8))) || '-prefill', 'done', 'webhook', 'job.completed',
-       '{"job_id":"prefill-' || i || '","type":"job.completed","result":{"pad":"' || hex(zeroblob(450)) || '"}}',
-       now - i, 1, now - i, now - i
-FROM n, (SELECT $NOW_MS_SQL - 86400000 AS now);
+$(prefill_sql 0 "$PREFILL")
 COMMIT;
 PRAGMA wal_checkpoint(TRUNCATE);
 SQL

@@ -35,12 +35,7 @@ ledger_for() {
         local to=$(( from + 1000000 < n ? from + 1000000 : n ))
         cat <<SQL
 BEGIN;
-WITH RECURSIVE i(i) AS (SELECT $from + 1 UNION ALL SELECT i + 1 FROM i WHERE i < $to)
-INSERT INTO jobs (job_id, state, source, event_type, body, received_at, attempts, finished_at, updated_at)
-SELECT lower(hex(randomblob(8))) || '-prefill', 'done', 'webhook', 'job.completed',
-       '{"job_id":"prefill-' || i || '","type":"job.completed","result":{"pad":"' || hex(zeroblob(450)) || '"}}',
-       now - i, 1, now - i, now - i
-FROM i, (SELECT $NOW_MS_SQL - 86400000 AS now);
+$(prefill_sql "$from" "$to")
 COMMIT;
 SQL
         from=$to

@@ -1667,23 +1667,7 @@ async fn a_damaged_ledger_stops_the_service_and_the_next_start_refuses_it() {
     let service = Service::start(&config, port).await;
     assert_eq!(deliver_once(port, SECRET, "job-before").await, 200);
     assert!(service.stop_cleanly().await < Duration::from_secs(10));
-    let ledger = dir.path().join("ledger.sqlite3");
-    let conn = rusqlite::Connection::open(&ledger).unwrap();
-    conn.execute_batch(
-        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
-         INSERT INTO jobs (job_id, state, body, received_at, updated_at)
-         SELECT 'old-' || i, 'done', hex(randomblob(500)), i, i FROM n;
-         PRAGMA wal_checkpoint(TRUNCATE);",
-    )
-    .unwrap();
-    let pages: i64 = conn
-        .query_row("PRAGMA page_count", [], |row| row.get(0))
-        .unwrap();
-    drop(conn);
-    let pages = pages as usize;
-    let mut bytes = std::fs::read(&ledger).unwrap();
-    bytes[pages / 2 * 4096..(pages / 2 + 1) * 4096].fill(0x55);
-    std::fs::write(&ledger, bytes).unwrap();
+    sume_receiver::ledger::sqlite::damage_for_test(&dir.path().join("ledger.sqlite3"));
 
     let service = Service::start(&config, port).await;
     let status = service.wait_exit(Duration::from_secs(60)).await;

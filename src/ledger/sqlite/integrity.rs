@@ -35,8 +35,8 @@ pub struct LedgerDamaged(pub String);
 /// the start's timeout each time: far more than the interval, far less than a stuck check.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 const EXTEND_START_BY: Duration = Duration::from_secs(60);
-/// SQLite VM steps between two looks at the clock and the stop flag during a check.
-const STEPS_BETWEEN_LOOKS: std::os::raw::c_int = 100_000;
+/// Pages between two looks at the clock and the stop flag during a check (its steps are pages).
+const STEPS_BETWEEN_LOOKS: std::os::raw::c_int = 1_000;
 
 /// The mark a failed check leaves beside the ledger, with its findings.
 pub(super) fn damage_mark(path: &Path) -> PathBuf {
@@ -84,6 +84,8 @@ pub(super) fn check_now(conn: &Connection, config: &SqliteConfig) -> anyhow::Res
 /// The whole check on a thread of its own, while the service serves.
 pub(super) struct BackgroundCheck {
     stop: Arc<AtomicBool>,
+    /// Stops the check within a page, wherever it is.
+    interrupt: rusqlite::InterruptHandle,
     thread: std::thread::JoinHandle<()>,
 }
 
@@ -98,6 +100,7 @@ impl BackgroundCheck {
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
         let stop = Arc::new(AtomicBool::new(false));
+        let interrupt = conn.get_interrupt_handle();
         let config = config.clone();
         let thread = std::thread::Builder::new()
             .name("ledger-check".into())
@@ -128,11 +131,16 @@ impl BackgroundCheck {
                     }
                 }
             })?;
-        Ok(BackgroundCheck { stop, thread })
+        Ok(BackgroundCheck {
+            stop,
+            interrupt,
+            thread,
+        })
     }
 
     pub(super) fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.interrupt.interrupt();
         let _ = self.thread.join();
     }
 }
@@ -278,4 +286,28 @@ fn lower_priority() {
             tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the check's I/O priority");
         }
     }
+}
+
+/// Fills the ledger at `path` (migrated, closed) with 2000 jobs and overwrites one page in the
+/// middle of the file, as a bad sector or a stray write would. Returns the file as it was whole.
+#[cfg(any(test, feature = "testing"))]
+pub fn damage_for_test(path: &Path) -> Vec<u8> {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+         INSERT INTO jobs (job_id, state, body, received_at, updated_at)
+         SELECT 'old-' || i, 'done', hex(randomblob(500)), i, i FROM n;
+         PRAGMA wal_checkpoint(TRUNCATE);",
+    )
+    .unwrap();
+    let pages: i64 = conn
+        .query_row("PRAGMA page_count", [], |row| row.get(0))
+        .unwrap();
+    drop(conn);
+    let whole = std::fs::read(path).unwrap();
+    let mut bytes = whole.clone();
+    let page = usize::try_from(pages / 2).unwrap() * 4096;
+    bytes[page..page + 4096].fill(0x55);
+    std::fs::write(path, bytes).unwrap();
+    whole
 }

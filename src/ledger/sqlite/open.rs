@@ -395,28 +395,9 @@ mod tests {
         assert_eq!(schema_version(&conn), MIGRATIONS.len());
     }
 
-    /// A ledger of 2000 jobs with one page in the middle of the file overwritten, as a bad
-    /// sector or a stray write would.
     fn damaged_ledger(config: &SqliteConfig) -> Vec<u8> {
         SqliteLedger::open(config).unwrap().stop();
-        let conn = Connection::open(&config.path).unwrap();
-        conn.execute_batch(
-            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
-             INSERT INTO jobs (job_id, state, body, received_at, updated_at)
-             SELECT 'job-' || i, 'done', hex(randomblob(500)), i, i FROM n;
-             PRAGMA wal_checkpoint(TRUNCATE);",
-        )
-        .unwrap();
-        let pages: i64 = conn
-            .query_row("PRAGMA page_count", [], |row| row.get(0))
-            .unwrap();
-        drop(conn);
-        let whole = std::fs::read(&config.path).unwrap();
-        let mut bytes = whole.clone();
-        let page = (pages / 2) as usize * 4096;
-        bytes[page..page + 4096].fill(0x55);
-        std::fs::write(&config.path, bytes).unwrap();
-        whole
+        integrity::damage_for_test(&config.path)
     }
 
     /// The start no longer reads the whole ledger before serving: the check runs after, finds
