@@ -497,9 +497,9 @@ impl JobRun {
                 None,
             ),
         };
-        let finished = self.ledger.finish_attempt(&attempt, &end, now_ms()).await;
+        // The hold first: other receivers stop starting attempts as soon as it can be.
         self.breaker.apply(&self.ledger, verdict.change).await;
-        match finished {
+        match self.ledger.finish_attempt(&attempt, &end, now_ms()).await {
             Ok(Some(state)) => {
                 let result = match state {
                     State::Done => AttemptResult::Done,

@@ -103,12 +103,12 @@ async fn start_downstream(mode: u8) -> (String, Arc<Downstream>) {
     (format!("http://{addr}/jobs"), downstream)
 }
 
-/// `[handler]` for `url` with compressed timings: a job left alone dies within ~0.4 s of its
-/// first failure (50 ms doubling to 200 ms, 3 attempts).
+/// `[handler]` for `url` with compressed timings: a job left alone dies within ~1 s of its
+/// first failure (300 ms doubling to 600 ms, 3 attempts).
 fn handler(url: &str, extra: &str) -> String {
     format!(
         "[handler]\nurl = \"{url}\"\ntimeout = \"2s\"\nconcurrency = 8\nmax_attempts = 3\n\
-         backoff = \"50ms\"\nmax_backoff = \"200ms\"\nprobe_interval = \"100ms\"\n\
+         backoff = \"300ms\"\nmax_backoff = \"600ms\"\nprobe_interval = \"100ms\"\n\
          max_probe_interval = \"400ms\"\nramp = \"100ms\"\n{extra}\n\
          [sweeper]\ninterval = \"1h\"\n"
     )
@@ -295,7 +295,8 @@ on_both_ledgers! {
         server.stop().await.0.unwrap();
     }
 
-    /// `max_per_second` spaces every start: 41 jobs at 20 a second take 2 s, within 10 %.
+    /// `max_per_second` spaces every start: 41 jobs at 20 a second take no less than 2 s
+    /// less 10 %.
     #[tokio::test(flavor = "multi_thread")]
     async fn max_per_second_spaces_the_starts() {
         let (url, downstream) = start_downstream(UP).await;
@@ -307,7 +308,9 @@ on_both_ledgers! {
         assert!(done);
         let arrivals = downstream.arrivals.lock().unwrap().clone();
         let span = (arrivals[40] - arrivals[0]).as_secs_f64();
-        assert!((1.8..=2.2).contains(&span), "41 starts at 20/s took {span} s");
+        // Never more than 10 % above the limit; below it only as much as a busy machine lags
+        // (the whole suite runs at once on two cores).
+        assert!((1.8..=3.0).contains(&span), "41 starts at 20/s took {span} s");
         server.stop().await.0.unwrap();
     }
 
