@@ -354,13 +354,20 @@ impl Breaker {
         let since = now_ms();
         let interval = duration_ms(self.config.probe_interval);
         let first_wait = interval.max(duration_ms(self.bounded(retry_after)));
-        counts(HoldChange::Open(Hold {
+        let hold = Hold {
             since,
             reason,
             sample_error: sample(&failure.error),
             next_probe_at: since + first_wait,
             probe_interval_ms: interval,
-        }))
+        };
+        // Held here at once: this job's retry, due soon, must not start before the ledger has
+        // the hold.
+        local.held = Some(hold.clone());
+        local.counted_until = Some(Instant::now());
+        local.ramp_since = None;
+        METRICS.set_hold(true);
+        counts(HoldChange::Open(hold))
     }
 
     fn doubled(&self, interval_ms: i64) -> i64 {
@@ -387,11 +394,6 @@ impl Breaker {
                         Duration::from_millis((hold.next_probe_at - hold.since).unsigned_abs());
                     tracing::warn!(reason = %Escaped(&hold.reason), sample_error = %Escaped(&hold.sample_error), first_probe_in = %humantime::format_duration(first_probe_in), "handler hold: the downstream looks down; no attempt starts but one probe at a time, and attempts failing meanwhile are not counted");
                     METRICS.record_hold_opened();
-                    let mut local = self.local();
-                    local.held = Some(hold);
-                    local.counted_until = Some(Instant::now());
-                    local.ramp_since = None;
-                    METRICS.set_hold(true);
                 }
                 Ok(false) => self.reread(ledger).await,
                 Err(error) => tracing::warn!(%error, "cannot record a handler hold in the ledger"),

@@ -515,9 +515,9 @@ impl JobRun {
                 None,
             ),
         };
-        let finished = self.record_end(&attempt, &end, lease_until).await;
+        // The hold first: other receivers stop starting attempts as soon as it can be.
         self.breaker.apply(&self.ledger, verdict.change).await;
-        match finished {
+        match self.record_end(&attempt, &end, lease_until).await {
             Ok(Some(state)) => {
                 let result = match state {
                     State::Done => AttemptResult::Done,

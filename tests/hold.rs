@@ -103,12 +103,12 @@ async fn start_downstream(mode: u8) -> (String, Arc<Downstream>) {
     (format!("http://{addr}/jobs"), downstream)
 }
 
-/// `[handler]` for `url` with compressed timings: a job left alone dies within ~0.4 s of its
-/// first failure (50 ms doubling to 200 ms, 3 attempts).
+/// `[handler]` for `url` with compressed timings: a job left alone dies within ~1 s of its
+/// first failure (300 ms doubling to 600 ms, 3 attempts).
 fn handler(url: &str, extra: &str) -> String {
     format!(
         "[handler]\nurl = \"{url}\"\ntimeout = \"2s\"\nconcurrency = 8\nmax_attempts = 3\n\
-         backoff = \"50ms\"\nmax_backoff = \"200ms\"\nprobe_interval = \"100ms\"\n\
+         backoff = \"300ms\"\nmax_backoff = \"600ms\"\nprobe_interval = \"100ms\"\n\
          max_probe_interval = \"400ms\"\nramp = \"100ms\"\n{extra}\n\
          [sweeper]\ninterval = \"1h\"\n"
     )
@@ -151,7 +151,12 @@ async fn outage_costs_no_job(receivers: usize) {
         std::fs::write(dir.path().join("postgres-url"), database).unwrap();
         others.push(TestServer::start_in(dir, &handler(&url, "")).await);
     }
+    // Paused while they arrive, so that they meet the outage together: the hold opens after
+    // the first `hold_after` failures whatever the pace of the deliveries (jobs trickling in
+    // one by one, slower than the backoff, may fail twice before it does).
+    dispatch(&first, "pause").await;
     deliver_all(&first, (0..200).map(|i| format!("outage-{i:03}"))).await;
+    dispatch(&first, "resume").await;
     assert!(
         eventually(Duration::from_secs(10), || held(&first)).await,
         "no hold opened"
@@ -290,7 +295,8 @@ on_both_ledgers! {
         server.stop().await.0.unwrap();
     }
 
-    /// `max_per_second` spaces every start: 41 jobs at 20 a second take 2 s, within 10 %.
+    /// `max_per_second` spaces every start: 41 jobs at 20 a second take no less than 2 s
+    /// less 10 %.
     #[tokio::test(flavor = "multi_thread")]
     async fn max_per_second_spaces_the_starts() {
         let (url, downstream) = start_downstream(UP).await;
@@ -302,7 +308,9 @@ on_both_ledgers! {
         assert!(done);
         let arrivals = downstream.arrivals.lock().unwrap().clone();
         let span = (arrivals[40] - arrivals[0]).as_secs_f64();
-        assert!((1.8..=2.2).contains(&span), "41 starts at 20/s took {span} s");
+        // Never more than 10 % above the limit; below it only as much as a busy machine lags
+        // (the whole suite runs at once on two cores).
+        assert!((1.8..=3.0).contains(&span), "41 starts at 20/s took {span} s");
         server.stop().await.0.unwrap();
     }
 
@@ -330,32 +338,66 @@ on_both_ledgers! {
         assert!(done);
         server.stop().await.0.unwrap();
     }
+}
 
-    /// A restart during a hold keeps it: the restarted receiver starts no burst of attempts,
-    /// only probes, and the jobs are done once the downstream is back.
-    #[tokio::test(flavor = "multi_thread")]
-    async fn a_restart_during_a_hold_keeps_it() {
-        let (url, downstream) = start_downstream(DOWN).await;
-        let config = handler(&url, "").replace("\"100ms\"\nmax_probe", "\"1s\"\nmax_probe").replace("\"400ms\"", "\"2s\"");
-        let server = TestServer::start(&config).await;
-        deliver_all(&server, (0..30).map(|i| format!("restart-{i}"))).await;
-        assert!(eventually(Duration::from_secs(5), || held(&server)).await);
-        let (stopped, dir) = server.stop().await;
-        stopped.unwrap();
-        let before = downstream.requests();
-        let server = TestServer::start_in(dir, &config).await;
-        assert!(held(&server));
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-        let burst = downstream.requests() - before;
-        assert!(burst <= 2, "{burst} attempts right after the restart; a hold allows probes only");
-        downstream.set(UP);
-        let done = eventually(Duration::from_secs(15), || {
-            count(&server, "SELECT count(*) FROM jobs WHERE state = 'done'") == 30
-        })
-        .await;
-        assert!(done);
-        server.stop().await.0.unwrap();
+/// The real binary killed with SIGKILL during a hold and started again: the hold is still
+/// there, so the backlog makes no burst of attempts against the downstream; once it is back,
+/// every job is done.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_9_during_a_hold_keeps_it() {
+    use common::service::{signed_delivery, write_config, Service};
+    if Backend::current() != Backend::Sqlite {
+        return skip("a_kill_9_during_a_hold_keeps_it", "reads the SQLite file");
     }
+    let (url, downstream) = start_downstream(DOWN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    // Probes a second apart: a burst after the restart would be plain to see.
+    let extra = handler(&url, "")
+        .replace("\"100ms\"\nmax_probe", "\"1s\"\nmax_probe")
+        .replace("\"400ms\"", "\"2s\"");
+    let config = write_config(dir.path(), port, "", &extra);
+    let service = Service::start(&config, port).await;
+    let client = sume_receiver::http_client::new_client();
+    for i in 0..30 {
+        let body = job_body(&format!("killed-{i}"));
+        let request = signed_delivery(port, SECRET, &body);
+        let answer =
+            sume_receiver::http_client::send(&client, request, Duration::from_secs(10), 4096)
+                .await
+                .unwrap();
+        assert_eq!(answer.status, 200);
+    }
+    let ledger = dir.path().join("ledger.sqlite3");
+    let holds = || {
+        let db = rusqlite::Connection::open(&ledger).unwrap();
+        db.query_row("SELECT count(*) FROM dispatch_hold", [], |row| {
+            row.get::<_, i64>(0)
+        })
+        .unwrap()
+    };
+    assert!(eventually(Duration::from_secs(5), || holds() == 1).await);
+    service.kill_9();
+    let before = downstream.requests();
+    let service = Service::start(&config, port).await;
+    assert_eq!(holds(), 1, "the hold did not survive the kill");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let burst = downstream.requests() - before;
+    assert!(
+        burst <= 2,
+        "{burst} attempts right after the restart; a hold allows probes only"
+    );
+    downstream.set(UP);
+    let done = eventually(Duration::from_secs(15), || {
+        downstream.done.lock().unwrap().len() == 30
+    })
+    .await;
+    assert!(
+        done,
+        "the backlog did not drain after the downstream came back"
+    );
+    assert_eq!(holds(), 0);
+    service.stop_cleanly().await;
 }
 
 /// Pauses or resumes dispatch as `jobs pause` / `jobs resume` do, through the ledger.
