@@ -130,7 +130,7 @@ fn draw(
                 line.axis x1=(n(LEFT)) y1=(n(TOP)) x2=(n(LEFT)) y2=(n(BOTTOM)) {}
                 text.scale x=(n(LEFT - 6.0)) y=(n(TOP + 10.0)) { (format(peak)) }
                 text.scale x=(n(LEFT - 6.0)) y=(n(BOTTOM)) { "0" }
-                @for index in (0..MINUTES).filter(|i| (MINUTES - 1 - i) % TICK_MINUTES == 0) {
+                @for index in (0..MINUTES).filter(|i| (MINUTES - 1 - i).is_multiple_of(TICK_MINUTES)) {
                     @let x = LEFT + (index as f64 + 0.5) * step;
                     line.tick x1=(n(x)) y1=(n(BOTTOM)) x2=(n(x)) y2=(n(BOTTOM + 6.0)) {}
                     text.time x=(n(x)) y=(n(BOTTOM + 22.0)) { (clock(minute_of(index))) }
