@@ -422,3 +422,48 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// The environment variables the tests read: every `SUME_TEST_*` name, and every name read
+/// with `env::var`/`env::var_os` in tests/.
+fn test_variables() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut files = vec![PathBuf::from(ROOT).join(".ci/run")];
+    for dir in ["tests", "tests/common"] {
+        for entry in std::fs::read_dir(Path::new(ROOT).join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let is_name = |c: char| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_';
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (at, _) in text.match_indices("SUME_TEST_") {
+            let name: String = text[at..].chars().take_while(|c| is_name(*c)).collect();
+            names.insert(name);
+        }
+        for call in ["env::var(\"", "env::var_os(\""] {
+            for (at, _) in text.match_indices(call) {
+                let rest = &text[at + call.len()..];
+                names.insert(rest.chars().take_while(|c| is_name(*c)).collect());
+            }
+        }
+    }
+    names.retain(|name| name.len() > "SUME_TEST_".len() || !name.starts_with("SUME_TEST_"));
+    names
+}
+
+#[test]
+fn every_variable_the_tests_read_is_in_the_testing_page() {
+    let documented: BTreeSet<String> = first_column(&read("docs/testing.md"), "variable")
+        .into_iter()
+        .collect();
+    let read_by_tests = test_variables();
+    assert!(read_by_tests.len() >= 5, "{read_by_tests:?}");
+    let undocumented: Vec<_> = read_by_tests.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "docs/testing.md's variables table lacks {undocumented:?}"
+    );
+}
