@@ -245,11 +245,12 @@ fn bytes_read() -> u64 {
 /// reads on is never killed for the time it takes. No-ops outside systemd.
 fn report_progress(read: u64, size: u64, elapsed: Duration) {
     const GIB: f64 = (1u64 << 30) as f64;
+    // Read so far, not a fraction: the check reads some pages more than once.
     let status = format!(
-        "checking the ledger before serving: {:.1} of {:.1} GiB read in {} s",
-        read as f64 / GIB,
+        "checking the ledger ({:.1} GiB) before serving: {} s, {:.1} GiB read so far",
         size as f64 / GIB,
-        elapsed.as_secs()
+        elapsed.as_secs(),
+        read as f64 / GIB
     );
     tracing::info!(
         read_bytes = read,
