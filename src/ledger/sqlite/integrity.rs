@@ -1,10 +1,11 @@
-//! The ledger's damage check (`PRAGMA quick_check` or `integrity_check`): after the start, in the background, or before serving.
+//! The ledger's whole-file damage check: in the background once serving, or before serving.
 //!
 //! The check reads the whole file, so it takes as long as reading the ledger (about 15 s per GiB
 //! from a cold cache on a slow disk: minutes for 10 million jobs). Before serving, SQLite has
 //! read the file's header and its schema and recovered the WAL; the whole-file check then runs on
-//! a thread of its own, on a read-only connection at the lowest CPU and I/O priority, while the
-//! service serves. Meanwhile a claim is acknowledged only once SQLite wrote it through pages it
+//! a thread of its own, on a read-only connection, at the lowest CPU priority and the lowest
+//! best-effort I/O priority, while the service serves (`PRAGMA quick_check`, or
+//! `integrity_check` with `database.check_at_start = "full"`). Meanwhile a claim is acknowledged only once SQLite wrote it through pages it
 //! read and found well-formed (damage on its path fails the commit: 503, and Sume retries). The
 //! first damage the check finds fails the ledger for good (nothing more is acknowledged, the
 //! service stops with [`DAMAGED_EXIT_STATUS`], which the unit does not restart) and leaves a mark
@@ -32,7 +33,8 @@ pub const DAMAGED_EXIT_STATUS: u8 = 65;
 pub struct LedgerDamaged(pub String);
 
 /// How often a check before serving tells systemd it is still going, and by how much it moves
-/// the start's timeout each time: far more than the interval, far less than a stuck check.
+/// the start's timeout each time: well past the next report, so that only a check that stopped
+/// reading (stuck on the disk) lets the start time out, a minute later.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 const EXTEND_START_BY: Duration = Duration::from_secs(60);
 /// Pages between two looks at the clock and the stop flag during a check (its steps are pages).
@@ -146,7 +148,7 @@ impl BackgroundCheck {
 }
 
 /// What the check found: `Ok(None)` for a whole ledger, `Ok(Some(findings))` for damage, `Err`
-/// when it could not run (or was interrupted by `interrupt` returning `true`).
+/// when it could not run to its end (or was interrupted).
 type Findings = rusqlite::Result<Option<String>>;
 
 fn run_check(
@@ -195,8 +197,15 @@ fn conclude(
     let Some(findings) = findings else {
         tracing::info!(check, elapsed_ms, "ledger checked");
         if mark.exists() {
-            std::fs::remove_file(&mark)?;
-            tracing::info!(mark = %mark.display(), "the ledger passed its check: the damage mark is removed");
+            // Left in place, it only makes the next start check before serving again.
+            match std::fs::remove_file(&mark) {
+                Ok(()) => {
+                    tracing::info!(mark = %mark.display(), "the ledger passed its check: the damage mark is removed")
+                }
+                Err(error) => {
+                    tracing::warn!(mark = %mark.display(), %error, "the ledger passed its check, but its damage mark cannot be removed")
+                }
+            }
         }
         return Ok(());
     };
@@ -245,11 +254,12 @@ fn bytes_read() -> u64 {
 /// reads on is never killed for the time it takes. No-ops outside systemd.
 fn report_progress(read: u64, size: u64, elapsed: Duration) {
     const GIB: f64 = (1u64 << 30) as f64;
+    // Read so far, not a fraction: the check reads some pages more than once.
     let status = format!(
-        "checking the ledger before serving: {:.1} of {:.1} GiB read in {} s",
-        read as f64 / GIB,
+        "checking the ledger ({:.1} GiB) before serving: {} s, {:.1} GiB read so far",
         size as f64 / GIB,
-        elapsed.as_secs()
+        elapsed.as_secs(),
+        read as f64 / GIB
     );
     tracing::info!(
         read_bytes = read,

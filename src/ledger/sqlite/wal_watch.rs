@@ -1,4 +1,4 @@
-//! Notices other processes' changes to the ledger (`jobs retry` from the command line) without polling: inotify on its WAL.
+//! Other processes' changes to the ledger (a `jobs retry`), seen without polling: inotify on its WAL.
 //!
 //! Every commit appends to the WAL file, and a process that wrote to it closes it when it ends,
 //! after its last commit. So an idle worker sleeps until its next job is due and is woken by
