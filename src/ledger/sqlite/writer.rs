@@ -540,14 +540,9 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let (conn, reader) = ledger(&dir);
             let (sync, syncing, release) = held_sync();
-            let (writer, thread) = Writer::start(
-                conn,
-                64,
-                Durability::AfterWalSync(sync),
-                Arc::default(),
-                || (),
-            )
-            .unwrap();
+            let durability = Durability::AfterWalSync(sync);
+            let (writer, thread) =
+                Writer::start(conn, 64, durability, Arc::default(), || ()).unwrap();
             HeldWriter {
                 writer: Arc::new(writer),
                 thread,
