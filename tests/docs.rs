@@ -97,11 +97,15 @@ fn every_key_of_the_example_config_exists() {
         // Commented-out keys (`# url = ...`) are documentation too.
         let line = line.trim_start_matches(['#', ' ']);
         if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            section = name.to_owned();
+            // `[[admin.tokens]]`: a table of an array, which is itself the key.
+            section = name.trim_matches(['[', ']']).to_owned();
         } else if let Some((key, _)) = line.split_once(" = ") {
             if key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
                 let key = format!("{section}.{key}");
-                assert!(accepted.contains(&key), "config.example.toml has {key}");
+                assert!(
+                    accepted.contains(&key) || accepted.contains(&section),
+                    "config.example.toml has {key}"
+                );
             }
         }
     }
@@ -136,9 +140,12 @@ async fn every_metric_served_is_in_the_metrics_table_and_back() {
         })
         .collect();
     assert!(served.len() >= 20, "{text}");
+    // Served only on a PostgreSQL ledger, which this server does not use.
+    const POSTGRES_ONLY: &[&str] = &["sume_work_side_writable"];
     let documented: BTreeSet<String> = first_column(&read("docs/operating.md"), "metric")
         .iter()
         .map(|name| name.split('{').next().unwrap().to_owned())
+        .filter(|name| !POSTGRES_ONLY.contains(&name.as_str()))
         .collect();
     let undocumented: Vec<_> = served.difference(&documented).collect();
     let unknown: Vec<_> = documented.difference(&served).collect();
