@@ -112,6 +112,10 @@ struct Local {
     /// Different jobs that failed in a row, no success between (at most `hold_after`).
     streak: Vec<JobId>,
     held: Option<Hold>,
+    /// The hold this process opened, until the ledger has it: a read meanwhile does not end it.
+    unrecorded: Option<i64>,
+    /// When this process last wrote the hold to the ledger: a read asked before it is stale.
+    written_at: Option<Instant>,
     /// Since when this process counts `sume_handler_held_seconds`.
     counted_until: Option<Instant>,
     probing: bool,
@@ -141,10 +145,14 @@ impl Breaker {
         self.local().held.clone()
     }
 
-    /// Takes in the hold as read from the ledger; logs one that another receiver (or `jobs
-    /// resume`) opened or ended.
-    pub fn observe(&self, read: Option<Hold>) {
+    /// Takes in the hold as read from the ledger (the read asked at `asked`); logs one that
+    /// another receiver (or `jobs resume`) opened or ended.
+    fn observe(&self, read: Option<Hold>, asked: Instant) {
         let mut local = self.local();
+        let stale = local.written_at.is_some_and(|written| asked < written);
+        if stale || (read.is_none() && local.unrecorded.is_some()) {
+            return;
+        }
         count_held_time(&mut local);
         match (&local.held, &read) {
             (None, Some(hold)) => {
@@ -364,6 +372,7 @@ impl Breaker {
         // Held here at once: this job's retry, due soon, must not start before the ledger has
         // the hold.
         local.held = Some(hold.clone());
+        local.unrecorded = Some(hold.since);
         local.counted_until = Some(Instant::now());
         local.ramp_since = None;
         METRICS.set_hold(true);
@@ -388,16 +397,26 @@ impl Breaker {
     pub async fn apply(&self, ledger: &Ledger, change: HoldChange) {
         match change {
             HoldChange::None => {}
-            HoldChange::Open(hold) => match ledger.open_hold(&hold).await {
-                Ok(true) => {
-                    let first_probe_in =
-                        Duration::from_millis((hold.next_probe_at - hold.since).unsigned_abs());
-                    tracing::warn!(reason = %Escaped(&hold.reason), sample_error = %Escaped(&hold.sample_error), first_probe_in = %humantime::format_duration(first_probe_in), "handler hold: the downstream looks down; no attempt starts but one probe at a time, and attempts failing meanwhile are not counted");
-                    METRICS.record_hold_opened();
+            HoldChange::Open(hold) => {
+                let opened = ledger.open_hold(&hold).await;
+                {
+                    let mut local = self.local();
+                    local.unrecorded = None;
+                    local.written_at = Some(Instant::now());
                 }
-                Ok(false) => self.reread(ledger).await,
-                Err(error) => tracing::warn!(%error, "cannot record a handler hold in the ledger"),
-            },
+                match opened {
+                    Ok(true) => {
+                        let first_probe_in =
+                            Duration::from_millis((hold.next_probe_at - hold.since).unsigned_abs());
+                        tracing::warn!(reason = %Escaped(&hold.reason), sample_error = %Escaped(&hold.sample_error), first_probe_in = %humantime::format_duration(first_probe_in), "handler hold: the downstream looks down; no attempt starts but one probe at a time, and attempts failing meanwhile are not counted");
+                        METRICS.record_hold_opened();
+                    }
+                    Ok(false) => self.reread(ledger).await,
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot record a handler hold in the ledger")
+                    }
+                }
+            }
             HoldChange::End { since } => match ledger.end_hold(since).await {
                 Ok(Some(hold)) => {
                     let held_for = Duration::from_millis((now_ms() - hold.since).unsigned_abs());
@@ -405,6 +424,7 @@ impl Breaker {
                     tracing::info!(held_for = %humantime::format_duration(round_secs(held_for)), waiting, reason = %Escaped(&hold.reason), "handler hold ended: an attempt succeeded; the backlog resumes with a ramp");
                     let mut local = self.local();
                     count_held_time(&mut local);
+                    local.written_at = Some(Instant::now());
                     local.held = None;
                     local.counted_until = None;
                     local.ramp_since = Some(Instant::now());
@@ -434,8 +454,9 @@ impl Breaker {
 
     /// Reads the hold again: another receiver (or an operator) changed it first.
     pub async fn reread(&self, ledger: &Ledger) {
+        let asked = Instant::now();
         match ledger.hold().await {
-            Ok(read) => self.observe(read),
+            Ok(read) => self.observe(read, asked),
             Err(error) => tracing::warn!(%error, "cannot read the handler hold"),
         }
     }
@@ -576,7 +597,7 @@ mod tests {
         let HoldChange::Open(hold) = verdict.change else {
             panic!("an unreachable downstream opens a hold at once: {verdict:?}");
         };
-        breaker.observe(Some(hold.clone()));
+        breaker.observe(Some(hold.clone()), Instant::now());
         let during = failed(&breaker, "b", status(500), Sign::Failed);
         assert_eq!((during.counts, during.change), (false, HoldChange::None));
         let content = failed(&breaker, "c", status(422), Sign::Failed);
