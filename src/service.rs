@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::acknowledged::RecentlyAcknowledged;
 use crate::admin::Admin;
 use crate::config::Config;
-use crate::console::Console;
+use crate::console::{Console, ReceiverHealth};
 use crate::duplicates::DuplicateTally;
 use crate::instance_lock::InstanceLock;
 use crate::ledger::{self, Ledger};
@@ -247,9 +247,10 @@ async fn start_admin(
     let console = Console::new(
         config,
         (ledger.clone(), queue.clone(), refusals.clone()),
-        // The verdict's health facts: the ledger knows its writer's; a separate work side or
-        // an outage hold answers through its own `HealthSource` here.
-        ledger.clone(),
+        Arc::new(ReceiverHealth {
+            ledger: ledger.clone(),
+            queue: queue.clone(),
+        }),
         token.clone(),
         admin.read_token()?,
         admin.named_tokens()?,

@@ -626,3 +626,39 @@ async fn the_verdict_follows_the_facts() {
     assert!(signatures.contains(&"cancelled by an operator"), "{groups}");
     server.stop().await.0.unwrap();
 }
+
+/// An outage hold is one of the verdict's facts: a command exiting 75 (EX_TEMPFAIL) holds the
+/// work at once, and the overview says so (attention, with the hold's reason and next probe),
+/// with no dead job.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_verdict_says_when_an_outage_holds_the_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let config = console_config(dir.path(), admin_port, false)
+        .replace("exit 4", "exit 75")
+        .replace(
+            "max_attempts = 1\n",
+            "max_attempts = 5\nprobe_interval = \"1m\"\n",
+        );
+    let server = TestServer::start_in(dir, &config).await;
+    let reader = Console::sign_in(admin_port, READ_TOKEN).await;
+    assert_eq!(server.deliver(&job_body("held-1")).await.status, 200);
+    let mut held = serde_json::Value::Null;
+    for _ in 0..40 {
+        let answer = reader.get("/console/api/").await;
+        let overview: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+        held = overview["verdict"].clone();
+        if held["level"] != "ok" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(held["level"], "attention", "{held}");
+    let reason = held["reasons"][0].as_str().unwrap();
+    assert!(
+        reason.starts_with("Dispatch is held: since ") && reason.contains("the next probe at"),
+        "{reason}"
+    );
+    assert_eq!(server.state_of("held-1").as_deref(), Some("retrying"));
+    server.stop().await.0.unwrap();
+}

@@ -1,39 +1,66 @@
 //! Reads the verdict's facts: the ledger's (kept [`super::SNAPSHOT_FRESH`]), the rollup's last
 //! minutes, the disk, and the health facts other parts of the receiver own ([`HealthSource`]).
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
 
 use super::verdict::{Facts, DEAD_COUNTED, RECENT_MINUTES};
 use crate::ledger::{now_ms, Dispatch, Ledger, State, StorageError};
 use crate::metrics::Snapshot;
 use crate::rollup::LastHour;
+use crate::worker::Queue;
 
 /// A due job waiting longer than this to start makes the receiver `failing`.
 pub const DUE_LIMIT: Duration = Duration::from_secs(10 * 60);
 
 /// The health facts the console does not read from the ledger's rows: whether each side can
-/// write, and whether an outage hold holds dispatch. The ledger answers them today; a
-/// receiver with a separate work side, or with outage holds, gives the console its own
-/// source (the `health` argument of [`super::Console::new`], given in `service.rs`).
+/// write, and whether an outage hold holds dispatch.
 pub trait HealthSource: Send + Sync {
     /// Why the ledger cannot write, if it cannot.
     fn ledger_cannot_write(&self) -> Option<String>;
-    /// Why the work side (attempts, retries, leases) cannot write, if it cannot. Where the
-    /// work side is the ledger itself, it has no failure of its own to report.
-    fn work_cannot_write(&self) -> Option<String> {
-        None
-    }
+    /// Why the work side (attempts, retries, leases) cannot write, if it cannot.
+    fn work_cannot_write(&self) -> Option<String>;
     /// Why dispatch is held, while an outage hold holds it (a pause by hand is read from the
     /// ledger's dispatch row).
+    fn dispatch_held(&self) -> Option<String>;
+}
+
+/// The receiver's own answers: its ledger's writer, the ledger's work side (PostgreSQL tracks
+/// it apart: a failover can leave it behind), and the worker's hold.
+pub struct ReceiverHealth {
+    pub ledger: Arc<Ledger>,
+    pub queue: Option<Queue>,
+}
+
+impl HealthSource for ReceiverHealth {
+    fn ledger_cannot_write(&self) -> Option<String> {
+        self.ledger.write_failure().map(str::to_owned)
+    }
+
+    fn work_cannot_write(&self) -> Option<String> {
+        let state = self.ledger.work_side()?.state();
+        (!state.can_write).then(|| {
+            format!(
+                "its ledger writes have failed since {} (a failover: see the log)",
+                humantime::format_rfc3339_seconds(state.since)
+            )
+        })
+    }
+
     fn dispatch_held(&self) -> Option<String> {
-        None
+        let hold = self.queue.as_ref()?.hold()?;
+        Some(format!(
+            "since {} ({}); the next probe at {}",
+            utc(hold.since),
+            hold.reason,
+            utc(hold.next_probe_at)
+        ))
     }
 }
 
-impl HealthSource for Ledger {
-    fn ledger_cannot_write(&self) -> Option<String> {
-        self.write_failure().map(str::to_owned)
-    }
+fn utc(ms: i64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 /// What the overview reads from the ledger, kept for a few seconds together.

@@ -35,7 +35,7 @@ use crate::ledger::{DeadGroup, Ledger};
 use crate::refusals::Refusals;
 use crate::worker::Queue;
 use fresh::Fresh;
-pub use health::HealthSource;
+pub use health::{HealthSource, ReceiverHealth};
 pub use http::form_value;
 use http::{cookie, page, read_form, redirect, same_origin, secure, text};
 use pages::Viewer;
