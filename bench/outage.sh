@@ -58,6 +58,8 @@ for _ in $(seq 1200); do
 done
 drained=$(sqlite3 "$dir/ledger.sqlite3" "SELECT max(finished_at) FROM jobs")
 stop_receiver >/dev/null
+# The journal's lines about the hold (none from a build without it).
+grep -h "handler hold" "$dir/receiver.log" | cut -c1-300 || true
 sqlite3 "$dir/ledger.sqlite3" \
   "SELECT count(*), sum(state = 'dead'), sum(attempts - (state = 'done')) FROM jobs" > "$dir/jobs.txt"
 python3 - "$dir" "$OUTAGE" "$back" "$drained" <<'PY'
