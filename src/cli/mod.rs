@@ -1,8 +1,10 @@
 //! The command line: `serve`, `check-config`, `vacuum`, `loadgen`, and `jobs ...` on the ledger.
 //! The binary's side of the house: the library serves, this parses and prints.
 
+mod actor;
 mod generate;
 mod render;
+mod retry;
 mod send;
 
 use std::path::PathBuf;
@@ -10,8 +12,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
+use actor::actor;
 pub use generate::generate;
 use render::{expectations_table, job_details, jobs_table, readable_json, stats_table};
+use retry::{retry_group, retry_matching};
 use sume_receiver::config::{self, Config, LedgerConfig};
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{self, Ledger, State};
@@ -560,132 +564,6 @@ async fn replay(
         bail!("the replay failed (recorded in the job's history)");
     }
     Ok(())
-}
-
-/// How many jobs a bulk retry changes per transaction: claims keep committing in between.
-const RETRY_BATCH: usize = 500;
-
-/// `jobs retry --state ...`: the exact count, and with `yes` the retry, a batch at a time.
-async fn retry_matching(
-    ledger: &Ledger,
-    filter: &ledger::RetryFilter,
-    yes: bool,
-    config: &Config,
-) -> anyhow::Result<()> {
-    let count = ledger
-        .count_retry_matching(filter)
-        .await
-        .context("cannot count the jobs to retry")?;
-    let purged = if count.body_purged > 0 {
-        format!(
-            " ({} more match, but retention purged their bodies: they cannot run again)",
-            count.body_purged
-        )
-    } else {
-        String::new()
-    };
-    if !yes {
-        println!(
-            "{} {} job(s) match{purged}; add --yes to retry them",
-            count.retryable, filter.state
-        );
-        return Ok(());
-    }
-    let reason = retry_reason(filter);
-    let by = actor();
-    let mut retried = 0;
-    loop {
-        let batch = ledger
-            .retry_matching(filter, &by, &reason, ledger::now_ms(), RETRY_BATCH)
-            .await
-            .with_context(|| format!("stopped after retrying {retried} job(s)"))?;
-        if batch == 0 {
-            break;
-        }
-        retried += batch;
-    }
-    println!(
-        "{retried} job(s) are queued to run again{purged}{}",
-        who_runs_it(config, ledger).await
-    );
-    Ok(())
-}
-
-/// The filter of a bulk retry as its actions record it.
-fn retry_reason(filter: &ledger::RetryFilter) -> String {
-    let mut reason = format!("bulk retry: --state {}", filter.state);
-    if let Some(since) = filter.finished_since {
-        reason.push_str(&format!(
-            " --since {}",
-            humantime::format_duration(std::time::Duration::from_millis(
-                u64::try_from(filter.finished_before - since).unwrap_or(0)
-            ))
-        ));
-    }
-    if let Some(text) = &filter.error_contains {
-        reason.push_str(&format!(" --error-contains {}", shell_word(text)));
-    }
-    reason
-}
-
-/// `jobs retry --state dead --group SIGNATURE`: counts the group, and with `yes` retries it.
-async fn retry_group(ledger: &Ledger, signature: &str, yes: bool) -> anyhow::Result<()> {
-    if !yes {
-        let jobs = ledger.dead_group_jobs(signature).await?;
-        println!(
-            "{} dead jobs in the group {signature:?}; add --yes to retry them",
-            jobs.len()
-        );
-        return Ok(());
-    }
-    let (retried, refused) = ledger
-        .retry_dead_group(signature, &actor(), ledger::now_ms())
-        .await?;
-    println!("{retried} jobs of the group {signature:?} are queued to run again");
-    if refused > 0 {
-        println!("{refused} could not be: retention purged their body, or they left the group");
-    }
-    Ok(())
-}
-
-/// Who the command line acts as, for the jobs' history: `cli:<user>` (the user behind sudo,
-/// where there is one).
-fn actor() -> String {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    let name = ["SUDO_USER", "USER", "LOGNAME"]
-        .into_iter()
-        .find_map(|key| std::env::var(key).ok().filter(|name| !name.is_empty()))
-        .or_else(|| user_name(uid));
-    match name {
-        Some(name) => format!("cli:{} (uid {uid})", Escaped(&name)),
-        None => format!("cli:uid {uid}"),
-    }
-}
-
-/// The user name of `uid` in the password database (a service's environment, cron and
-/// `systemd-run` often set no `USER`).
-fn user_name(uid: libc::uid_t) -> Option<String> {
-    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut found: *mut libc::passwd = std::ptr::null_mut();
-    let mut buffer = vec![0 as libc::c_char; 4096];
-    // SAFETY: getpwuid_r writes only into `entry` and `buffer` (of the length given), and sets
-    // `found` to `&entry` or null; the name is read before either is dropped.
-    let status = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut entry,
-            buffer.as_mut_ptr(),
-            buffer.len(),
-            &mut found,
-        )
-    };
-    if status != 0 || found.is_null() || entry.pw_name.is_null() {
-        return None;
-    }
-    // SAFETY: a non-null pw_name from getpwuid_r is a NUL-terminated string inside `buffer`.
-    let name = unsafe { std::ffi::CStr::from_ptr(entry.pw_name) };
-    Some(name.to_string_lossy().into_owned()).filter(|name| !name.is_empty())
 }
 
 /// `text` as one shell word: as it is when it is plain, else in single quotes.

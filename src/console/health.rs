@@ -167,17 +167,3 @@ pub fn facts(sources: &Sources) -> Facts {
         disk: sources.disk,
     }
 }
-
-/// Free and total bytes of the file system holding `dir`.
-pub fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes only into the struct it is given; the path is NUL-terminated.
-    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
-    (unsafe { libc::statvfs(path.as_ptr(), &mut stats) } == 0).then(|| {
-        (
-            stats.f_bavail.saturating_mul(stats.f_frsize),
-            stats.f_blocks.saturating_mul(stats.f_frsize),
-        )
-    })
-}

@@ -12,6 +12,7 @@ use super::{health, verdict};
 use super::{Console, GROUPS_SHOWN, MAX_PAGE_LIMIT, PAGE_LIMIT};
 use crate::ingest::json_response;
 use crate::ledger::{duration_ms, now_ms, Cursor, DeadGroup, JobFilter, State};
+use crate::metrics::FilesystemSpace;
 use crate::metrics::METRICS;
 use crate::rollup::ROLLUP;
 
@@ -154,7 +155,11 @@ impl Console {
             .ok();
         let dispatch = self.ledger.dispatch().await.ok();
         let hour = ROLLUP.last_hour();
-        let disk = self.ledger_dir.as_deref().and_then(health::disk_space);
+        let disk = self
+            .ledger_dir
+            .as_deref()
+            .and_then(FilesystemSpace::of)
+            .map(|space| (space.free, space.size));
         let readiness = self.ledger.readiness();
         let facts = health::facts(&health::Sources {
             ledger: ledger.as_ref(),
