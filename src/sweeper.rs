@@ -85,7 +85,28 @@ impl Sweeper {
         })
     }
 
+    /// The loop's step: a sweep, unless it could find nothing. On a ledger of its own, a lease
+    /// can expire only on an attempt this process started (the ones from before its start were
+    /// taken back by [`Sweeper::recover`]): with nothing queued or running here and no attempt's
+    /// end left unrecorded since the last sweep, there is none, and an idle receiver takes no
+    /// lock on its ledger for it. `None` when skipped.
+    pub async fn sweep_if_needed(&self) -> Result<Option<SweepReport>, StorageError> {
+        if !self.ledger.is_shared()
+            && self.queue.is_idle()
+            && !self.queue.take_lease_left_behind()
+        {
+            return Ok(None);
+        }
+        let report = self.sweep_once().await;
+        if report.is_err() && !self.ledger.is_shared() {
+            // Not swept: the next step must not skip what this one had to do.
+            self.queue.lease_left_behind();
+        }
+        report.map(Some)
+    }
+
     pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
-        crate::repeat::repeat_every("sweeper", interval, &shutdown, || self.sweep_once()).await;
+        crate::repeat::repeat_every("sweeper", interval, &shutdown, || self.sweep_if_needed())
+            .await;
     }
 }

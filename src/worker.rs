@@ -52,6 +52,9 @@ pub struct Queue {
     paused: Arc<AtomicBool>,
     /// The hold, as this process last knew it.
     breaker: Arc<Breaker>,
+    /// Set when an attempt's end or release could not be recorded: its row stays `running`
+    /// until the sweeper takes its lease back.
+    lease_left_behind: Arc<AtomicBool>,
 }
 
 impl Queue {
@@ -65,6 +68,7 @@ impl Queue {
                 dispatch_changed: Arc::default(),
                 paused: Arc::default(),
                 breaker,
+                lease_left_behind: Arc::default(),
             },
             receiver,
         )
@@ -92,6 +96,21 @@ impl Queue {
     /// The hold (`src/hold.rs`), as this process last read it from the ledger.
     pub fn hold(&self) -> Option<Hold> {
         self.breaker.hold()
+    }
+
+    /// Whether nothing is queued or running here.
+    pub fn is_idle(&self) -> bool {
+        self.held.lock().expect("not poisoned").is_empty()
+    }
+
+    /// An attempt's row was left `running` (its end could not be recorded).
+    pub(crate) fn lease_left_behind(&self) {
+        self.lease_left_behind.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a lease was left behind since the last call.
+    pub fn take_lease_left_behind(&self) -> bool {
+        self.lease_left_behind.swap(false, Ordering::SeqCst)
     }
 
     /// Offers a job; `true` if it was queued now.
@@ -552,6 +571,7 @@ impl JobRun {
             Err(error) => {
                 // The row stays `running`; when its lease expires the sweeper runs it again.
                 tracing::error!(job_id = %job_id, %error, "could not record the attempt's end");
+                self.queue.lease_left_behind();
                 false
             }
         }
@@ -598,7 +618,8 @@ impl JobRun {
             }
             // The row stays `running`; the next start takes it back (counted, as after a crash).
             Err(error) => {
-                tracing::error!(job_id = %job_id, %error, "could not give back an interrupted attempt")
+                tracing::error!(job_id = %job_id, %error, "could not give back an interrupted attempt");
+                self.queue.lease_left_behind();
             }
         }
     }

@@ -411,6 +411,57 @@ async fn sweep_once_takes_back_expired_leases() {
     ledger.close().await;
 }
 
+/// The sweeper's loop takes no lock on an idle ledger of its own: with nothing queued or running
+/// here, no lease can expire (a row left `running` by hand is not this process's, and the next
+/// start's recovery takes it back). Once something runs here, it sweeps; on a shared ledger
+/// (PostgreSQL) it always does: a lease may be another receiver's.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sweeper_skips_an_idle_ledger_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, ledger) = open_ledger(dir.path()).await;
+    let handler = HandlerConfig {
+        kind: HandlerKind::Command(vec!["true".into()]),
+        timeout: Duration::from_secs(1),
+        concurrency: 1,
+        max_attempts: 2,
+        backoff: Duration::from_secs(1),
+        max_backoff: Duration::from_secs(1),
+        hold: Default::default(),
+    };
+    let (_worker, queue) = Worker::new(ledger.clone(), handler, Duration::from_secs(1)).unwrap();
+    let sweeper = Sweeper::new(ledger.clone(), queue.clone(), 2);
+    let job_id = JobId::parse("left-running").unwrap();
+    let claim = NewClaim {
+        job_id: job_id.clone(),
+        event_type: None,
+        body: job_body("left-running").into(),
+        source: Source::Webhook,
+    };
+    ledger.claim(claim).await.unwrap();
+    ledger_execute(
+        &config,
+        &format!(
+            "UPDATE jobs SET state = 'running', attempts = 1, lease_expires_at = {} WHERE job_id = ?1",
+            ledger::now_ms() - 1000
+        ),
+        &["left-running"],
+    );
+    let shared = Backend::current() == Backend::Postgres;
+    let idle = sweeper.sweep_if_needed().await.unwrap();
+    if shared {
+        assert_eq!(idle, Some(SweepReport { leases_expired: 1 }));
+    } else {
+        assert_eq!(idle, None, "an idle ledger of its own was swept");
+        // Something queued here: the sweep runs, and takes the expired lease back.
+        assert!(queue.enqueue(&JobId::parse("queued-here").unwrap()));
+        assert_eq!(
+            sweeper.sweep_if_needed().await.unwrap(),
+            Some(SweepReport { leases_expired: 1 })
+        );
+    }
+    ledger.close().await;
+}
+
 /// Regression: a handler that handed its stdin to a background child and exited 0 was recorded
 /// as timed out for bodies over 64 KiB (the pipe's size): the write of stdin decided the attempt.
 #[tokio::test(flavor = "multi_thread")]
