@@ -91,9 +91,7 @@ impl Sweeper {
     /// end left unrecorded since the last sweep, there is none, and an idle receiver takes no
     /// lock on its ledger for it. `None` when skipped.
     pub async fn sweep_if_needed(&self) -> Result<Option<SweepReport>, StorageError> {
-        if !self.ledger.is_shared()
-            && self.queue.is_idle()
-            && !self.queue.take_lease_left_behind()
+        if !self.ledger.is_shared() && self.queue.is_idle() && !self.queue.take_lease_left_behind()
         {
             return Ok(None);
         }
