@@ -4,7 +4,7 @@
 //! a foreign Host name is refused; the main flows work by clicking.
 //!
 //! SUME_SCREENSHOTS=<dir> saves the main pages as PNG files there (the README's pictures:
-//! `SUME_SCREENSHOTS=tests/screenshots cargo test --test browser`).
+//! `SUME_SCREENSHOTS=docs/screenshots cargo test --test browser`).
 
 mod common;
 
