@@ -17,7 +17,7 @@ use sume_receiver::config::{HandlerConfig, HandlerKind, LedgerConfig};
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{self, NewClaim, Source};
 use sume_receiver::sweeper::{SweepReport, Sweeper};
-use sume_receiver::worker::Worker;
+use sume_receiver::worker::{Queue, Worker};
 
 /// A `[handler]` section running `script` with sh, with fast retries for tests.
 fn command_handler(script: &str, extra: &str) -> String {
@@ -170,6 +170,22 @@ async fn an_attempt_end_the_ledger_refused_is_recorded_once_it_takes_it() {
     assert_eq!(std::fs::read_to_string(&runs).unwrap(), "run\n", "ran once");
 }
 
+/// A worker (two attempts a job) and its sweeper on `ledger`, neither running.
+fn sweeper_of(ledger: &Arc<ledger::Ledger>) -> (Worker, Queue, Sweeper) {
+    let handler = HandlerConfig {
+        kind: HandlerKind::Command(vec!["true".into()]),
+        timeout: Duration::from_secs(1),
+        concurrency: 1,
+        max_attempts: 2,
+        backoff: Duration::from_secs(1),
+        max_backoff: Duration::from_secs(1),
+        hold: Default::default(),
+    };
+    let (worker, queue) = Worker::new(ledger.clone(), handler, Duration::from_secs(1)).unwrap();
+    let sweeper = Sweeper::new(ledger.clone(), queue.clone(), 2);
+    (worker, queue, sweeper)
+}
+
 on_both_ledgers! {
 #[tokio::test(flavor = "multi_thread")]
 async fn handler_gets_body_and_environment_and_job_is_done() {
@@ -319,17 +335,7 @@ async fn without_a_handler_jobs_stay_claimed() {
 async fn sweep_once_takes_back_expired_leases() {
     let dir = tempfile::tempdir().unwrap();
     let (config, ledger) = open_ledger(dir.path()).await;
-    let handler = HandlerConfig {
-        kind: HandlerKind::Command(vec!["true".into()]),
-        timeout: Duration::from_secs(1),
-        concurrency: 1,
-        max_attempts: 2,
-        backoff: Duration::from_secs(1),
-        max_backoff: Duration::from_secs(1),
-        hold: Default::default(),
-    };
-    let (_worker, queue) = Worker::new(ledger.clone(), handler, Duration::from_secs(1)).unwrap();
-    let sweeper = Sweeper::new(ledger.clone(), queue.clone(), 2);
+    let (_worker, queue, sweeper) = sweeper_of(&ledger);
     for job_id in [
         "lost-claim",
         "expired-lease",
@@ -419,17 +425,7 @@ async fn sweep_once_takes_back_expired_leases() {
 async fn the_sweeper_skips_an_idle_ledger_of_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let (config, ledger) = open_ledger(dir.path()).await;
-    let handler = HandlerConfig {
-        kind: HandlerKind::Command(vec!["true".into()]),
-        timeout: Duration::from_secs(1),
-        concurrency: 1,
-        max_attempts: 2,
-        backoff: Duration::from_secs(1),
-        max_backoff: Duration::from_secs(1),
-        hold: Default::default(),
-    };
-    let (_worker, queue) = Worker::new(ledger.clone(), handler, Duration::from_secs(1)).unwrap();
-    let sweeper = Sweeper::new(ledger.clone(), queue.clone(), 2);
+    let (_worker, queue, sweeper) = sweeper_of(&ledger);
     let job_id = JobId::parse("left-running").unwrap();
     let claim = NewClaim {
         job_id: job_id.clone(),
