@@ -85,22 +85,38 @@ impl Sweeper {
         })
     }
 
-    /// The loop's step: a sweep, unless it could find nothing. On a ledger of its own, a lease
-    /// can expire only on an attempt this process started (the ones from before its start were
-    /// taken back by [`Sweeper::recover`]): with nothing queued or running here and no attempt's
-    /// end left unrecorded since the last sweep, there is none, and an idle receiver takes no
-    /// lock on its ledger for it. `None` when skipped.
+    /// The loop's step. A sweep of the expired leases, unless it could find nothing: on a
+    /// ledger of its own a lease can expire only on an attempt this process started (the ones
+    /// from before its start were taken back by [`Sweeper::recover`]), so with nothing queued
+    /// or running here and no attempt left behind there is none, and an idle receiver takes no
+    /// lock on its ledger for it. After an attempt was left behind (its start's outcome unknown,
+    /// or its end unrecorded: a failover), also the rows leased under this receiver's name
+    /// that no attempt here runs, at once rather than when their lease ends. `None` when
+    /// skipped.
     pub async fn sweep_if_needed(&self) -> Result<Option<SweepReport>, StorageError> {
-        if !self.ledger.is_shared() && self.queue.is_idle() && !self.queue.take_lease_left_behind()
-        {
+        let left_behind = self.queue.take_lease_left_behind();
+        if !left_behind && !self.ledger.is_shared() && self.queue.is_idle() {
             return Ok(None);
         }
-        let report = self.sweep_once().await;
-        if report.is_err() && !self.ledger.is_shared() {
+        let swept = async {
+            let mut report = self.sweep_once().await?;
+            if left_behind {
+                let own = self
+                    .sweep(
+                        Leases::HeldBeforeThisStart,
+                        "left behind: its start or end could not be confirmed by the ledger",
+                    )
+                    .await?;
+                report.leases_expired += own.leases_expired;
+            }
+            Ok(report)
+        }
+        .await;
+        if swept.is_err() && left_behind {
             // Not swept: the next step must not skip what this one had to do.
             self.queue.lease_left_behind();
         }
-        report.map(Some)
+        swept.map(Some)
     }
 
     pub async fn run(self, interval: Duration, shutdown: CancellationToken) {

@@ -52,8 +52,8 @@ pub struct Queue {
     paused: Arc<AtomicBool>,
     /// The hold, as this process last knew it.
     breaker: Arc<Breaker>,
-    /// Set when an attempt's end or release could not be recorded: its row stays `running`
-    /// until the sweeper takes its lease back.
+    /// Set when an attempt's start, end or release failed: its row may stay `running` until
+    /// the sweeper takes it back.
     lease_left_behind: Arc<AtomicBool>,
 }
 
@@ -103,8 +103,9 @@ impl Queue {
         self.held.lock().expect("not poisoned").is_empty()
     }
 
-    /// An attempt's row was left `running` (its end could not be recorded).
-    pub(crate) fn lease_left_behind(&self) {
+    /// An attempt's row may have been left `running` with no attempt of it here (its start's
+    /// outcome is unknown, or its end or release could not be recorded).
+    pub fn lease_left_behind(&self) {
         self.lease_left_behind.store(true, Ordering::SeqCst);
     }
 
@@ -471,6 +472,9 @@ impl JobRun {
                 return false;
             }
             Err(error) => {
+                // The start may have committed unseen (its connection broke at the commit): the
+                // sweeper then takes the row back, since no attempt of it runs here.
+                self.queue.lease_left_behind();
                 self.unused(probe).await;
                 self.start_failures
                     .lock()

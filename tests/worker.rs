@@ -455,6 +455,45 @@ async fn the_sweeper_skips_an_idle_ledger_of_its_own() {
             Some(SweepReport { leases_expired: 1 })
         );
     }
+
+    // A start whose outcome the ledger could not confirm (a failover) may have left its row
+    // `running` under this receiver's name, its lease live for minutes, with no attempt here:
+    // the next step takes it back at once.
+    let claim = NewClaim {
+        job_id: JobId::parse("started-unseen").unwrap(),
+        event_type: None,
+        body: job_body("started-unseen").into(),
+        source: Source::Webhook,
+    };
+    ledger.claim(claim).await.unwrap();
+    let running = format!(
+        "UPDATE jobs SET state = 'running', attempts = 1, lease_expires_at = {} WHERE job_id = ?1",
+        ledger::now_ms() + 600_000
+    );
+    ledger_execute(&config, &running, &["started-unseen"]);
+    if let LedgerConfig::Postgres(postgres) = &config.database {
+        ledger_execute(
+            &config,
+            "UPDATE jobs SET leased_by = ?1 WHERE job_id = 'started-unseen'",
+            &[&postgres.receiver],
+        );
+    }
+    assert_eq!(
+        sweeper.sweep_if_needed().await.unwrap().map(|r| r.leases_expired).unwrap_or(0),
+        0,
+        "a live lease is taken back only once an attempt was left behind"
+    );
+    queue.lease_left_behind();
+    assert_eq!(
+        sweeper.sweep_if_needed().await.unwrap(),
+        Some(SweepReport { leases_expired: 1 })
+    );
+    let state = ledger_rows(
+        &config,
+        "SELECT state FROM jobs WHERE job_id = ?1",
+        &["started-unseen"],
+    );
+    assert_eq!(state[0][0].as_str(), Some("retrying"));
     ledger.close().await;
 }
 
