@@ -69,7 +69,8 @@ impl fmt::Display for Fields {
 }
 
 /// A value in the message as logfmt writes it: bare if it is one word, else quoted with `"`
-/// and `\` escaped.
+/// and `\` escaped, and control characters (a newline a stranger put in a value could forge a
+/// log line) written as escapes, as tracing's own quoting of `&str` fields did.
 pub(super) struct Logfmt<'a>(pub(super) &'a str);
 
 impl fmt::Display for Logfmt<'_> {
@@ -78,16 +79,17 @@ impl fmt::Display for Logfmt<'_> {
             && !self
                 .0
                 .chars()
-                .any(|c| c.is_whitespace() || c == '"' || c == '=' || c == '\\');
+                .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '=' || c == '\\');
         if bare {
             return f.write_str(self.0);
         }
         f.write_char('"')?;
         for c in self.0.chars() {
-            if c == '"' || c == '\\' {
-                f.write_char('\\')?;
+            match c {
+                '"' | '\\' => write!(f, "\\{c}")?,
+                c if c.is_control() => write!(f, "{}", c.escape_default())?,
+                c => f.write_char(c)?,
             }
-            f.write_char(c)?;
         }
         f.write_char('"')
     }
@@ -154,5 +156,8 @@ mod tests {
         );
         assert_eq!(Logfmt(r#"a "b" \c"#).to_string(), r#""a \"b\" \\c""#);
         assert_eq!(Logfmt("").to_string(), "\"\"");
+        // A newline never ends the line early.
+        assert_eq!(Logfmt("a\nforged=line").to_string(), r#""a\nforged=line""#);
+        assert_eq!(Logfmt("tab\there").to_string(), r#""tab\there""#);
     }
 }
