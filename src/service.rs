@@ -24,10 +24,16 @@ use crate::{check, ingest, notify, process};
 
 /// Runs the receiver on `listener` until `shutdown` resolves, then shuts down gracefully.
 pub async fn run(
-    config: Config,
+    mut config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    // The port listened on, which differs from `server.listen` for a listener bound to port 0.
+    let port = listener
+        .local_addr()
+        .context("cannot read the listener's address")?
+        .port();
+    config.database.name_receiver(port);
     // What check-config (the unit's ExecStartPre) refuses, serve refuses too: a handler that
     // cannot run would acknowledge every delivery and then let it go dead. First: a ledger
     // directory this user cannot write is said in its words, not as a lock file it cannot open.

@@ -429,6 +429,17 @@ impl Worker {
     }
 }
 
+/// What an attempt leaves to do for its job once the job's slot is given back.
+enum AfterAttempt {
+    /// Nothing: done, dead, given back, or no longer this attempt's.
+    Settled,
+    /// A retry is due later: the worker looks in the ledger for its due time.
+    Retrying,
+    /// Its row may stay `running` with no attempt of it here (a start whose outcome is
+    /// unknown, an end or a release not recorded): the sweeper takes it back.
+    LeaseLeftBehind,
+}
+
 /// Everything one job's run needs, detached from the worker loop.
 struct JobRun {
     ledger: Arc<Ledger>,
@@ -444,16 +455,21 @@ struct JobRun {
 impl JobRun {
     /// Runs the job's attempt; `probe` when it is the hold's probe (see [`Worker::wait_for_turn`]).
     async fn run(self, job_id: JobId, probe: Option<(Hold, i64)>) {
-        let retrying = self.attempt(&job_id, probe.as_ref()).await;
+        let after = self.attempt(&job_id, probe.as_ref()).await;
         self.queue.release(&job_id);
-        if retrying {
+        match after {
             // The ledger holds the retry's due time; the worker may be waiting past it.
-            self.queue.look_in_ledger();
+            AfterAttempt::Retrying => self.queue.look_in_ledger(),
+            // Said only once the job is no longer held here: the sweeper passes over the jobs
+            // this process holds, so a sweep between the failure and the release (the slot
+            // is held a while after a failed start) would have spent the news on nothing.
+            AfterAttempt::LeaseLeftBehind => self.queue.lease_left_behind(),
+            AfterAttempt::Settled => {}
         }
     }
 
-    /// Runs one attempt; `true` when the job is to be retried.
-    async fn attempt(&self, job_id: &JobId, probe: Option<&(Hold, i64)>) -> bool {
+    /// Runs one attempt; what it leaves to do for its job.
+    async fn attempt(&self, job_id: &JobId, probe: Option<&(Hold, i64)>) -> AfterAttempt {
         let probe = probe.map(|(hold, taken_to)| (hold, *taken_to));
         let timeout = self.config.timeout;
         let now = now_ms();
@@ -469,12 +485,11 @@ impl JobRun {
             // Already started, finished, or purged: nothing to do.
             Ok(None) => {
                 self.unused(probe).await;
-                return false;
+                return AfterAttempt::Settled;
             }
             Err(error) => {
                 // The start may have committed unseen (its connection broke at the commit): the
                 // sweeper then takes the row back, since no attempt of it runs here.
-                self.queue.lease_left_behind();
                 self.unused(probe).await;
                 self.start_failures
                     .lock()
@@ -483,7 +498,7 @@ impl JobRun {
                 // The job stays due, and would be taken again at once: holding its slot for a
                 // while keeps a ledger that refuses changes from being hammered in a loop.
                 tokio::time::sleep(IDLE_LOOK).await;
-                return false;
+                return AfterAttempt::LeaseLeftBehind;
             }
         };
         let started = std::time::Instant::now();
@@ -497,8 +512,7 @@ impl JobRun {
             Err(AttemptError::Failed(failure, sign)) => Err((failure, sign)),
             Err(AttemptError::Interrupted) => {
                 self.breaker.unused(None);
-                self.release(attempt, Some("handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")).await;
-                return false;
+                return self.release(attempt, Some("handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")).await;
             }
         };
         let verdict = self.breaker.finished(
@@ -513,9 +527,9 @@ impl JobRun {
             if let Err((failure, _)) = &outcome {
                 tracing::info!(job_id = %job_id, error = %Escaped(&failure.error), "attempt failed during a handler hold; given back uncounted");
             }
-            self.release(attempt, None).await;
+            let after = self.release(attempt, None).await;
             self.breaker.apply(&self.ledger, verdict.change).await;
-            return false;
+            return after;
         }
         let (end, retry_in) = match outcome {
             Ok(()) => (AttemptEnd::Done, None),
@@ -566,17 +580,20 @@ impl JobRun {
                     }
                     _ => {}
                 }
-                state == State::Retrying
+                if state == State::Retrying {
+                    AfterAttempt::Retrying
+                } else {
+                    AfterAttempt::Settled
+                }
             }
             Ok(None) => {
                 tracing::warn!(job_id = %job_id, attempt = attempt.number, "the attempt no longer owned the job when it ended (lease taken back)");
-                false
+                AfterAttempt::Settled
             }
             Err(error) => {
-                // The row stays `running`; when its lease expires the sweeper runs it again.
+                // The row stays `running` until the sweeper takes it back.
                 tracing::error!(job_id = %job_id, %error, "could not record the attempt's end");
-                self.queue.lease_left_behind();
-                false
+                AfterAttempt::LeaseLeftBehind
             }
         }
     }
@@ -612,18 +629,20 @@ impl JobRun {
     /// Gives an attempt back uncounted, due again now: our own shutdown stopped the handler (a
     /// job on its last attempt must not become `dead` because we stopped), or it failed for an
     /// outage that a hold already knows (see `src/hold.rs`). `said` is logged once released.
-    async fn release(&self, attempt: Attempt, said: Option<&str>) {
+    async fn release(&self, attempt: Attempt, said: Option<&str>) -> AfterAttempt {
         let job_id = &attempt.job_id;
         match self.ledger.release_attempt(&attempt, now_ms()).await {
             Ok(_) => {
                 if let Some(said) = said {
                     tracing::warn!(job_id = %job_id, "{said}")
                 }
+                AfterAttempt::Settled
             }
-            // The row stays `running`; the next start takes it back (counted, as after a crash).
+            // The row stays `running` until the sweeper (or, after a shutdown, the next start)
+            // takes it back, counted as after a crash.
             Err(error) => {
                 tracing::error!(job_id = %job_id, %error, "could not give back an interrupted attempt");
-                self.queue.lease_left_behind();
+                AfterAttempt::LeaseLeftBehind
             }
         }
     }

@@ -21,6 +21,9 @@ const VARIABLE: &str = "SUME_TEST_FAILOVER";
 const PORTS: [u16; 2] = [5441, 5442];
 /// Handler slots per receiver: the attempts one fault can interrupt on one receiver.
 const CONCURRENCY: usize = 4;
+/// The whole suite takes 25-60 s; past this it is stuck, and the watchdog ends the process
+/// with what it was doing rather than letting CI wait for its own limit.
+const DEADLINE: Duration = Duration::from_secs(300);
 
 /// One private cluster: its data directory and port.
 struct Cluster {
@@ -74,6 +77,7 @@ impl Clusters {
     }
 
     fn run(&self, program: &str, args: &[&str]) {
+        progress(&format!("{program} {}", args.join(" ")));
         let output =
             tokio::task::block_in_place(|| self.command(program).args(args).output()).unwrap();
         assert!(
@@ -195,7 +199,7 @@ impl Clusters {
             if rows == ["1"] {
                 return true;
             }
-            std::thread::sleep(Duration::from_millis(100));
+            tokio::task::block_in_place(|| std::thread::sleep(Duration::from_millis(100)));
             false
         });
         assert!(streaming, "the standby never became synchronous");
@@ -249,24 +253,80 @@ fn admin_url(port: u16, database: &str) -> String {
 }
 
 /// Runs each statement alone (CREATE DATABASE and ALTER SYSTEM refuse a transaction block).
+/// Off the runtime's threads, as every blocking step here: the receivers share them.
 fn sql(port: u16, statements: &str) {
-    with_postgres(&admin_url(port, "postgres"), |client| {
-        for statement in statements.split("; ") {
-            client.batch_execute(statement).unwrap()
-        }
+    progress(&format!("on {port}: {statements}"));
+    tokio::task::block_in_place(|| {
+        with_postgres(&admin_url(port, "postgres"), |client| {
+            for statement in statements.split("; ") {
+                client.batch_execute(statement).unwrap()
+            }
+        })
     });
 }
 
 /// The first column of each row, as text.
 fn sql_rows(port: u16, query: &str) -> Vec<String> {
-    with_postgres(&admin_url(port, "sume"), |client| {
-        client
-            .query(query, &[])
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect()
+    tokio::task::block_in_place(|| {
+        with_postgres(&admin_url(port, "sume"), |client| {
+            client
+                .query(query, &[])
+                .unwrap()
+                .iter()
+                .map(|row| row.get(0))
+                .collect()
+        })
     })
+}
+
+/// What the suite did last, and when (since its start), for the watchdog.
+static PROGRESS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn progress(step: &str) {
+    static STARTED: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let at = STARTED.get_or_init(Instant::now).elapsed().as_secs_f64();
+    PROGRESS.lock().unwrap().push(format!("{at:6.1} s  {step}"));
+}
+
+/// Ends the process if the suite is not over by [`DEADLINE`], printing its last steps and
+/// stopping the clusters under `root`: a stuck step (a blocking call in a runtime that
+/// cannot be dropped while it runs) would otherwise hold CI until its own limit.
+fn watchdog(root: PathBuf, bin: PathBuf, as_postgres: bool) -> std::sync::mpsc::Sender<()> {
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if finished.recv_timeout(DEADLINE) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            return;
+        }
+        let steps = PROGRESS
+            .lock()
+            .map(|steps| steps.join("\n"))
+            .unwrap_or_default();
+        // Straight to the process's stderr: the test harness captures what `eprintln!` writes.
+        let _ = std::io::stderr().write_all(
+            format!(
+                "failover suite stuck after {DEADLINE:?}; its steps:\n{steps}\nthe receivers' log: {}/failover-journal.log\n",
+                env!("CARGO_TARGET_TMPDIR")
+            )
+            .as_bytes(),
+        );
+        for port in PORTS {
+            let data = root.join(format!("pg{port}"));
+            let mut command = if as_postgres {
+                let mut command = Command::new("runuser");
+                command
+                    .args(["-u", "postgres", "--"])
+                    .arg(bin.join("pg_ctl"));
+                command
+            } else {
+                Command::new(bin.join("pg_ctl"))
+            };
+            let _ = command
+                .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
+                .output();
+        }
+        std::process::exit(101);
+    });
+    done
 }
 
 /// Every log line of the process (warnings and errors), to look for read-only errors after
@@ -318,8 +378,9 @@ struct Figures {
     first_claim_after_promotion: Duration,
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn three_failovers_under_load_lose_nothing_and_recover_without_a_restart() {
+/// A test of its own runtime, so that the watchdog stays armed until the runtime is dropped.
+#[test]
+fn three_failovers_under_load_lose_nothing_and_recover_without_a_restart() {
     let test = "three_failovers_under_load_lose_nothing_and_recover_without_a_restart";
     if std::env::var_os(VARIABLE).is_none() {
         skip(
@@ -338,13 +399,25 @@ async fn three_failovers_under_load_lose_nothing_and_recover_without_a_restart()
         .with_ansi(false)
         .with_max_level(tracing::Level::INFO)
         .init();
+    let clusters = Clusters::new();
+    let armed = watchdog(
+        clusters.root.path().to_owned(),
+        clusters.bin.clone(),
+        clusters.as_postgres,
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     // Backend::run: the receivers' config is PostgreSQL's (the database is the clusters').
-    Backend::Postgres.run(test, failovers(journal)).await;
+    runtime.block_on(Backend::Postgres.run(test, failovers(&clusters, journal)));
+    drop(runtime);
+    drop(clusters);
+    let _ = armed.send(());
 }
 
-async fn failovers(journal: Journal) {
+async fn failovers(clusters: &Clusters, journal: Journal) {
     let started = Instant::now();
-    let clusters = Clusters::new();
     let [first, second] = PORTS;
     let mut primary = clusters.primary(first);
     sql(
@@ -415,6 +488,7 @@ async fn failovers(journal: Journal) {
 
     // 1. The primary killed, the standby promoted a second later.
     tokio::time::sleep(settle).await;
+    progress("fault 1: the primary killed");
     let fault = Instant::now();
     clusters.kill(&primary);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -434,6 +508,7 @@ async fn failovers(journal: Journal) {
 
     // 2. Every receiver connection terminated, the first host a standby.
     tokio::time::sleep(settle).await;
+    progress("fault 2: sessions terminated");
     let fault = Instant::now();
     sql(
         primary.port,
@@ -449,6 +524,7 @@ async fn failovers(journal: Journal) {
 
     // 3. The primary turns read-only under open connections while the standby is promoted.
     tokio::time::sleep(settle).await;
+    progress("fault 3: the primary read-only");
     let fault = Instant::now();
     let fault_log = journal.len();
     sql(
@@ -468,6 +544,7 @@ async fn failovers(journal: Journal) {
     let flipped_log = journal.len();
     tokio::time::sleep(settle).await;
     stop.store(true, Ordering::SeqCst);
+    progress("load stopped");
     while let Some(result) = senders.join_next().await {
         result.unwrap();
     }
@@ -495,6 +572,7 @@ async fn failovers(journal: Journal) {
         .collect();
     assert!(lost.is_empty(), "acknowledged, then lost: {lost:?}");
     // Every acknowledged job ends done: none left running by a failover.
+    progress("waiting for every job to be done");
     let mut unfinished = Vec::new();
     for _ in 0..150 {
         unfinished = sql_rows(
@@ -591,6 +669,7 @@ async fn failovers(journal: Journal) {
             figure.fault
         );
     }
+    progress("stopping the receivers");
     for receiver in receivers {
         Arc::into_inner(receiver).unwrap().stop().await.0.unwrap();
     }

@@ -117,7 +117,8 @@ pub struct PostgresConfig {
     /// Most claims committed in one transaction (group commit).
     pub max_batch: usize,
     /// This receiver's name on the leases it takes: the host name and the listen port, unique
-    /// among receivers and the same after a restart. Set at load from `server.listen`.
+    /// among receivers and the same after a restart. Set at load from `server.listen`, and by
+    /// `run` from the port it listens on ([`LedgerConfig::name_receiver`]).
     pub receiver: String,
 }
 
@@ -155,6 +156,15 @@ impl Default for LedgerConfig {
 }
 
 impl LedgerConfig {
+    /// Names this receiver's leases after the host and `port`, the port it listens on: two
+    /// receivers of one host cannot listen on the same port, so neither takes the other's
+    /// leases for its own.
+    pub fn name_receiver(&mut self, port: u16) {
+        if let LedgerConfig::Postgres(postgres) = self {
+            postgres.receiver = format!("{}:{port}", crate::process::host_name());
+        }
+    }
+
     /// The SQLite file, if that is the ledger.
     pub fn sqlite_path(&self) -> Option<&Path> {
         match self {

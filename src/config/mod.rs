@@ -227,13 +227,7 @@ impl Config {
         let mut config: Config = toml::from_str(text)
             .map_err(|error| anyhow::anyhow!(describe_toml_error(text, &error)))?;
         config.resolve_paths(base_dir);
-        if let LedgerConfig::Postgres(postgres) = &mut config.database {
-            postgres.receiver = format!(
-                "{}:{}",
-                crate::process::host_name(),
-                config.server.listen.port()
-            );
-        }
+        config.database.name_receiver(config.server.listen.port());
         let mut problems = Vec::new();
         config.validate(&mut problems);
         match problems.len() {
