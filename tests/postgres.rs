@@ -792,6 +792,120 @@ fn waiting_for_the_standby(admin: &str, name: &str) -> Option<i32> {
     })
 }
 
+/// A database of its own on the cluster whose synchronous standby is absent, and the
+/// cluster to itself: a test there changes its settings (fsync).
+struct AbsentStandby {
+    _alone: tokio::sync::MutexGuard<'static, ()>,
+    /// The cluster's superuser, its commits waiting for no standby.
+    admin: String,
+    name: String,
+    /// The database's: its commits wait for the standby, for ever.
+    url: String,
+}
+
+/// A new database on the absent-standby cluster; `None`, the test listed as skipped, if
+/// there is none.
+async fn absent_standby_database(test: &str) -> Option<AbsentStandby> {
+    static CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let Ok(admin) = std::env::var(ABSENT_STANDBY_VARIABLE) else {
+        skip(
+            test,
+            &format!("set {ABSENT_STANDBY_VARIABLE} to a server whose synchronous standby is absent (.ci/start-postgres makes one)"),
+        );
+        return None;
+    };
+    let name = format!("sume_standby_{}_{}", std::process::id(), fastrand::u32(..));
+    let mut parsed: postgres::Config = admin.parse().unwrap();
+    let admin = without_standby_wait(&admin);
+    with_postgres(&admin, |client| {
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap()
+    });
+    parsed.dbname(&name);
+    let url = postgres_url(&parsed);
+    Some(AbsentStandby {
+        _alone: CLUSTER.lock().await,
+        admin,
+        name,
+        url,
+    })
+}
+
+/// Ends the sessions left waiting for the standby: a commit waiting there keeps the cluster's
+/// lock on NOTIFY, and every other database's claims would wait behind it.
+impl Drop for AbsentStandby {
+    fn drop(&mut self) {
+        with_postgres(&self.admin, |client| {
+            client
+                .execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+                    &[&self.name],
+                )
+                .map(drop)
+        })
+        .unwrap_or_else(|error| eprintln!("could not end the sessions of {}: {error}", self.name));
+    }
+}
+
+fn config_of(dir: &std::path::Path, url: &str) -> Config {
+    Config::parse(
+        &config_text(dir, &format!("[database]\nurl = \"{url}\"\n")),
+        dir,
+    )
+    .unwrap()
+}
+
+/// Regression (the failover suite under load, a read-only flip while the standby was
+/// promoted): a commit waiting for a synchronous standby that never answers held its
+/// connection, and its batch slot, for ever; with both slots taken every later claim of the
+/// receiver was refused until a restart. Now the statement is given up after its budget, its
+/// outcome unknown, and the connection with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commit_the_standby_never_answers_is_given_up_with_its_connection() {
+    let Some(standby) = absent_standby_database(
+        "a_commit_the_standby_never_answers_is_given_up_with_its_connection",
+    )
+    .await
+    else {
+        return;
+    };
+    let url = &standby.url;
+    let dir = tempfile::tempdir().unwrap();
+    // The schema, made without waiting for the standby (a migration commits too).
+    Ledger::open(&config_of(dir.path(), &without_standby_wait(&url)).database)
+        .await
+        .unwrap()
+        .close()
+        .await;
+    let ledger = Ledger::open(&config_of(dir.path(), &url).database)
+        .await
+        .unwrap();
+    // Two claims, one after the other: the second's batch is answered only once the first's
+    // slot was given back, or the two batch slots were free.
+    for job_id in ["unanswered-1", "unanswered-2"] {
+        let claim = sume_receiver::ledger::NewClaim {
+            job_id: sume_receiver::job_id::JobId::parse(job_id).unwrap(),
+            event_type: None,
+            body: job_body(job_id).into(),
+            source: sume_receiver::ledger::Source::Webhook,
+        };
+        let answered = tokio::time::timeout(Duration::from_secs(30), ledger.claim(claim))
+            .await
+            .unwrap_or_else(|_| panic!("{job_id}: no answer in 30 s"));
+        let error = answered.expect_err("committed without the standby");
+        assert!(
+            matches!(
+                error,
+                sume_receiver::ledger::StorageError::OutcomeUnknown(_)
+            ),
+            "{job_id}: {error}"
+        );
+        assert!(error.to_string().contains("did not answer"), "{error}");
+    }
+    ledger.close().await;
+}
+
 /// With a synchronous standby: a claim whose wait for it is cancelled (PostgreSQL then commits
 /// locally and reports success, with a WARNING) or terminated is never answered 200, nor is
 /// Sume's retry of it before the standby has it (regression: the cancel was 200, and the retry
@@ -799,34 +913,14 @@ fn waiting_for_the_standby(admin: &str, name: &str) -> Option<i32> {
 /// off is refused at start.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_claim_is_never_200_before_the_synchronous_standby_has_it() {
-    let Ok(admin) = std::env::var(ABSENT_STANDBY_VARIABLE) else {
-        skip(
-            "a_claim_is_never_200_before_the_synchronous_standby_has_it",
-            &format!("set {ABSENT_STANDBY_VARIABLE} to a server whose synchronous standby is absent (.ci/start-postgres makes one)"),
-        );
+    let Some(standby) =
+        absent_standby_database("a_claim_is_never_200_before_the_synchronous_standby_has_it").await
+    else {
         return;
     };
-    let admin = without_standby_wait(&admin);
-    let name = format!("sume_standby_{}_{}", std::process::id(), fastrand::u32(..));
-    with_postgres(&admin, |client| {
-        client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .unwrap()
-    });
-    let mut parsed: postgres::Config = std::env::var(ABSENT_STANDBY_VARIABLE)
-        .unwrap()
-        .parse()
-        .unwrap();
-    parsed.dbname(&name);
-    let url = postgres_url(&parsed);
+    let (admin, name, url) = (&standby.admin, &standby.name, &standby.url);
     let dir = tempfile::tempdir().unwrap();
-    let config_for = |url: &str| {
-        Config::parse(
-            &config_text(dir.path(), &format!("[database]\nurl = \"{url}\"\n")),
-            dir.path(),
-        )
-        .unwrap()
-    };
+    let config_for = |url: &str| config_of(dir.path(), url);
 
     // fsync = off: refused, with the reason.
     let set_fsync = |value: &str| {

@@ -222,8 +222,8 @@ impl From<StorageError> for ClaimsError {
 
 fn claims_error(error: RunError) -> ClaimsError {
     let error = match error {
-        RunError::Pool(error) => return ClaimsError::Other(error),
         RunError::Statement(error) => error,
+        other => return ClaimsError::Other(other.into_storage()),
     };
     let class = error.code().map(|code| &code.code()[..2]);
     let refused = matches!(class, Some("22" | "23"));

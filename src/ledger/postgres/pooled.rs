@@ -1,13 +1,22 @@
 //! How a statement runs on a pool: a connection whose server lost its role is dropped, never
 //! pooled again, and the statement tried once more on a fresh one where that is safe.
 
+use std::time::Duration;
+
 use deadpool_postgres::{Object, Pool, Runtime};
 
 use super::connection::{
     error_text, pool_error, statement_error, StandbyWarnings, Tls, CONNECT_TIMEOUT,
 };
 use super::role::{role_lost, RoleWatch};
-use crate::ledger::error::StorageError;
+use crate::ledger::error::{Cause, StorageError};
+
+/// How long a statement may go unanswered before its connection is given up: far longer than
+/// any of the ledger's bounded statements takes on a server that works, and short enough that
+/// a commit waiting for a synchronous standby that will never answer (promoted away, while
+/// the old primary stays up: a managed cloud's failover) frees its connection, and the claim
+/// batcher its slot, within seconds rather than never.
+pub(super) const ANSWER_BUDGET: Duration = Duration::from_secs(10);
 
 /// A pool and the watch on its server's role.
 #[derive(Clone)]
@@ -27,10 +36,12 @@ pub(super) enum Rerun {
     Unsafe,
 }
 
-/// Why [`Pooled::run`] failed: no connection, or the statement's error.
+/// Why [`run_on!`] failed: no connection, the statement's error, or no answer within
+/// [`ANSWER_BUDGET`] (and whether the statement was one whose outcome that leaves unknown).
 pub(super) enum RunError {
     Pool(StorageError),
     Statement(tokio_postgres::Error),
+    Unanswered(Rerun),
 }
 
 impl Pooled {
@@ -70,16 +81,30 @@ impl Pooled {
     /// role or the session ([`role_lost`]) the connection is dropped, with every other opened
     /// before it, and the statement runs once more on a fresh connection (`Again`) on the first
     /// try, when the server refused it (nothing committed) or `rerun` allows.
+    /// Unanswered within [`ANSWER_BUDGET`], the connection is dropped (its answer, if it ever
+    /// comes, would hold up every later statement on it), and the statement runs once more
+    /// on a fresh connection if `rerun` allows.
     pub(super) fn settle<T>(
         &self,
         client: Object,
-        result: Result<T, tokio_postgres::Error>,
+        answered: Result<Result<T, tokio_postgres::Error>, tokio::time::error::Elapsed>,
         rerun: Rerun,
         first_try: bool,
     ) -> Settled<T> {
-        let error = match result {
-            Ok(value) => return Settled::Done(Ok(value)),
-            Err(error) => error,
+        let error = match answered {
+            Ok(Ok(value)) => return Settled::Done(Ok(value)),
+            Ok(Err(error)) => error,
+            Err(_) => {
+                drop(Object::take(client));
+                tracing::warn!(
+                    budget = ?ANSWER_BUDGET,
+                    "PostgreSQL did not answer a statement in time: its connection is given up"
+                );
+                if first_try && rerun == Rerun::Safe {
+                    return Settled::Again;
+                }
+                return Settled::Done(Err(RunError::Unanswered(rerun)));
+            }
         };
         if !role_lost(&error) {
             return Settled::Done(Err(RunError::Statement(error)));
@@ -120,8 +145,12 @@ macro_rules! run_on {
                 Ok(client) => client,
                 Err(error) => break Err(error),
             };
-            let result: Result<_, tokio_postgres::Error> = async { $body }.await;
-            match pooled.settle($client, result, $rerun, first_try) {
+            let answered: Result<Result<_, tokio_postgres::Error>, _> =
+                tokio::time::timeout($crate::ledger::postgres::pooled::ANSWER_BUDGET, async {
+                    $body
+                })
+                .await;
+            match pooled.settle($client, answered, $rerun, first_try) {
                 $crate::ledger::postgres::pooled::Settled::Done(result) => break result,
                 $crate::ledger::postgres::pooled::Settled::Again => first_try = false,
             }
@@ -135,6 +164,15 @@ impl RunError {
         match self {
             RunError::Pool(error) => error,
             RunError::Statement(error) => statement_error(error),
+            RunError::Unanswered(rerun) => {
+                let cause = Cause::message(format!(
+                    "PostgreSQL did not answer within {ANSWER_BUDGET:?}; the connection was given up"
+                ));
+                match rerun {
+                    Rerun::Safe => StorageError::Unavailable(cause),
+                    Rerun::Unsafe => StorageError::OutcomeUnknown(cause),
+                }
+            }
         }
     }
 }

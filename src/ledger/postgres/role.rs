@@ -16,7 +16,7 @@ use deadpool_postgres::{Hook, HookError, Metrics, PoolBuilder};
 use tokio::sync::watch;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use super::connection::error_text;
+use super::connection::{error_text, CONNECT_TIMEOUT};
 
 /// The longest a pooled connection lives. It bounds how long a connection can stay on a server
 /// whose role changed in a way no check sees (a virtual IP or DNS name moved to another server
@@ -129,10 +129,18 @@ impl RoleWatch {
 
     /// Checks that the server behind `client` is the primary and, for a pool that writes,
     /// that it takes writes; a server that is not is a loss.
+    /// Unanswered within [`CONNECT_TIMEOUT`], the check fails and the pool drops the
+    /// connection: a pool's hooks run outside its timeouts.
     pub(super) async fn verify(&self, client: &Client, writes: bool) -> Result<(), String> {
-        let messages = match client.simple_query(CHECK_SQL).await {
-            Ok(messages) => messages,
-            Err(error) => {
+        let checked = tokio::time::timeout(CONNECT_TIMEOUT, client.simple_query(CHECK_SQL)).await;
+        let messages = match checked {
+            Ok(Ok(messages)) => messages,
+            Err(_) => {
+                return Err(format!(
+                    "the role check went unanswered for {CONNECT_TIMEOUT:?}"
+                ))
+            }
+            Ok(Err(error)) => {
                 let why = error_text(&error);
                 if role_lost(&error) {
                     self.lost(&why);
