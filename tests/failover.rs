@@ -556,6 +556,21 @@ async fn failovers(clusters: &Clusters, journal: Journal) {
     )
     .unwrap();
     let sent = sent.lock().unwrap().clone();
+    // Each receiver claims again: a commit left waiting for a standby that was promoted away
+    // is given up (it took a claim batch slot for ever, and with both taken the receiver
+    // refused every claim while the other served the load).
+    for (index, receiver) in receivers.iter().enumerate() {
+        let job_id = format!("after-the-failovers-{index}");
+        let mut status = 0;
+        for _ in 0..40 {
+            status = receiver.deliver(&job_body(&job_id)).await.status.as_u16();
+            if status == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert_eq!(status, 200, "receiver {index} claims nothing after the failovers");
+    }
     let acknowledged: std::collections::HashSet<&str> = sent
         .iter()
         .filter(|answer| answer.status == 200)

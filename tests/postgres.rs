@@ -873,12 +873,12 @@ async fn a_commit_the_standby_never_answers_is_given_up_with_its_connection() {
     let url = &standby.url;
     let dir = tempfile::tempdir().unwrap();
     // The schema, made without waiting for the standby (a migration commits too).
-    Ledger::open(&config_of(dir.path(), &without_standby_wait(&url)).database)
+    Ledger::open(&config_of(dir.path(), &without_standby_wait(url)).database)
         .await
         .unwrap()
         .close()
         .await;
-    let ledger = Ledger::open(&config_of(dir.path(), &url).database)
+    let ledger = Ledger::open(&config_of(dir.path(), url).database)
         .await
         .unwrap();
     // Two claims, one after the other: the second's batch is answered only once the first's
@@ -924,7 +924,7 @@ async fn a_claim_is_never_200_before_the_synchronous_standby_has_it() {
 
     // fsync = off: refused, with the reason.
     let set_fsync = |value: &str| {
-        with_postgres(&admin, |client| {
+        with_postgres(admin, |client| {
             client
                 .batch_execute(&format!("ALTER SYSTEM SET fsync = {value}"))
                 .unwrap();
@@ -933,13 +933,13 @@ async fn a_claim_is_never_200_before_the_synchronous_standby_has_it() {
         std::thread::sleep(Duration::from_millis(300));
     };
     set_fsync("off");
-    let refused = Ledger::open(&config_for(&without_standby_wait(&url)).database).await;
+    let refused = Ledger::open(&config_for(&without_standby_wait(url)).database).await;
     set_fsync("on");
     let error = format!("{:#}", refused.err().expect("fsync = off was accepted"));
     assert!(error.contains("fsync = off"), "{error}");
 
     // The schema, made without waiting for the standby (a migration commits too).
-    let ledger = Ledger::open(&config_for(&without_standby_wait(&url)).database)
+    let ledger = Ledger::open(&config_for(&without_standby_wait(url)).database)
         .await
         .unwrap();
     ledger.close().await;
@@ -965,7 +965,7 @@ async fn a_claim_is_never_200_before_the_synchronous_standby_has_it() {
         })
     };
     let rows = |job_id: &str| {
-        with_postgres(&without_standby_wait(&url), |client| {
+        with_postgres(&without_standby_wait(url), |client| {
             client
                 .query_one("SELECT count(*) FROM jobs WHERE job_id = $1", &[&job_id])
                 .unwrap()
@@ -978,9 +978,9 @@ async fn a_claim_is_never_200_before_the_synchronous_standby_has_it() {
         ("terminated", "pg_terminate_backend"),
     ] {
         let delivery = deliver_in_background(job_id);
-        let pid = tokio::task::block_in_place(|| waiting_for_the_standby(&admin, &name))
+        let pid = tokio::task::block_in_place(|| waiting_for_the_standby(admin, name))
             .expect("the claim's commit waits for the standby");
-        with_postgres(&admin, |client| {
+        with_postgres(admin, |client| {
             client
                 .execute(&format!("SELECT {stop}($1)"), &[&pid])
                 .unwrap()
@@ -998,12 +998,12 @@ async fn a_claim_is_never_200_before_the_synchronous_standby_has_it() {
 
         // Sume's retry finds the row: it too must wait for the standby.
         let retry = deliver_in_background(job_id);
-        let Some(pid) = tokio::task::block_in_place(|| waiting_for_the_standby(&admin, &name))
+        let Some(pid) = tokio::task::block_in_place(|| waiting_for_the_standby(admin, name))
         else {
             let status = retry.await.unwrap();
             panic!("{job_id}: the retry did not wait for the standby: answered {status}");
         };
-        with_postgres(&admin, |client| {
+        with_postgres(admin, |client| {
             client
                 .execute("SELECT pg_cancel_backend($1)", &[&pid])
                 .unwrap()
@@ -1014,7 +1014,7 @@ async fn a_claim_is_never_200_before_the_synchronous_standby_has_it() {
 
     // synchronous_commit is held on every connection: a database setting made later (and
     // new connections, after these are terminated) do not take the wait away.
-    with_postgres(&admin, |client| {
+    with_postgres(admin, |client| {
         client
             .batch_execute(&format!(
                 "ALTER DATABASE {name} SET synchronous_commit = local;
@@ -1024,11 +1024,11 @@ async fn a_claim_is_never_200_before_the_synchronous_standby_has_it() {
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let delivery = deliver_in_background("after-alter-database");
-    let Some(pid) = tokio::task::block_in_place(|| waiting_for_the_standby(&admin, &name)) else {
+    let Some(pid) = tokio::task::block_in_place(|| waiting_for_the_standby(admin, name)) else {
         let status = delivery.await.unwrap();
         panic!("a new connection took the database's synchronous_commit: answered {status}");
     };
-    with_postgres(&admin, |client| {
+    with_postgres(admin, |client| {
         client
             .execute("SELECT pg_cancel_backend($1)", &[&pid])
             .unwrap()
