@@ -569,7 +569,10 @@ async fn failovers(clusters: &Clusters, journal: Journal) {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        assert_eq!(status, 200, "receiver {index} claims nothing after the failovers");
+        assert_eq!(
+            status, 200,
+            "receiver {index} claims nothing after the failovers"
+        );
     }
     let acknowledged: std::collections::HashSet<&str> = sent
         .iter()

@@ -998,8 +998,7 @@ async fn a_claim_is_never_200_before_the_synchronous_standby_has_it() {
 
         // Sume's retry finds the row: it too must wait for the standby.
         let retry = deliver_in_background(job_id);
-        let Some(pid) = tokio::task::block_in_place(|| waiting_for_the_standby(admin, name))
-        else {
+        let Some(pid) = tokio::task::block_in_place(|| waiting_for_the_standby(admin, name)) else {
             let status = retry.await.unwrap();
             panic!("{job_id}: the retry did not wait for the standby: answered {status}");
         };

@@ -660,44 +660,4 @@ fn backoff(config: &HandlerConfig, failures: u32) -> Duration {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::HandlerKind;
-
-    fn config() -> HandlerConfig {
-        HandlerConfig {
-            kind: HandlerKind::Command(vec!["true".into()]),
-            timeout: Duration::from_secs(1),
-            concurrency: 1,
-            max_attempts: 5,
-            backoff: Duration::from_secs(10),
-            max_backoff: Duration::from_secs(60),
-            hold: Default::default(),
-        }
-    }
-
-    #[test]
-    fn backoff_doubles_with_jitter_and_is_capped() {
-        let config = config();
-        for _ in 0..100 {
-            let first = backoff(&config, 1).as_secs_f64();
-            assert!((8.0..=12.0).contains(&first), "{first}");
-            let third = backoff(&config, 3).as_secs_f64();
-            assert!((32.0..=48.0).contains(&third), "{third}");
-            let late = backoff(&config, 40).as_secs_f64();
-            assert!((48.0..=72.0).contains(&late), "{late}");
-        }
-    }
-
-    #[test]
-    fn queue_refuses_a_job_it_already_holds() {
-        let (queue, mut receiver) = Queue::new(Breaker::new(&config(), Duration::ZERO));
-        let a = JobId::parse("a").unwrap();
-        assert!(queue.enqueue(&a));
-        assert!(!queue.enqueue(&a));
-        assert!(queue.holds("a"));
-        assert_eq!(receiver.try_recv().unwrap(), a);
-        queue.release(&a);
-        assert!(queue.enqueue(&a));
-    }
-}
+mod tests;
