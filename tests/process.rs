@@ -927,7 +927,10 @@ async fn kill_9_at_random_moments_loses_no_acknowledged_job() {
     }
     let mut duplicate_answers = 0;
     while let Some(duplicates) = senders.join_next().await {
-        duplicate_answers += duplicates.unwrap();
+        duplicate_answers += duplicates.unwrap_or_else(|error| {
+            let log = std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
+            panic!("{error}; the service's log:\n{log}")
+        });
     }
     let acknowledged = acknowledged.lock().unwrap().clone();
     assert_eq!(acknowledged.len(), JOBS);

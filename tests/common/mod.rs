@@ -598,13 +598,22 @@ pub async fn slow_heads(
     slow
 }
 
-/// A port nothing listens on right now (for a server the test starts later).
+/// A port nothing listens on right now, for a server the test starts (and may restart) later;
+/// never the same twice in one test binary. Below the kernel's ephemeral range (32768-60999),
+/// which outgoing connections take their local ports from: while a server of that range was
+/// down after a kill, a connection could take its port (one of its clients retrying could even
+/// connect to itself there), and the server started again could not listen on it, while the
+/// test took the port's answers for its own.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        let port = fastrand::u16(20_000..32_000);
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 pub fn unix_now() -> i64 {
