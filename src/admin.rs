@@ -3,7 +3,7 @@
 //! With `Authorization: Bearer <token>`: `PUT /v1/expected/{job_id}` (or POST) registers a job
 //! for reconciliation (twice is harmless); `GET /v1/jobs/{job_id}` shows a job and its history;
 //! `POST /v1/jobs/{job_id}/retry`, `/run-now` and `/cancel?reason=...` act on it;
-//! `GET /v1/dispatch`, `POST /v1/dispatch/pause` and `/resume`; `GET /v1/refusals`, the recent
+//! `GET /v1/dispatch`, `POST /v1/dispatch/pause` (with `?reason=`, optional) and `/resume`; `GET /v1/refusals`, the recent
 //! refused deliveries. Off unless `[admin] token_file` is set. It also serves `/healthz`,
 //! `/readyz` and `/metrics` (no token: read-only, loopback).
 
@@ -110,7 +110,13 @@ impl Router for Admin {
             },
             ["v1", "dispatch", change @ ("pause" | "resume")] if posted => {
                 let paused = *change == "pause";
-                match self.ledger.set_dispatch(paused, &by, now_ms()).await {
+                let reason = crate::console::form_value(&query, "reason")
+                    .filter(|reason| paused && !reason.trim().is_empty());
+                match self
+                    .ledger
+                    .set_dispatch(paused, &by, reason.as_deref(), now_ms())
+                    .await
+                {
                     Ok(changed) => {
                         if let Some(queue) = &self.queue {
                             queue.dispatch_changed(paused);

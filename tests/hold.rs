@@ -412,7 +412,12 @@ async fn dispatch(server: &TestServer, change: &str) {
         .await
         .unwrap();
     ledger
-        .set_dispatch(change == "pause", "test", sume_receiver::ledger::now_ms())
+        .set_dispatch(
+            change == "pause",
+            "test",
+            None,
+            sume_receiver::ledger::now_ms(),
+        )
         .await
         .unwrap();
     ledger.close().await;

@@ -24,7 +24,13 @@ impl Console {
         let (message, back) = match segments.as_slice() {
             ["dispatch", change @ ("pause" | "resume")] => {
                 let paused = *change == "pause";
-                match self.ledger.set_dispatch(paused, by, now).await {
+                let reason =
+                    form_value(form, "reason").filter(|reason| paused && !reason.trim().is_empty());
+                match self
+                    .ledger
+                    .set_dispatch(paused, by, reason.as_deref(), now)
+                    .await
+                {
                     Ok(_) => {
                         if let Some(queue) = &self.queue {
                             queue.dispatch_changed(paused);

@@ -27,9 +27,9 @@ use super::contract::Backend;
 use super::error::{Cause, StorageError};
 use super::model::now_ms;
 use super::model::{
-    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation,
-    Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
-    RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
+    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DispatchStop, DueExpectation, DueJobs,
+    Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
+    RetentionStep, RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
 };
 use crate::config::SqliteConfig;
 use crate::job_id::JobId;
@@ -427,6 +427,7 @@ impl Backend for SqliteLedger {
                 RetentionStep::PurgeBodies => jobs::PURGE_BODIES_SQL,
                 RetentionStep::DeleteFinished => jobs::DELETE_FINISHED_SQL,
                 RetentionStep::DeleteResolvedExpectations => expected::DELETE_RESOLVED_SQL,
+                RetentionStep::DeleteEndedStops => hold::DELETE_ENDED_STOPS_SQL,
             };
             conn.prepare_cached(sql)?
                 .execute(rusqlite::params![before, limit as i64])
@@ -606,9 +607,15 @@ impl Backend for SqliteLedger {
         self.read(jobs::dispatch).await
     }
 
-    async fn set_dispatch(&self, paused: bool, by: &str, now: i64) -> Result<bool, StorageError> {
-        let by = by.to_owned();
-        self.write(move |conn| jobs::set_dispatch(conn, paused, &by, now))
+    async fn set_dispatch(
+        &self,
+        paused: bool,
+        by: &str,
+        reason: Option<&str>,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        let (by, reason) = (by.to_owned(), reason.map(str::to_owned));
+        self.write(move |conn| jobs::set_dispatch(conn, paused, &by, reason.as_deref(), now))
             .await
     }
 
@@ -632,8 +639,19 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn end_hold(&self, since: i64) -> Result<Option<Hold>, StorageError> {
-        self.write(move |conn| hold::end_hold(conn, since)).await
+    async fn end_hold(&self, since: i64, now: i64) -> Result<Option<Hold>, StorageError> {
+        self.write(move |conn| hold::end_hold(conn, since, now))
+            .await
+    }
+
+    async fn dispatch_stops(
+        &self,
+        from: i64,
+        to: i64,
+        limit: usize,
+    ) -> Result<Vec<DispatchStop>, StorageError> {
+        self.read(move |conn| hold::dispatch_stops(conn, from, to, limit))
+            .await
     }
 
     async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {
