@@ -704,6 +704,11 @@ async fn a_pause_stays_in_the_timelines_of_the_jobs_it_delayed() {
         "{json}"
     );
 
+    // The verdict's due-job limit is a setting the Config page shows (10 minutes unless set).
+    let settings = html(&alice.get("/console/config").await);
+    assert!(settings.contains("admin.due_job_limit"), "{settings}");
+    assert!(settings.contains("10m"), "{settings}");
+
     let cli_config = common::service::write_config(server.dir.path(), free_port(), "", "");
     let show = |job_id: &str| {
         let output = common::service::cli(&cli_config, &["jobs", "show", job_id]);

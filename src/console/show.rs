@@ -169,6 +169,7 @@ impl Console {
             hour: &hour,
             tolerance: self.tolerance,
             disk,
+            due_limit: self.due_limit,
         });
         let data = pages::Overview {
             verdict: verdict::verdict(&facts),
