@@ -412,6 +412,32 @@ async fn an_operator_acts_only_from_the_console_itself() {
     );
     assert_eq!(server.state_of(&job_id).as_deref(), Some("dead"));
 
+    // Refused as the admin API refuses (one implementation of the actions behind both).
+    for (path, form, status, said) in [
+        (
+            "/run-now",
+            "",
+            409,
+            "the job is dead; run-now applies to a retrying job",
+        ),
+        (
+            "/cancel",
+            "reason=late",
+            409,
+            "the job is dead; cancel applies to a claimed or retrying job",
+        ),
+        ("/cancel", "reason=+", 400, "a cancel needs a reason"),
+    ] {
+        let answer = operator.post(&format!("{job_href}{path}"), form).await;
+        assert_eq!(
+            (answer.status.as_u16(), html(&answer).as_str()),
+            (status, said)
+        );
+    }
+    let unknown = operator.post("/console/jobs/nobody/run-now", "").await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(html(&unknown), "no such job in the ledger");
+
     // The dead-letter group, by what failed (the handler's stderr is part of it): counted,
     // then retried by alice, who signed in with her own token.
     let alice = Console::sign_in(admin_port, ALICE_TOKEN).await;
