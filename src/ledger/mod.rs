@@ -40,7 +40,7 @@ pub const ROWS_READ_PER_FILTERED_PAGE: usize = 10_000;
 /// Rows read per query while filtering.
 const ROWS_READ_PER_CHUNK: usize = 1_000;
 
-pub use portable_sql::{list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL};
+pub use portable_sql::{dispatch_stops_sql, list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL};
 pub use postgres::PostgresLedger;
 pub use sqlite::{backup, BackupReport, SqliteLedger};
 #[cfg(feature = "bench")]

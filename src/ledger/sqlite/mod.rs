@@ -41,6 +41,7 @@ pub use expected::{DELETE_RESOLVED_SQL, DUE_EXPECTATIONS_SQL};
 use failure::Cause as FailureCause;
 use failure::Failure;
 pub use history::{ACTIONS_OF_JOB_SQL, ATTEMPTS_OF_JOB_SQL};
+pub use hold::DELETE_ENDED_STOPS_SQL;
 #[cfg(feature = "testing")]
 pub use integrity::damage_for_test;
 use integrity::BackgroundCheck;
