@@ -172,9 +172,17 @@ impl Admin {
     }
 
     async fn show(&self, job_id: &JobId) -> Response<Full<Bytes>> {
-        match self.ledger.show_job(job_id.as_str()).await {
-            Ok(Some(job)) => json_response(StatusCode::OK, &serde_json::json!(job)),
-            Ok(None) => error_response(StatusCode::NOT_FOUND, "no such job in the ledger"),
+        let job = match self.ledger.show_job(job_id.as_str()).await {
+            Ok(Some(job)) => job,
+            Ok(None) => return error_response(StatusCode::NOT_FOUND, "no such job in the ledger"),
+            Err(error) => return storage_unavailable(&error),
+        };
+        match self.ledger.stops_delaying(&job, now_ms()).await {
+            Ok(stops) => {
+                let mut json = serde_json::json!(job);
+                json["delayed_by"] = serde_json::json!(stops);
+                json_response(StatusCode::OK, &json)
+            }
             Err(error) => storage_unavailable(&error),
         }
     }
