@@ -736,8 +736,13 @@ async fn a_pause_stays_in_the_timelines_of_the_jobs_it_delayed() {
     assert!(settings.contains("10m"), "{settings}");
 
     let cli_config = common::service::write_config(server.dir.path(), free_port(), "", "");
-    let show = |job_id: &str| {
-        let output = common::service::cli(&cli_config, &["jobs", "show", job_id]);
+    // `jobs show` with the words of `args`.
+    let show = |args: &str| {
+        let args: Vec<&str> = ["jobs", "show"]
+            .into_iter()
+            .chain(args.split(' '))
+            .collect();
+        let output = common::service::cli(&cli_config, &args);
         assert!(output.status.success(), "{output:?}");
         String::from_utf8(output.stdout).unwrap()
     };
@@ -745,5 +750,9 @@ async fn a_pause_stays_in_the_timelines_of_the_jobs_it_delayed() {
     assert!(delayed.contains(said), "{delayed}");
     assert!(delayed.contains("(deploy of billing)"), "{delayed}");
     assert!(!show("later").contains("dispatch paused"));
+    let json: serde_json::Value = serde_json::from_str(&show("delayed --json")).unwrap();
+    let pause = &json["delayed_by"][0];
+    assert_eq!(pause["reason"], "deploy of billing", "{json}");
+    assert!(pause["ended_at_utc"].as_str().is_some(), "{json}");
     server.stop().await.0.unwrap();
 }

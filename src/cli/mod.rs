@@ -368,7 +368,8 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
                 .context("cannot read the stops of dispatch")?;
             if json {
                 let mut json = readable_json(&job)?;
-                json["delayed_by"] = serde_json::json!(stops);
+                let stops: Vec<_> = stops.iter().map(readable_json).collect::<Result<_, _>>()?;
+                json["delayed_by"] = stops.into();
                 println!("{}", serde_json::to_string_pretty(&json)?);
             } else {
                 print!("{}", job_details(&job, &stops));
