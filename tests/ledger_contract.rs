@@ -921,63 +921,6 @@ on_both_ledgers! {
         ledger.close().await;
     }
 
-    /// A hold opens once (a second receiver's finds it open), its probe moves only from where
-    /// it is (one receiver takes each probe), and it ends once, returning what it was.
-    #[tokio::test(flavor = "multi_thread")]
-    async fn a_hold_opens_once_moves_its_probe_once_and_ends_once() {
-        let (_dir, ledger) = fresh().await;
-        assert_eq!(ledger.hold().await.unwrap(), None);
-        let hold = ledger::Hold {
-            since: 1_000,
-            reason: "5 different jobs failed in a row".into(),
-            sample_error: "handler answered 502 Bad Gateway: «é»".into(),
-            next_probe_at: 6_000,
-            probe_interval_ms: 5_000,
-        };
-        assert!(ledger.open_hold(&hold).await.unwrap());
-        let second = ledger::Hold { since: 1_500, reason: "other".into(), ..hold.clone() };
-        assert!(!ledger.open_hold(&second).await.unwrap(), "a hold was open");
-        assert_eq!(ledger.hold().await.unwrap().as_ref(), Some(&hold));
-
-        assert!(ledger.move_probe(1_000, 6_000, 20_000, 10_000).await.unwrap());
-        assert!(!ledger.move_probe(1_000, 6_000, 21_000, 10_000).await.unwrap(), "taken already");
-        assert!(!ledger.move_probe(1_500, 20_000, 21_000, 10_000).await.unwrap(), "not that hold");
-        let moved = ledger.hold().await.unwrap().unwrap();
-        assert_eq!((moved.next_probe_at, moved.probe_interval_ms), (20_000, 10_000));
-
-        assert_eq!(ledger.end_hold(1_500, 9_000).await.unwrap(), None, "not that hold");
-        assert_eq!(ledger.end_hold(1_000, 9_000).await.unwrap(), Some(moved));
-        assert_eq!(ledger.end_hold(1_000, 9_000).await.unwrap(), None, "ended already");
-        assert_eq!(ledger.hold().await.unwrap(), None);
-        ledger.close().await;
-    }
-
-    /// `jobs resume` ends a hold, and is then a change though dispatch was not paused; a
-    /// pause leaves the hold as it is.
-    #[tokio::test(flavor = "multi_thread")]
-    async fn resuming_dispatch_ends_a_hold() {
-        let (_dir, ledger) = fresh().await;
-        let hold = ledger::Hold {
-            since: 1_000,
-            reason: "the handler's downstream cannot be reached".into(),
-            sample_error: "connection refused".into(),
-            next_probe_at: 6_000,
-            probe_interval_ms: 5_000,
-        };
-        assert!(ledger.open_hold(&hold).await.unwrap());
-        assert!(ledger.set_dispatch(true, "cli:dave", None, 2_000).await.unwrap());
-        assert_eq!(ledger.hold().await.unwrap(), Some(hold.clone()), "a pause keeps the hold");
-        assert!(ledger.set_dispatch(false, "cli:dave", None, 3_000).await.unwrap());
-        assert_eq!(ledger.hold().await.unwrap(), None);
-
-        assert!(ledger.open_hold(&hold).await.unwrap());
-        assert!(ledger.set_dispatch(false, "cli:erin", None, 4_000).await.unwrap(), "a hold ended");
-        assert_eq!(ledger.hold().await.unwrap(), None);
-        assert_eq!(ledger.dispatch().await.unwrap().changed_by.as_deref(), Some("cli:erin"));
-        assert!(!ledger.set_dispatch(false, "cli:erin", None, 5_000).await.unwrap(), "nothing to end");
-        ledger.close().await;
-    }
-
     /// Every pause and hold is a stop in the log, with who, why, and when it began and ended (a
     /// resume ends both kinds); a span's stops are those in force during some of it.
     #[tokio::test(flavor = "multi_thread")]
@@ -1052,6 +995,64 @@ on_both_ledgers! {
         assert_eq!(left, [(5_000, Some(6_000)), (7_000, None)]);
         ledger.close().await;
     }
+
+    /// A hold opens once (a second receiver's finds it open), its probe moves only from where
+    /// it is (one receiver takes each probe), and it ends once, returning what it was.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_hold_opens_once_moves_its_probe_once_and_ends_once() {
+        let (_dir, ledger) = fresh().await;
+        assert_eq!(ledger.hold().await.unwrap(), None);
+        let hold = ledger::Hold {
+            since: 1_000,
+            reason: "5 different jobs failed in a row".into(),
+            sample_error: "handler answered 502 Bad Gateway: «é»".into(),
+            next_probe_at: 6_000,
+            probe_interval_ms: 5_000,
+        };
+        assert!(ledger.open_hold(&hold).await.unwrap());
+        let second = ledger::Hold { since: 1_500, reason: "other".into(), ..hold.clone() };
+        assert!(!ledger.open_hold(&second).await.unwrap(), "a hold was open");
+        assert_eq!(ledger.hold().await.unwrap().as_ref(), Some(&hold));
+
+        assert!(ledger.move_probe(1_000, 6_000, 20_000, 10_000).await.unwrap());
+        assert!(!ledger.move_probe(1_000, 6_000, 21_000, 10_000).await.unwrap(), "taken already");
+        assert!(!ledger.move_probe(1_500, 20_000, 21_000, 10_000).await.unwrap(), "not that hold");
+        let moved = ledger.hold().await.unwrap().unwrap();
+        assert_eq!((moved.next_probe_at, moved.probe_interval_ms), (20_000, 10_000));
+
+        assert_eq!(ledger.end_hold(1_500, 9_000).await.unwrap(), None, "not that hold");
+        assert_eq!(ledger.end_hold(1_000, 9_000).await.unwrap(), Some(moved));
+        assert_eq!(ledger.end_hold(1_000, 9_000).await.unwrap(), None, "ended already");
+        assert_eq!(ledger.hold().await.unwrap(), None);
+        ledger.close().await;
+    }
+
+    /// `jobs resume` ends a hold, and is then a change though dispatch was not paused; a
+    /// pause leaves the hold as it is.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn resuming_dispatch_ends_a_hold() {
+        let (_dir, ledger) = fresh().await;
+        let hold = ledger::Hold {
+            since: 1_000,
+            reason: "the handler's downstream cannot be reached".into(),
+            sample_error: "connection refused".into(),
+            next_probe_at: 6_000,
+            probe_interval_ms: 5_000,
+        };
+        assert!(ledger.open_hold(&hold).await.unwrap());
+        assert!(ledger.set_dispatch(true, "cli:dave", None, 2_000).await.unwrap());
+        assert_eq!(ledger.hold().await.unwrap(), Some(hold.clone()), "a pause keeps the hold");
+        assert!(ledger.set_dispatch(false, "cli:dave", None, 3_000).await.unwrap());
+        assert_eq!(ledger.hold().await.unwrap(), None);
+
+        assert!(ledger.open_hold(&hold).await.unwrap());
+        assert!(ledger.set_dispatch(false, "cli:erin", None, 4_000).await.unwrap(), "a hold ended");
+        assert_eq!(ledger.hold().await.unwrap(), None);
+        assert_eq!(ledger.dispatch().await.unwrap().changed_by.as_deref(), Some("cli:erin"));
+        assert!(!ledger.set_dispatch(false, "cli:erin", None, 5_000).await.unwrap(), "nothing to end");
+        ledger.close().await;
+    }
+
 }
 
 /// The command line never creates or migrates a ledger.

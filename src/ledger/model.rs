@@ -465,10 +465,10 @@ pub enum RetentionStep {
     PurgeBodies,
     /// Forgets jobs finished before the cutoff: a Redeliver of one is a new job.
     DeleteFinished,
-    /// Forgets expectations resolved before the cutoff.
-    DeleteResolvedExpectations,
     /// Forgets the stops of dispatch that ended before the cutoff.
     DeleteEndedStops,
+    /// Forgets expectations resolved before the cutoff.
+    DeleteResolvedExpectations,
 }
 
 /// Dead jobs with the same error signature (see the console's dead letters).

@@ -263,8 +263,8 @@ impl Backend for PostgresLedger {
         let statement = match step {
             RetentionStep::PurgeBodies => sql::PURGE_BODIES_SQL,
             RetentionStep::DeleteFinished => sql::DELETE_FINISHED_SQL,
-            RetentionStep::DeleteResolvedExpectations => sql::DELETE_RESOLVED_SQL,
             RetentionStep::DeleteEndedStops => sql::DELETE_ENDED_STOPS_SQL,
+            RetentionStep::DeleteResolvedExpectations => sql::DELETE_RESOLVED_SQL,
         };
         self.execute(statement, &[&before, &(limit as i64)]).await
     }

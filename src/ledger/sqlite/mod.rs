@@ -427,8 +427,8 @@ impl Backend for SqliteLedger {
             let sql = match step {
                 RetentionStep::PurgeBodies => jobs::PURGE_BODIES_SQL,
                 RetentionStep::DeleteFinished => jobs::DELETE_FINISHED_SQL,
-                RetentionStep::DeleteResolvedExpectations => expected::DELETE_RESOLVED_SQL,
                 RetentionStep::DeleteEndedStops => hold::DELETE_ENDED_STOPS_SQL,
+                RetentionStep::DeleteResolvedExpectations => expected::DELETE_RESOLVED_SQL,
             };
             conn.prepare_cached(sql)?
                 .execute(rusqlite::params![before, limit as i64])
