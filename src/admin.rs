@@ -3,8 +3,9 @@
 //! With `Authorization: Bearer <token>`: `PUT /v1/expected/{job_id}` (or POST) registers a job
 //! for reconciliation (twice is harmless); `GET /v1/jobs/{job_id}` shows a job and its history;
 //! `POST /v1/jobs/{job_id}/retry`, `/run-now` and `/cancel?reason=...` act on it;
-//! `GET /v1/dispatch`, `POST /v1/dispatch/pause` and `/resume`; `GET /v1/refusals`, the recent
-//! refused deliveries. Off unless `[admin] token_file` is set. It also serves `/healthz`,
+//! `GET /v1/dispatch`, `POST /v1/dispatch/pause` (optionally `?reason=`) and `/resume`;
+//! `GET /v1/refusals`, the recent refused deliveries. The actions themselves are `actions.rs`'s,
+//! shared with the console. Off unless `[admin] token_file` is set. It also serves `/healthz`,
 //! `/readyz` and `/metrics` (no token: read-only, loopback).
 
 use std::net::SocketAddr;
@@ -17,6 +18,7 @@ use hyper::body::Incoming;
 use hyper::header::AUTHORIZATION;
 use hyper::{Method, Request, Response, StatusCode};
 
+use crate::actions::{Actions, JobAction, Refused};
 use crate::config::Secret;
 use crate::console::Console;
 use crate::ingest::json_response;
@@ -92,13 +94,15 @@ impl Router for Admin {
                     Ok(job_id) => job_id,
                     Err(why) => return error_response(StatusCode::BAD_REQUEST, &why),
                 };
-                match (action, read, posted) {
-                    ([], true, _) => self.show(&job_id).await,
-                    (["retry" | "run-now" | "cancel"], _, true) => {
-                        self.act(&job_id, action[0], &by, &query).await
-                    }
-                    ([], _, _) => error_response(StatusCode::METHOD_NOT_ALLOWED, "use GET"),
-                    (["retry" | "run-now" | "cancel"], _, _) => {
+                let act = match action {
+                    [segment] => JobAction::from_segment(segment),
+                    _ => None,
+                };
+                match (action, act, read, posted) {
+                    ([], _, true, _) => self.show(&job_id).await,
+                    (_, Some(act), _, true) => self.act(&job_id, act, &by, &query).await,
+                    ([], _, _, _) => error_response(StatusCode::METHOD_NOT_ALLOWED, "use GET"),
+                    (_, Some(_), _, _) => {
                         error_response(StatusCode::METHOD_NOT_ALLOWED, "use POST")
                     }
                     _ => error_response(StatusCode::NOT_FOUND, "not found"),
@@ -110,17 +114,16 @@ impl Router for Admin {
             },
             ["v1", "dispatch", change @ ("pause" | "resume")] if posted => {
                 let paused = *change == "pause";
-                match self.ledger.set_dispatch(paused, &by, now_ms()).await {
-                    Ok(changed) => {
-                        if let Some(queue) = &self.queue {
-                            queue.dispatch_changed(paused);
-                        }
-                        tracing::info!(%by, paused, changed, "dispatch changed on the admin listener");
-                        json_response(
-                            StatusCode::OK,
-                            &serde_json::json!({ "paused": paused, "changed": changed }),
-                        )
-                    }
+                let reason = crate::console::form_value(&query, "reason");
+                match self
+                    .actions()
+                    .set_dispatch(paused, &by, reason.as_deref())
+                    .await
+                {
+                    Ok(changed) => json_response(
+                        StatusCode::OK,
+                        &serde_json::json!({ "paused": paused, "changed": changed }),
+                    ),
                     Err(error) => storage_unavailable(&error),
                 }
             }
@@ -169,76 +172,56 @@ impl Admin {
     }
 
     async fn show(&self, job_id: &JobId) -> Response<Full<Bytes>> {
-        match self.ledger.show_job(job_id.as_str()).await {
-            Ok(Some(job)) => json_response(StatusCode::OK, &serde_json::json!(job)),
-            Ok(None) => error_response(StatusCode::NOT_FOUND, "no such job in the ledger"),
+        let job = match self.ledger.show_job(job_id.as_str()).await {
+            Ok(Some(job)) => job,
+            Ok(None) => return error_response(StatusCode::NOT_FOUND, "no such job in the ledger"),
+            Err(error) => return storage_unavailable(&error),
+        };
+        match self.ledger.stops_delaying(&job, now_ms()).await {
+            Ok(stops) => {
+                let mut json = serde_json::json!(job);
+                json["delayed_by"] = serde_json::json!(stops);
+                json_response(StatusCode::OK, &json)
+            }
             Err(error) => storage_unavailable(&error),
         }
     }
 
-    /// `retry`, `run-now` or `cancel` (with `?reason=`), recorded as `by`'s action. 409 when
-    /// the job is not in a state the action applies to.
+    fn actions(&self) -> Actions<'_> {
+        Actions {
+            ledger: &self.ledger,
+            queue: self.queue.as_ref(),
+        }
+    }
+
+    /// `retry`, `run-now` or `cancel` (with `?reason=`), recorded as `by`'s action; the job's
+    /// state after it. 409 when the job is not in a state the action applies to.
     async fn act(
         &self,
         job_id: &JobId,
-        action: &str,
+        action: JobAction,
         by: &str,
         query: &str,
     ) -> Response<Full<Bytes>> {
-        let now = now_ms();
-        let done = match action {
-            "retry" => match self.ledger.retry_job(job_id.as_str(), by, now).await {
-                Ok(()) => Ok(true),
-                Err(ledger::RetryError::Storage(error)) => Err(error),
-                Err(ledger::RetryError::Unknown(_)) => {
-                    return error_response(StatusCode::NOT_FOUND, "no such job in the ledger")
-                }
-                Err(refused) => return error_response(StatusCode::CONFLICT, &refused.to_string()),
-            },
-            "run-now" => self.ledger.run_now(job_id.as_str(), by, now).await,
-            _ => {
-                let Some(reason) =
-                    crate::console::form_value(query, "reason").filter(|r| !r.trim().is_empty())
-                else {
-                    return error_response(StatusCode::BAD_REQUEST, "cancel needs ?reason=");
-                };
-                self.ledger
-                    .cancel_job(job_id.as_str(), by, &reason, now)
-                    .await
-            }
-        };
-        match done {
-            Ok(true) => {
-                tracing::info!(job_id = %job_id, action, %by, "job action on the admin listener");
-                if let Some(queue) = &self.queue {
-                    queue.look_in_ledger();
-                }
+        let reason = crate::console::form_value(query, "reason");
+        match self
+            .actions()
+            .on_job(action, job_id, by, reason.as_deref())
+            .await
+        {
+            Ok(()) => {
                 let job = self.ledger.show_job(job_id.as_str()).await.ok().flatten();
                 let state = job.map(|job| job.summary.state);
                 json_response(
                     StatusCode::OK,
-                    &serde_json::json!({ "job_id": job_id, "action": action, "state": state }),
+                    &serde_json::json!({ "job_id": job_id, "action": action.as_str(), "state": state }),
                 )
             }
-            Ok(false) => {
-                let applies_to = if action == "run-now" {
-                    "a retrying job"
-                } else {
-                    "a claimed or retrying job"
-                };
-                match self.ledger.show_job(job_id.as_str()).await {
-                    Ok(None) => error_response(StatusCode::NOT_FOUND, "no such job in the ledger"),
-                    Ok(Some(job)) => error_response(
-                        StatusCode::CONFLICT,
-                        &format!(
-                            "the job is {}; {action} applies to {applies_to}",
-                            job.summary.state
-                        ),
-                    ),
-                    Err(error) => storage_unavailable(&error),
-                }
+            Err(Refused::Storage(error)) => storage_unavailable(&error),
+            Err(Refused::NoReason) => {
+                error_response(StatusCode::BAD_REQUEST, "cancel needs ?reason=")
             }
-            Err(error) => storage_unavailable(&error),
+            Err(refused) => error_response(refused.status(), &refused.to_string()),
         }
     }
 }

@@ -417,7 +417,7 @@ impl Breaker {
                     }
                 }
             }
-            HoldChange::End { since } => match ledger.end_hold(since).await {
+            HoldChange::End { since } => match ledger.end_hold(since, now_ms()).await {
                 Ok(Some(hold)) => {
                     let held_for = Duration::from_millis((now_ms() - hold.since).unsigned_abs());
                     let waiting = waiting_jobs(ledger).await;

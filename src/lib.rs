@@ -11,6 +11,7 @@
 
 // Public: what main.rs, the integration tests and the fuzz target use.
 pub mod acknowledged;
+mod actions;
 mod admin;
 pub mod check;
 pub mod config;

@@ -73,6 +73,9 @@ impl Vacuum {
                 .in_batches(RetentionStep::DeleteResolvedExpectations, forget_cutoff)
                 .await?,
         };
+        // The stops that may have delayed a job live as long as a job is remembered.
+        self.in_batches(RetentionStep::DeleteEndedStops, forget_cutoff)
+            .await?;
         loop {
             let started = Instant::now();
             let more = self.ledger.release_free_pages(PAGES_PER_BATCH).await?;

@@ -412,6 +412,32 @@ async fn an_operator_acts_only_from_the_console_itself() {
     );
     assert_eq!(server.state_of(&job_id).as_deref(), Some("dead"));
 
+    // Refused as the admin API refuses (one implementation of the actions behind both).
+    for (path, form, status, said) in [
+        (
+            "/run-now",
+            "",
+            409,
+            "the job is dead; run-now applies to a retrying job",
+        ),
+        (
+            "/cancel",
+            "reason=late",
+            409,
+            "the job is dead; cancel applies to a claimed or retrying job",
+        ),
+        ("/cancel", "reason=+", 400, "a cancel needs a reason"),
+    ] {
+        let answer = operator.post(&format!("{job_href}{path}"), form).await;
+        assert_eq!(
+            (answer.status.as_u16(), html(&answer).as_str()),
+            (status, said)
+        );
+    }
+    let unknown = operator.post("/console/jobs/nobody/run-now", "").await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(html(&unknown), "no such job in the ledger");
+
     // The dead-letter group, by what failed (the handler's stderr is part of it): counted,
     // then retried by alice, who signed in with her own token.
     let alice = Console::sign_in(admin_port, ALICE_TOKEN).await;
@@ -545,6 +571,74 @@ async fn with_actions_off_an_operator_only_looks() {
         operator.post("/console/dispatch/pause", "").await.status,
         403
     );
+    server.stop().await.0.unwrap();
+}
+
+/// A pause stays in the timelines of the jobs it delayed after the resume, with who and why,
+/// on the console's page, in its JSON and in `jobs show`; a job received after the resume
+/// shows none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_stays_in_the_timelines_of_the_jobs_it_delayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let config = console_config(dir.path(), admin_port, true);
+    let server = TestServer::start_in(dir, &config).await;
+    let alice = Console::sign_in(admin_port, ALICE_TOKEN).await;
+    let pause = alice
+        .post("/console/dispatch/pause", "reason=deploy+of+billing")
+        .await;
+    assert_eq!(pause.status, 200);
+    assert_eq!(server.deliver(&job_body("delayed")).await.status, 200);
+    assert_eq!(alice.post("/console/dispatch/resume", "").await.status, 200);
+    assert_eq!(server.deliver(&job_body("later")).await.status, 200);
+    let ran = eventually(Duration::from_secs(10), || {
+        ["delayed", "later"].map(|id| server.state_of(id))
+            == [Some("dead".into()), Some("dead".into())]
+    })
+    .await;
+    assert!(ran);
+
+    let said = "dispatch paused by console:alice";
+    let page = html(&alice.get("/console/jobs/delayed").await);
+    assert!(page.contains(said), "{page}");
+    assert!(
+        page.contains("(deploy of billing), resumed by console:alice"),
+        "{page}"
+    );
+    let later = html(&alice.get("/console/jobs/later").await);
+    assert!(!later.contains("dispatch paused"), "{later}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&alice.get("/console/api/jobs/delayed").await.body).unwrap();
+    assert_eq!(json["delayed_by"][0]["kind"], "pause", "{json}");
+    assert_eq!(
+        json["delayed_by"][0]["reason"], "deploy of billing",
+        "{json}"
+    );
+
+    // The verdict's due-job limit is a setting the Config page shows (10 minutes unless set).
+    let settings = html(&alice.get("/console/config").await);
+    assert!(settings.contains("admin.due_job_limit"), "{settings}");
+    assert!(settings.contains("10m"), "{settings}");
+
+    let cli_config = common::service::write_config(server.dir.path(), free_port(), "", "");
+    // `jobs show` with the words of `args`.
+    let show = |args: &str| {
+        let args: Vec<&str> = ["jobs", "show"]
+            .into_iter()
+            .chain(args.split(' '))
+            .collect();
+        let output = common::service::cli(&cli_config, &args);
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let delayed = show("delayed");
+    assert!(delayed.contains(said), "{delayed}");
+    assert!(delayed.contains("(deploy of billing)"), "{delayed}");
+    assert!(!show("later").contains("dispatch paused"));
+    let json: serde_json::Value = serde_json::from_str(&show("delayed --json")).unwrap();
+    let pause = &json["delayed_by"][0];
+    assert_eq!(pause["reason"], "deploy of billing", "{json}");
+    assert!(pause["ended_at_utc"].as_str().is_some(), "{json}");
     server.stop().await.0.unwrap();
 }
 

@@ -16,6 +16,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
+use sume_receiver::ledger::{self, Ledger, StopKind};
 
 const UP: u8 = 0;
 /// Answers 500 to everything: an outage the hold must infer from different jobs failing.
@@ -198,6 +199,24 @@ async fn outage_costs_no_job(receivers: usize) {
         count(&first, "SELECT count(*) FROM jobs WHERE state = 'dead'"),
         0
     );
+    // The pause they arrived in and the hold they waited through stay in their timelines
+    // (the resume may have ended a hold that a first failure opened, and another opened).
+    let ledger = Ledger::open_existing(&first.config.database).await.unwrap();
+    for job_id in ["outage-000", "outage-199"] {
+        let job = ledger.show_job(job_id).await.unwrap().unwrap();
+        let stops = ledger.stops_delaying(&job, ledger::now_ms()).await.unwrap();
+        assert_eq!(stops[0].kind, StopKind::Pause, "{stops:?}");
+        let hold = stops.iter().rfind(|stop| stop.kind == StopKind::Hold);
+        assert!(
+            hold.is_some_and(|hold| hold.ended_at.is_some()),
+            "{stops:?}"
+        );
+        assert!(
+            stops.iter().all(|stop| stop.ended_at.is_some()),
+            "{stops:?}"
+        );
+    }
+    ledger.close().await;
     let done = downstream.done.lock().unwrap().clone();
     assert_eq!(done.len(), 200);
     assert!(done.values().all(|&runs| runs == 1), "{done:?}");
@@ -412,7 +431,12 @@ async fn dispatch(server: &TestServer, change: &str) {
         .await
         .unwrap();
     ledger
-        .set_dispatch(change == "pause", "test", sume_receiver::ledger::now_ms())
+        .set_dispatch(
+            change == "pause",
+            "test",
+            None,
+            sume_receiver::ledger::now_ms(),
+        )
         .await
         .unwrap();
     ledger.close().await;

@@ -316,6 +316,31 @@ async fn background_statements_read_only_their_partial_indexes() {
     }
 }
 
+/// A job's page reads the log of dispatch stops by ranges of its index, and retention and a
+/// resume find the ended and the open stops by theirs: no scan of the log, however long.
+#[tokio::test]
+async fn the_log_of_dispatch_stops_is_read_through_its_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+    Ledger::open(&config.database).await.unwrap().close().await;
+    let conn = rusqlite::Connection::open(sqlite_path(&config)).unwrap();
+    let read = ledger::dispatch_stops_sql(ledger::Dialect::Sqlite);
+    for (sql, index) in [
+        (read.as_str(), "dispatch_stops_started"),
+        (
+            ledger::sqlite::DELETE_ENDED_STOPS_SQL,
+            "dispatch_stops_ended",
+        ),
+    ] {
+        let plan = query_plan(&conn, sql);
+        assert!(
+            plan.contains(&format!("INDEX {index} ")),
+            "{sql}\n=> {plan}"
+        );
+        assert!(!plan.contains("SCAN dispatch_stops"), "{sql}\n=> {plan}");
+    }
+}
+
 /// The plan of `sql` on `conn`, its steps joined by "; ".
 fn query_plan(conn: &rusqlite::Connection, sql: &str) -> String {
     let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
@@ -538,7 +563,7 @@ async fn another_connections_commit_is_seen_and_an_idle_ledger_stays_quiet() {
     assert!(idle.await.is_err(), "woken with nothing written");
 
     let cli = Ledger::open_existing(&config.database).await.unwrap();
-    cli.set_dispatch(true, "cli:test", ledger::now_ms())
+    cli.set_dispatch(true, "cli:test", None, ledger::now_ms())
         .await
         .unwrap();
     tokio::time::timeout(Duration::from_secs(10), ledger.work_added_elsewhere())

@@ -909,15 +909,90 @@ on_both_ledgers! {
     async fn dispatch_can_be_paused_and_resumed() {
         let (_dir, ledger) = fresh().await;
         assert!(!ledger.dispatch().await.unwrap().paused);
-        assert!(ledger.set_dispatch(true, "cli:dave", 1_000).await.unwrap());
-        assert!(!ledger.set_dispatch(true, "cli:erin", 2_000).await.unwrap(), "already paused");
+        assert!(ledger.set_dispatch(true, "cli:dave", None, 1_000).await.unwrap());
+        assert!(!ledger.set_dispatch(true, "cli:erin", None, 2_000).await.unwrap(), "already paused");
         let dispatch = ledger.dispatch().await.unwrap();
         assert_eq!(
             dispatch,
             ledger::Dispatch { paused: true, changed_at: Some(1_000), changed_by: Some("cli:dave".into()) }
         );
-        assert!(ledger.set_dispatch(false, "cli:erin", 3_000).await.unwrap());
+        assert!(ledger.set_dispatch(false, "cli:erin", None, 3_000).await.unwrap());
         assert!(!ledger.dispatch().await.unwrap().paused);
+        ledger.close().await;
+    }
+
+    /// Every pause and hold is a stop in the log, with who, why, and when it began and ended (a
+    /// resume ends both kinds); a span's stops are those in force during some of it.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn dispatch_stops_are_logged_with_who_why_and_when() {
+        let (_dir, ledger) = fresh().await;
+        let stop = |kind, started_at, by: Option<&str>, reason: Option<&str>, ended_at, ended_by: Option<&str>| {
+            ledger::DispatchStop {
+                kind,
+                started_at,
+                started_by: by.map(str::to_owned),
+                reason: reason.map(str::to_owned),
+                ended_at,
+                ended_by: ended_by.map(str::to_owned),
+            }
+        };
+        let (pause, hold) = (ledger::StopKind::Pause, ledger::StopKind::Hold);
+        let cause = "the handler's downstream cannot be reached";
+        let opened = |since| ledger::Hold {
+            since,
+            reason: cause.into(),
+            sample_error: "connection refused".into(),
+            next_probe_at: since + 5_000,
+            probe_interval_ms: 5_000,
+        };
+        assert!(ledger.set_dispatch(true, "cli:dave", Some("deploy «é»"), 1_000).await.unwrap());
+        assert!(!ledger.set_dispatch(true, "cli:erin", Some("again"), 1_200).await.unwrap());
+        assert!(ledger.open_hold(&opened(1_500)).await.unwrap());
+        assert!(!ledger.open_hold(&opened(1_600)).await.unwrap(), "a hold was open");
+        assert_eq!(
+            ledger.dispatch_stops(0, 10_000, 20).await.unwrap(),
+            [
+                stop(pause, 1_000, Some("cli:dave"), Some("deploy «é»"), None, None),
+                stop(hold, 1_500, None, Some(cause), None, None),
+            ]
+        );
+        assert!(ledger.set_dispatch(false, "cli:erin", None, 3_000).await.unwrap());
+        assert!(ledger.open_hold(&opened(4_000)).await.unwrap());
+        assert_eq!(ledger.end_hold(4_000, 5_000).await.unwrap().map(|h| h.since), Some(4_000));
+        assert!(ledger.set_dispatch(true, "cli:dave", None, 6_000).await.unwrap());
+        let all = [
+            stop(pause, 1_000, Some("cli:dave"), Some("deploy «é»"), Some(3_000), Some("cli:erin")),
+            stop(hold, 1_500, None, Some(cause), Some(3_000), Some("cli:erin")),
+            stop(hold, 4_000, None, Some(cause), Some(5_000), None),
+            stop(pause, 6_000, Some("cli:dave"), None, None, None),
+        ];
+        assert_eq!(ledger.dispatch_stops(0, 10_000, 20).await.unwrap(), all);
+        assert_eq!(ledger.dispatch_stops(0, 10_000, 2).await.unwrap(), all[..2]);
+        // Begun before the span and lasting into it, begun within it, or still in force.
+        assert_eq!(ledger.dispatch_stops(2_000, 2_500, 20).await.unwrap(), all[..2]);
+        assert_eq!(ledger.dispatch_stops(3_500, 4_500, 20).await.unwrap(), all[2..3]);
+        assert_eq!(ledger.dispatch_stops(9_000, 9_500, 20).await.unwrap(), all[3..]);
+        assert_eq!(ledger.dispatch_stops(5_000, 5_900, 20).await.unwrap(), [], "ended as it began");
+        ledger.close().await;
+    }
+
+    /// Retention forgets the stops that ended before its cutoff, a bounded batch at a time;
+    /// one still in force stays.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn retention_forgets_ended_stops_in_batches() {
+        let (_dir, ledger) = fresh().await;
+        for at in [1_000, 3_000, 5_000] {
+            assert!(ledger.set_dispatch(true, "cli:dave", None, at).await.unwrap());
+            assert!(ledger.set_dispatch(false, "cli:dave", None, at + 1_000).await.unwrap());
+        }
+        assert!(ledger.set_dispatch(true, "cli:dave", None, 7_000).await.unwrap());
+        let step = RetentionStep::DeleteEndedStops;
+        assert_eq!(ledger.retention_step(step, 5_000, 1).await.unwrap(), 1);
+        assert_eq!(ledger.retention_step(step, 5_000, 10).await.unwrap(), 1);
+        assert_eq!(ledger.retention_step(step, 5_000, 10).await.unwrap(), 0);
+        let left: Vec<_> = ledger.dispatch_stops(0, 10_000, 20).await.unwrap()
+            .iter().map(|stop| (stop.started_at, stop.ended_at)).collect();
+        assert_eq!(left, [(5_000, Some(6_000)), (7_000, None)]);
         ledger.close().await;
     }
 
@@ -945,9 +1020,9 @@ on_both_ledgers! {
         let moved = ledger.hold().await.unwrap().unwrap();
         assert_eq!((moved.next_probe_at, moved.probe_interval_ms), (20_000, 10_000));
 
-        assert_eq!(ledger.end_hold(1_500).await.unwrap(), None, "not that hold");
-        assert_eq!(ledger.end_hold(1_000).await.unwrap(), Some(moved));
-        assert_eq!(ledger.end_hold(1_000).await.unwrap(), None, "ended already");
+        assert_eq!(ledger.end_hold(1_500, 9_000).await.unwrap(), None, "not that hold");
+        assert_eq!(ledger.end_hold(1_000, 9_000).await.unwrap(), Some(moved));
+        assert_eq!(ledger.end_hold(1_000, 9_000).await.unwrap(), None, "ended already");
         assert_eq!(ledger.hold().await.unwrap(), None);
         ledger.close().await;
     }
@@ -965,18 +1040,19 @@ on_both_ledgers! {
             probe_interval_ms: 5_000,
         };
         assert!(ledger.open_hold(&hold).await.unwrap());
-        assert!(ledger.set_dispatch(true, "cli:dave", 2_000).await.unwrap());
+        assert!(ledger.set_dispatch(true, "cli:dave", None, 2_000).await.unwrap());
         assert_eq!(ledger.hold().await.unwrap(), Some(hold.clone()), "a pause keeps the hold");
-        assert!(ledger.set_dispatch(false, "cli:dave", 3_000).await.unwrap());
+        assert!(ledger.set_dispatch(false, "cli:dave", None, 3_000).await.unwrap());
         assert_eq!(ledger.hold().await.unwrap(), None);
 
         assert!(ledger.open_hold(&hold).await.unwrap());
-        assert!(ledger.set_dispatch(false, "cli:erin", 4_000).await.unwrap(), "a hold ended");
+        assert!(ledger.set_dispatch(false, "cli:erin", None, 4_000).await.unwrap(), "a hold ended");
         assert_eq!(ledger.hold().await.unwrap(), None);
         assert_eq!(ledger.dispatch().await.unwrap().changed_by.as_deref(), Some("cli:erin"));
-        assert!(!ledger.set_dispatch(false, "cli:erin", 5_000).await.unwrap(), "nothing to end");
+        assert!(!ledger.set_dispatch(false, "cli:erin", None, 5_000).await.unwrap(), "nothing to end");
         ledger.close().await;
     }
+
 }
 
 /// The command line never creates or migrates a ledger.

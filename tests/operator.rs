@@ -135,8 +135,12 @@ on_both_ledgers! {
         let admin_port = free_port();
         let config = operator_config(dir.path(), admin_port, 0);
         let server = TestServer::start_in(dir, &config).await;
-        admin(Method::POST, admin_port, "/v1/dispatch/pause").await;
+        admin(Method::POST, admin_port, "/v1/dispatch/pause?reason=a+migration").await;
         assert_eq!(server.deliver(&job_body("unwanted")).await.status, 200);
+        // The pause it waits in, with who and why.
+        let (_, job) = admin(Method::GET, admin_port, "/v1/jobs/unwanted").await;
+        let pause = &job["delayed_by"][0];
+        assert_eq!((&pause["started_by"], &pause["reason"]), (&"admin:127.0.0.1".into(), &"a migration".into()), "{job}");
         let path = "/v1/jobs/unwanted/cancel?reason=ordered+twice";
         let (status, answer) = admin(Method::POST, admin_port, path).await;
         assert_eq!((status, &answer["state"]), (200, &serde_json::json!("dead")), "{answer}");

@@ -167,6 +167,19 @@ fn check_config_names_the_bad_key() {
     std::fs::write(&config, "[signature]\nsecrets = [\"a\"]\n").unwrap();
     let output = cli(&config, &["check-config"]);
     assert!(output.status.success(), "{output:?}");
+
+    // The console's limit on a due job's wait: a zero would call every due job late.
+    let admin = "[signature]\nsecrets = [\"a\"]\n[admin]\ndue_job_limit = ";
+    std::fs::write(&config, format!("{admin}\"0s\"\n")).unwrap();
+    let output = cli(&config, &["check-config"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("admin.due_job_limit must be greater than zero"),
+        "{stderr}"
+    );
+    std::fs::write(&config, format!("{admin}\"2m\"\n")).unwrap();
+    assert!(cli(&config, &["check-config"]).status.success());
 }
 
 /// Regression: the unit's `check-config` passed, with a warning, a secrets file the service

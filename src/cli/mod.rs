@@ -182,7 +182,11 @@ pub enum JobsCommand {
     },
     /// Stop running jobs, on every receiver of this ledger; deliveries are still received and
     /// claimed, and wait. For a downstream outage: attempts are not burnt into the dead letter.
-    Pause,
+    Pause {
+        /// Why, for the timelines of the jobs the pause delays.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+    },
     /// Run jobs again after `jobs pause`.
     Resume,
     /// Counts by state, the oldest unfinished job, last hour's deliveries, dead in the last day.
@@ -358,10 +362,17 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
                 .await
                 .context("cannot read the job")?
                 .with_context(|| format!("no job {job_id:?} in the ledger"))?;
+            let stops = ledger
+                .stops_delaying(&job, ledger::now_ms())
+                .await
+                .context("cannot read the stops of dispatch")?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&readable_json(&job)?)?);
+                let mut json = readable_json(&job)?;
+                let stops: Vec<_> = stops.iter().map(readable_json).collect::<Result<_, _>>()?;
+                json["delayed_by"] = stops.into();
+                println!("{}", serde_json::to_string_pretty(&json)?);
             } else {
-                print!("{}", job_details(&job));
+                print!("{}", job_details(&job, &stops));
             }
         }
         JobsCommand::Retry {
@@ -417,10 +428,14 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
             }
             println!("job {job_id} is dead (cancelled); `jobs retry {job_id}` would run it again");
         }
-        JobsCommand::Pause | JobsCommand::Resume => {
-            let paused = matches!(command, JobsCommand::Pause);
+        JobsCommand::Pause { .. } | JobsCommand::Resume => {
+            let reason = match &command {
+                JobsCommand::Pause { reason } => reason.as_deref().filter(|r| !r.trim().is_empty()),
+                _ => None,
+            };
+            let paused = matches!(command, JobsCommand::Pause { .. });
             let changed = ledger
-                .set_dispatch(paused, &actor(), ledger::now_ms())
+                .set_dispatch(paused, &actor(), reason, ledger::now_ms())
                 .await?;
             let receivers = if config.database.sqlite_path().is_some() {
                 "the service"

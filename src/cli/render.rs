@@ -2,7 +2,7 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use sume_receiver::ledger::{self, Expectation, JobDetail, JobSummary};
+use sume_receiver::ledger::{self, DispatchStop, Expectation, JobDetail, JobSummary};
 use sume_receiver::logging::Escaped;
 
 /// A row as JSON for people and scripts: every `*_at` time (Unix ms) gets a `*_at_utc` twin in
@@ -191,7 +191,7 @@ pub(super) fn table(header: &[&str], rows: &[Vec<String>], when_empty: &str) -> 
     out
 }
 
-pub(super) fn job_details(job: &JobDetail) -> String {
+pub(super) fn job_details(job: &JobDetail, stops: &[DispatchStop]) -> String {
     let s = &job.summary;
     let fields = [
         ("job_id", s.job_id.clone()),
@@ -223,7 +223,7 @@ pub(super) fn job_details(job: &JobDetail) -> String {
         .map(|(name, value)| format!("{name:<17}{}\n", Escaped(value)))
         .collect();
     out.push_str("history\n");
-    for (at, event) in timeline(job) {
+    for (at, event) in timeline(job, stops) {
         out.push_str(&format!(
             "  {}  {}\n",
             format_time(Some(at)),
@@ -233,8 +233,9 @@ pub(super) fn job_details(job: &JobDetail) -> String {
     out
 }
 
-/// The job's life in order: received, every attempt kept, every action, the purge.
-fn timeline(job: &JobDetail) -> Vec<(i64, String)> {
+/// The job's life in order: received, every attempt kept, every action, the stops of dispatch
+/// that delayed it, the purge.
+fn timeline(job: &JobDetail, stops: &[DispatchStop]) -> Vec<(i64, String)> {
     let mut events = vec![(
         job.summary.received_at,
         format!("received ({})", job.summary.source),
@@ -281,6 +282,10 @@ fn timeline(job: &JobDetail) -> Vec<(i64, String)> {
     }
     if let Some(at) = job.body_purged_at {
         events.push((at, "body purged by retention".into()));
+    }
+    for stop in stops {
+        let line = stop.describe(|ms| format_time(Some(ms)));
+        events.push((stop.started_at.max(job.summary.received_at), line));
     }
     if !job
         .summary

@@ -21,7 +21,7 @@ pub use database::{
 pub use handler::{HandlerConfig, HandlerKind, HoldConfig};
 use parsing::{describe_toml_error, duration, DAY_SECS};
 pub use secret::Secret;
-pub use sume_api::{AdminConfig, NamedToken, SumeApiConfig, TokenRole};
+pub use sume_api::{AdminConfig, NamedToken, SumeApiConfig, TokenRole, DEFAULT_DUE_JOB_LIMIT};
 
 pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
 /// The secret of the example config and the README's quick start: public, so never live on a
@@ -347,6 +347,13 @@ impl Config {
     fn validate(&self, problems: &mut Vec<String>) {
         if let Some(admin) = &self.admin {
             problems.extend(admin.token_problems());
+            if admin.due_job_limit.is_zero() {
+                problems.push(
+                    "admin.due_job_limit must be greater than zero (the console's verdict would \
+                     call every due job late)"
+                        .to_owned(),
+                );
+            }
         }
         let signature = &self.signature;
         if signature.secrets.is_empty() && signature.secrets_file.is_none() {

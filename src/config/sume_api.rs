@@ -88,6 +88,10 @@ pub struct AdminConfig {
     /// jobs' history records its actions as `console:<name>`.
     #[serde(default)]
     pub tokens: Vec<NamedToken>,
+    /// The console's verdict is `failing` while the oldest due job has waited longer than
+    /// this to start (the shipped alert `SumeDueJobsWaiting` has its own threshold).
+    #[serde(default = "default_due_job_limit", deserialize_with = "duration")]
+    pub due_job_limit: Duration,
 }
 
 /// One `[[admin.tokens]]` entry.
@@ -166,6 +170,13 @@ impl AdminConfig {
             .map(|file| read_secret_file("admin.read_token_file", file))
             .transpose()
     }
+}
+
+/// `[admin] due_job_limit` when left out.
+pub const DEFAULT_DUE_JOB_LIMIT: Duration = Duration::from_secs(10 * 60);
+
+fn default_due_job_limit() -> Duration {
+    DEFAULT_DUE_JOB_LIMIT
 }
 
 fn default_admin_listen() -> SocketAddr {

@@ -294,3 +294,22 @@ fn example_config_is_valid() {
     let text = include_str!("../../config.example.toml");
     Config::parse(text, Path::new("/base")).unwrap();
 }
+
+/// `[admin] due_job_limit`: 10 minutes unless set, a human duration, never zero.
+#[test]
+fn the_due_job_limit_defaults_to_ten_minutes_and_is_never_zero() {
+    let admin = |extra: &str| format!("{MINIMAL}[admin]\ntoken_file = \"t\"\n{extra}");
+    let limit = |text: &str| parse(text).unwrap().admin.unwrap().due_job_limit;
+    assert_eq!(limit(&admin("")), Duration::from_secs(600));
+    assert_eq!(
+        limit(&admin("due_job_limit = \"90s\"\n")),
+        Duration::from_secs(90)
+    );
+    let zero = error(&admin("due_job_limit = \"0s\"\n"));
+    assert!(
+        zero.contains("admin.due_job_limit must be greater than zero"),
+        "{zero}"
+    );
+    let nonsense = error(&admin("due_job_limit = \"soon\"\n"));
+    assert!(nonsense.contains("due_job_limit"), "{nonsense}");
+}

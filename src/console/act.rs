@@ -7,6 +7,7 @@ use hyper::{Response, StatusCode};
 use super::http::{decode, form_value, page, text, unavailable};
 use super::pages::{self, Viewer};
 use super::Console;
+use crate::actions::{Actions, JobAction, Refused};
 use crate::ledger::now_ms;
 use crate::logging::Escaped;
 
@@ -20,74 +21,49 @@ impl Console {
         by: &str,
     ) -> Response<Full<Bytes>> {
         let segments: Vec<&str> = path.trim_start_matches("/console/").split('/').collect();
-        let now = now_ms();
-        let (message, back) = match segments.as_slice() {
-            ["dispatch", change @ ("pause" | "resume")] => {
+        let actions = Actions {
+            ledger: &self.ledger,
+            queue: self.queue.as_ref(),
+        };
+        let reason = form_value(form, "reason");
+        let job_action = match segments.as_slice() {
+            ["jobs", _, action] => JobAction::from_segment(action),
+            _ => None,
+        };
+        let (message, back) = match (segments.as_slice(), job_action) {
+            (["dispatch", change @ ("pause" | "resume")], _) => {
                 let paused = *change == "pause";
-                match self.ledger.set_dispatch(paused, by, now).await {
-                    Ok(_) => {
-                        if let Some(queue) = &self.queue {
-                            queue.dispatch_changed(paused);
+                match actions.set_dispatch(paused, by, reason.as_deref()).await {
+                    Ok(_) => (
+                        if paused {
+                            "Dispatch paused: deliveries are claimed, no job runs."
+                        } else {
+                            "Dispatch resumed."
                         }
-                        tracing::info!(%by, paused, "dispatch changed in the console");
-                        (
-                            if paused {
-                                "Dispatch paused: deliveries are claimed, no job runs."
-                            } else {
-                                "Dispatch resumed."
-                            }
-                            .to_owned(),
-                            "/console/".to_owned(),
-                        )
-                    }
+                        .to_owned(),
+                        "/console/".to_owned(),
+                    ),
                     Err(error) => return unavailable(&error),
                 }
             }
-            ["jobs", id, action @ ("retry" | "run-now" | "cancel")] => {
+            (["jobs", id, _], Some(action)) => {
                 let job_id = match decode(id) {
                     Ok(job_id) => job_id,
                     Err(response) => return *response,
                 };
-                let done = match *action {
-                    "retry" => match self.ledger.retry_job(job_id.as_str(), by, now).await {
-                        Ok(()) => Ok(true),
-                        Err(crate::ledger::RetryError::Storage(error)) => Err(error),
-                        Err(refused) => return text(StatusCode::CONFLICT, &refused.to_string()),
-                    },
-                    "run-now" => self.ledger.run_now(job_id.as_str(), by, now).await,
-                    _ => {
-                        let Some(reason) =
-                            form_value(form, "reason").filter(|r| !r.trim().is_empty())
-                        else {
-                            return text(StatusCode::BAD_REQUEST, "a cancel needs a reason");
-                        };
-                        self.ledger
-                            .cancel_job(job_id.as_str(), by, &reason, now)
-                            .await
-                    }
-                };
-                match done {
-                    Ok(true) => {
-                        if let Some(queue) = &self.queue {
-                            queue.look_in_ledger();
-                        }
-                        tracing::info!(job_id = %job_id, action, %by, "job action in the console");
+                match actions.on_job(action, &job_id, by, reason.as_deref()).await {
+                    Ok(()) => {
                         let paused = self.ledger.dispatch().await.is_ok_and(|d| d.paused);
                         (queued(action, paused), pages::job_href(job_id.as_str()))
                     }
-                    Ok(false) => {
-                        return text(
-                            StatusCode::CONFLICT,
-                            &format!("{action} does not apply to this job in its state"),
-                        )
-                    }
-                    Err(error) => return unavailable(&error),
+                    Err(Refused::Storage(error)) => return unavailable(&error),
+                    Err(refused) => return text(refused.status(), &refused.to_string()),
                 }
             }
-            ["dead", "retry"] => {
+            (["dead", "retry"], _) => {
                 let signature = form_value(form, "signature").unwrap_or_default();
                 let (retried, refused) =
-                    match self.ledger.retry_dead_group(&signature, by, now).await {
+                    match self.ledger.retry_dead_group(&signature, by, now_ms()).await {
                         Ok(counts) => counts,
                         Err(error) => return unavailable(&error),
                     };
@@ -116,15 +92,17 @@ impl Console {
 
 /// What a job action did: queued, not run (a worker runs the job when one is free, and not
 /// before dispatch resumes).
-fn queued(action: &str, paused: bool) -> String {
+fn queued(action: JobAction, paused: bool) -> String {
     let when = if paused {
         "dispatch is paused: it runs after the resume"
     } else {
         "a worker starts it when one is free"
     };
     match action {
-        "retry" => format!("Queued to run again from its stored body; {when}."),
-        "run-now" => format!("Queued: the job is due now instead of after its backoff; {when}."),
-        _ => "Cancelled: the job is dead and never runs.".to_owned(),
+        JobAction::Retry => format!("Queued to run again from its stored body; {when}."),
+        JobAction::RunNow => {
+            format!("Queued: the job is due now instead of after its backoff; {when}.")
+        }
+        JobAction::Cancel => "Cancelled: the job is dead and never runs.".to_owned(),
     }
 }

@@ -10,9 +10,6 @@ use crate::metrics::Snapshot;
 use crate::rollup::LastHour;
 use crate::worker::Queue;
 
-/// A due job waiting longer than this to start makes the receiver `failing`.
-pub const DUE_LIMIT: Duration = Duration::from_secs(10 * 60);
-
 /// The health facts the console does not read from the ledger's rows: whether each side can
 /// write, and whether an outage hold holds dispatch.
 pub trait HealthSource: Send + Sync {
@@ -120,6 +117,9 @@ pub struct Sources<'a> {
     pub hour: &'a LastHour,
     pub tolerance: Duration,
     pub disk: Option<(u64, u64)>,
+    /// A due job waiting longer than this to start makes the receiver `failing`
+    /// (`[admin] due_job_limit`).
+    pub due_limit: Duration,
 }
 
 pub fn facts(sources: &Sources) -> Facts {
@@ -144,7 +144,7 @@ pub fn facts(sources: &Sources) -> Facts {
             .ledger
             .and_then(|facts| facts.oldest_due_at)
             .map(|at| u64::try_from((now - at) / 1000).unwrap_or(0)),
-        due_limit_secs: DUE_LIMIT.as_secs(),
+        due_limit_secs: sources.due_limit.as_secs(),
         paused_by: sources
             .dispatch
             .filter(|dispatch| dispatch.paused)
@@ -165,5 +165,73 @@ pub fn facts(sources: &Sources) -> Facts {
             .unwrap_or(0),
         tolerance_secs: sources.tolerance.as_secs(),
         disk: sources.disk,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::console::verdict::{verdict, Level};
+    use crate::rollup::ROLLUP;
+
+    /// A receiver whose every side writes, not held.
+    struct Writing;
+
+    impl HealthSource for Writing {
+        fn ledger_cannot_write(&self) -> Option<String> {
+            None
+        }
+        fn work_cannot_write(&self) -> Option<String> {
+            None
+        }
+        fn dispatch_held(&self) -> Option<String> {
+            None
+        }
+    }
+
+    /// The verdict's reasons about the oldest due job, under the limit `admin` configures.
+    fn due_reasons(admin: &str, waited_ms: i64) -> Vec<(Level, String)> {
+        let text = format!("[signature]\nsecrets = [\"whsec_a\"]\n{admin}");
+        let config = Config::parse(&text, std::path::Path::new("/base")).unwrap();
+        let ledger = LedgerFacts {
+            snapshot: Snapshot::default(),
+            dead_last_hour: 0,
+            oldest_due_at: Some(now_ms() - waited_ms),
+        };
+        let facts = facts(&Sources {
+            ledger: Some(&ledger),
+            health: &Writing,
+            readiness: Ok(()),
+            dispatch: None,
+            hour: &ROLLUP.last_hour(),
+            tolerance: Duration::from_secs(300),
+            disk: None,
+            due_limit: config
+                .admin
+                .map_or(crate::config::DEFAULT_DUE_JOB_LIMIT, |a| a.due_job_limit),
+        });
+        verdict(&facts)
+            .reasons
+            .into_iter()
+            .filter(|reason| reason.text.contains("oldest due job"))
+            .map(|reason| (reason.level, reason.text))
+            .collect()
+    }
+
+    #[test]
+    fn the_configured_due_job_limit_turns_the_verdict_failing() {
+        let short = "[admin]\ndue_job_limit = \"30s\"\n";
+        assert_eq!(
+            due_reasons(short, 60_000),
+            [(
+                Level::Failing,
+                "The oldest due job has waited 1m to start (the limit is 30s)".to_owned()
+            )]
+        );
+        assert_eq!(due_reasons(short, 10_000), []);
+        // The same wait under the default limit (10 minutes), with or without `[admin]`.
+        assert_eq!(due_reasons("[admin]\n", 60_000), []);
+        assert_eq!(due_reasons("", 60_000), []);
     }
 }

@@ -30,7 +30,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::Semaphore;
 
-use crate::config::{Config, Secret, TokenRole};
+use crate::config::{Config, Secret, TokenRole, DEFAULT_DUE_JOB_LIMIT};
 use crate::ledger::{DeadGroup, Ledger};
 use crate::refusals::Refusals;
 use crate::worker::Queue;
@@ -86,6 +86,8 @@ pub struct Console {
     /// The directory of a ledger file (none on PostgreSQL), absolute.
     ledger_dir: Option<std::path::PathBuf>,
     tolerance: Duration,
+    /// `[admin] due_job_limit`: the verdict's limit on the oldest due job's wait.
+    due_limit: Duration,
 }
 
 impl Console {
@@ -137,6 +139,7 @@ impl Console {
             health,
             ledger_dir: ledger_dir(&ledger),
             tolerance: config.signature.tolerance,
+            due_limit: admin.map_or(DEFAULT_DUE_JOB_LIMIT, |a| a.due_job_limit),
         }
     }
 

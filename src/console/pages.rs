@@ -8,7 +8,7 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 use super::session::Role;
 use super::verdict::{Level, Verdict};
 use super::{assets, charts};
-use crate::ledger::{DeadGroup, Dispatch, Expectation, JobDetail, JobPage, State};
+use crate::ledger::{DeadGroup, Dispatch, DispatchStop, Expectation, JobDetail, JobPage, State};
 use crate::metrics::Snapshot;
 use crate::refusals::Refusal;
 use crate::rollup::LastHour;
@@ -154,6 +154,10 @@ pub fn overview(viewer: Viewer, data: &Overview) -> Markup {
         @if viewer.may_act {
             form.inline method="post" action=(if paused { "/console/dispatch/resume" } else { "/console/dispatch/pause" })
                 data-confirm=(if paused { "Resume dispatch: run due jobs again?" } else { "Pause dispatch: claim deliveries but run no job?" }) {
+                @if !paused {
+                    input type="text" name="reason" placeholder="why (optional)" maxlength="200";
+                    " "
+                }
                 button type="submit" { (if paused { "Resume dispatch" } else { "Pause dispatch" }) }
             }
         }
@@ -326,7 +330,7 @@ fn short(text: &str, max_chars: usize) -> String {
 }
 
 /// One job as a timeline, its payload, and what may be done with it.
-pub fn job(viewer: Viewer, job: &JobDetail, dispatch: Option<&Dispatch>) -> Markup {
+pub fn job(viewer: Viewer, job: &JobDetail, stops: &[DispatchStop]) -> Markup {
     let summary = &job.summary;
     let href = job_href(&summary.job_id);
     let mut events: Vec<(i64, Markup)> = vec![(
@@ -376,12 +380,13 @@ pub fn job(viewer: Viewer, job: &JobDetail, dispatch: Option<&Dispatch>) -> Mark
         events.push((at, html! { "body purged by retention (a tombstone remains: redeliveries stay duplicates)" }));
     }
     let waiting = matches!(summary.state.as_str(), "claimed" | "retrying");
-    if let Some(dispatch) = dispatch.filter(|d| d.paused && waiting) {
+    // The stops of dispatch that delayed it, ended or not: after the receipt they delayed.
+    for stop in stops {
         events.push((
-            dispatch.changed_at.unwrap_or(summary.received_at).max(summary.received_at),
+            stop.started_at.max(summary.received_at),
             html! {
-                strong.warn { "dispatch paused" } " by " (dispatch.changed_by.as_deref().unwrap_or("?"))
-                ": this job waits for the resume"
+                strong.warn { (stop.describe(|ms| time(Some(ms)))) }
+                @if waiting && stop.ended_at.is_none() { ": this job waits for its end" }
             },
         ));
     }

@@ -76,6 +76,10 @@ pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)
             "admin.console_actions".into(),
             admin.console_actions.to_string(),
         ));
+        rows.push((
+            "admin.due_job_limit".into(),
+            humantime::format_duration(admin.due_job_limit).to_string(),
+        ));
     }
     rows
 }

@@ -169,6 +169,7 @@ impl Console {
             hour: &hour,
             tolerance: self.tolerance,
             disk,
+            due_limit: self.due_limit,
         });
         let data = pages::Overview {
             verdict: verdict::verdict(&facts),
@@ -262,10 +263,16 @@ impl Console {
         let job_id = decode(id)?;
         match self.ledger.show_job(job_id.as_str()).await {
             Ok(Some(job)) => {
-                // A pause delays a waiting job: its timeline says so.
-                let dispatch = self.ledger.dispatch().await.ok();
-                let main = pages::job(viewer, &job, dispatch.as_ref());
-                Ok((main, serde_json::json!(job)))
+                // The pauses and holds that delayed it, also those that ended.
+                let stops = self
+                    .ledger
+                    .stops_delaying(&job, now_ms())
+                    .await
+                    .map_err(|error| Box::new(unavailable(&error)))?;
+                let main = pages::job(viewer, &job, &stops);
+                let mut json = serde_json::json!(job);
+                json["delayed_by"] = serde_json::json!(stops);
+                Ok((main, json))
             }
             Ok(None) if json => Err(refuse(StatusCode::NOT_FOUND, "no such job in the ledger")),
             Ok(None) => Err(Box::new(page(

@@ -11,9 +11,9 @@ use std::future::Future;
 
 use super::error::StorageError;
 use super::model::{
-    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation,
-    Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
-    RetryCount, RetryError, RetryFilter, State,
+    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DispatchStop, DueExpectation, DueJobs,
+    Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
+    RetentionStep, RetryCount, RetryError, RetryFilter, State,
 };
 use super::work_side::WorkSide;
 
@@ -241,13 +241,16 @@ macro_rules! operations {
 
         /// Pauses or resumes the workers of every receiver; `false` if they already were.
         /// Deliveries are received and claimed either way. Resuming also ends a hold (and is
-        /// then a change, recorded as `by`'s, even if dispatch was not paused).
-        fn set_dispatch(&self, paused: bool, by: &str, now: i64) -> Result<bool, StorageError>;
+        /// then a change, recorded as `by`'s, even if dispatch was not paused). A change begins
+        /// or ends stops in the log of [`Backend::dispatch_stops`] (a pause with `reason`).
+        fn set_dispatch(&self, paused: bool, by: &str, reason: Option<&str>, now: i64)
+            -> Result<bool, StorageError>;
 
         /// The hold, if one is open (`src/hold.rs`).
         fn hold(&self) -> Result<Option<Hold>, StorageError>;
 
-        /// Opens `hold` unless a hold is open; `false` if one was (and stays as it was).
+        /// Opens `hold` (and begins its stop) unless a hold is open; `false` if one was (and
+        /// stays as it was).
         fn open_hold(&self, hold: &Hold) -> Result<bool, StorageError>;
 
         /// Moves the next probe of the hold open since `since` from `from` to `to`, with
@@ -256,9 +259,16 @@ macro_rules! operations {
         fn move_probe(&self, since: i64, from: i64, to: i64, interval_ms: i64)
             -> Result<bool, StorageError>;
 
-        /// Ends the hold open since `since` and returns it; `None` if it was not open (ended
-        /// already, by another receiver or `jobs resume`).
-        fn end_hold(&self, since: i64) -> Result<Option<Hold>, StorageError>;
+        /// Ends the hold open since `since` (its stop at `now`) and returns it; `None` if it was
+        /// not open (ended already, by another receiver or `jobs resume`).
+        fn end_hold(&self, since: i64, now: i64) -> Result<Option<Hold>, StorageError>;
+
+        /// The stops of dispatch (pauses, holds) in force during some of `from..to`: the first
+        /// `limit` begun in it, and the last of each kind begun before `from` if it lasted
+        /// past it; oldest first. Retention forgets the ended ones
+        /// ([`RetentionStep::DeleteEndedStops`]).
+        fn dispatch_stops(&self, from: i64, to: i64, limit: usize)
+            -> Result<Vec<DispatchStop>, StorageError>;
 
         /// The counts of `jobs stats` (a table scan: a command for people).
         fn job_stats(&self, now: i64) -> Result<JobStats, StorageError>;

@@ -14,6 +14,7 @@ mod model;
 mod portable_sql;
 pub mod postgres;
 pub mod sqlite;
+mod stops;
 mod work_side;
 
 use std::sync::Arc;
@@ -27,17 +28,19 @@ pub use contract::Backend;
 pub use error::{Cause, StorageError, StorageLost, STORAGE_LOST_EXIT_STATUS};
 pub use model::{
     duration_ms, now_ms, ActionRecord, Attempt, AttemptEnd, AttemptRecord, ClaimOutcome, Cursor,
-    DeadGroup, Dispatch, DueExpectation, DueJobs, Expectation, Failure, Hold, JobDetail, JobFilter,
-    JobPage, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
-    RetryCount, RetryError, RetryFilter, Source, State, HISTORY_PER_JOB,
+    DeadGroup, Dispatch, DispatchStop, DueExpectation, DueJobs, Expectation, Failure, Hold,
+    JobDetail, JobFilter, JobPage, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim,
+    PollResult, RetentionStep, RetryCount, RetryError, RetryFilter, Source, State, StopKind,
+    HISTORY_PER_JOB,
 };
 pub use sqlite::{LedgerDamaged, DAMAGED_EXIT_STATUS};
+pub use stops::{waiting_spans, STOPS_PER_JOB};
 /// Rows of its list a page filtered by event type reads at most.
 pub const ROWS_READ_PER_FILTERED_PAGE: usize = 10_000;
 /// Rows read per query while filtering.
 const ROWS_READ_PER_CHUNK: usize = 1_000;
 
-pub use portable_sql::{list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL};
+pub use portable_sql::{dispatch_stops_sql, list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL};
 pub use postgres::PostgresLedger;
 pub use sqlite::{backup, BackupReport, SqliteLedger};
 #[cfg(feature = "bench")]

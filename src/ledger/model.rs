@@ -465,6 +465,8 @@ pub enum RetentionStep {
     PurgeBodies,
     /// Forgets jobs finished before the cutoff: a Redeliver of one is a new job.
     DeleteFinished,
+    /// Forgets the stops of dispatch that ended before the cutoff.
+    DeleteEndedStops,
     /// Forgets expectations resolved before the cutoff.
     DeleteResolvedExpectations,
 }
@@ -485,6 +487,49 @@ pub struct Dispatch {
     pub paused: bool,
     pub changed_at: Option<i64>,
     pub changed_by: Option<String>,
+}
+
+/// What stopped dispatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StopKind {
+    /// An operator's `jobs pause` (or the console's, or the admin API's).
+    Pause,
+    /// The outage hold (`src/hold.rs`).
+    Hold,
+}
+
+impl StopKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopKind::Pause => "pause",
+            StopKind::Hold => "hold",
+        }
+    }
+
+    /// The kind a row names; a hold for anything but `pause` (the column's CHECK allows two).
+    pub fn from_column(text: &str) -> StopKind {
+        if text == "pause" {
+            StopKind::Pause
+        } else {
+            StopKind::Hold
+        }
+    }
+}
+
+/// One stop of dispatch, as the log keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DispatchStop {
+    pub kind: StopKind,
+    pub started_at: i64,
+    /// Who paused; `None` for a hold.
+    pub started_by: Option<String>,
+    /// Why: the operator's reason for a pause (if given), the cause of a hold.
+    pub reason: Option<String>,
+    /// `None` while it lasts.
+    pub ended_at: Option<i64>,
+    /// Who resumed; `None` for a hold that ended because an attempt succeeded.
+    pub ended_by: Option<String>,
 }
 
 /// A hold (`src/hold.rs`): since when the workers of every receiver start no attempt but one

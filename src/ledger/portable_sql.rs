@@ -150,3 +150,31 @@ pub fn end_hold_sql(d: Dialect) -> String {
         d.at(1)
     )
 }
+
+/// A stop's columns, in the order of [`DispatchStop`](super::model::DispatchStop)'s fields.
+pub const STOP_COLUMNS: &str = "kind, started_at, started_by, reason, ended_at, ended_by";
+
+/// The stops in force during some of the first parameter .. the second: per kind (pauses do
+/// not overlap pauses, nor holds holds), the last begun before the span if it lasted into it,
+/// and the first begun within it, at most the third parameter; each a range of
+/// `dispatch_stops_started`.
+pub fn dispatch_stops_sql(d: Dialect) -> String {
+    let (from, to, limit) = (d.at(1), d.at(2), d.at(3));
+    let of_kind = |kind: &str| {
+        format!(
+            "SELECT * FROM (SELECT {STOP_COLUMNS} FROM dispatch_stops
+                            WHERE kind = '{kind}' AND started_at < {from}
+                            ORDER BY started_at DESC LIMIT 1) AS before_{kind}
+             WHERE ended_at IS NULL OR ended_at > {from}
+             UNION ALL
+             SELECT * FROM (SELECT {STOP_COLUMNS} FROM dispatch_stops
+                            WHERE kind = '{kind}' AND started_at >= {from} AND started_at < {to}
+                            ORDER BY started_at LIMIT {limit}) AS within_{kind}"
+        )
+    };
+    format!(
+        "SELECT {STOP_COLUMNS} FROM ({} UNION ALL {}) AS stops ORDER BY started_at LIMIT {limit}",
+        of_kind("pause"),
+        of_kind("hold")
+    )
+}

@@ -1,11 +1,15 @@
-//! The hold in PostgreSQL: one row or none (`dispatch_hold`), the SQL shared with SQLite.
+//! The hold in PostgreSQL: one row or none (`dispatch_hold`), the SQL shared with SQLite; and
+//! the log of dispatch stops (`dispatch_stops`), begun and ended in the same statements.
 
 use tokio_postgres::Row;
 
 use super::PostgresLedger;
 use crate::ledger::error::StorageError;
-use crate::ledger::model::Hold;
-use crate::ledger::portable_sql::{end_hold_sql, hold_sql, move_probe_sql, open_hold_sql, Dialect};
+use crate::ledger::model::{DispatchStop, Hold, StopKind};
+use crate::ledger::portable_sql::{
+    dispatch_stops_sql, end_hold_sql, hold_sql, move_probe_sql, open_hold_sql, Dialect,
+    HOLD_COLUMNS,
+};
 
 fn from_row(row: &Row) -> Hold {
     Hold {
@@ -24,9 +28,17 @@ impl PostgresLedger {
     }
 
     pub(super) async fn insert_hold(&self, hold: &Hold) -> Result<bool, StorageError> {
+        // The hold's stop is begun by the same statement.
+        let sql = format!(
+            "WITH opened AS ({} RETURNING since, reason),
+             began AS (INSERT INTO dispatch_stops (kind, started_at, reason)
+                       SELECT 'hold', since, reason FROM opened)
+             SELECT count(*) FROM opened",
+            open_hold_sql(Dialect::Postgres)
+        );
         let opened = self
-            .execute(
-                &open_hold_sql(Dialect::Postgres),
+            .count(
+                &sql,
                 &[
                     &hold.since,
                     &hold.reason,
@@ -53,10 +65,45 @@ impl PostgresLedger {
             == 1)
     }
 
-    pub(super) async fn delete_hold(&self, since: i64) -> Result<Option<Hold>, StorageError> {
-        let rows = self
-            .query(&end_hold_sql(Dialect::Postgres), &[&since])
-            .await?;
+    pub(super) async fn delete_hold(
+        &self,
+        since: i64,
+        now: i64,
+    ) -> Result<Option<Hold>, StorageError> {
+        let sql = format!(
+            "WITH ended AS ({}),
+             closed AS (UPDATE dispatch_stops SET ended_at = $2
+                        WHERE kind = 'hold' AND ended_at IS NULL
+                          AND EXISTS (SELECT 1 FROM ended))
+             SELECT {HOLD_COLUMNS} FROM ended",
+            end_hold_sql(Dialect::Postgres)
+        );
+        let rows = self.query(&sql, &[&since, &now]).await?;
         Ok(rows.first().map(from_row))
+    }
+
+    pub(super) async fn read_stops(
+        &self,
+        from: i64,
+        to: i64,
+        limit: usize,
+    ) -> Result<Vec<DispatchStop>, StorageError> {
+        let rows = self
+            .read(
+                &dispatch_stops_sql(Dialect::Postgres),
+                &[&from, &to, &(limit as i64)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| DispatchStop {
+                kind: StopKind::from_column(row.get(0)),
+                started_at: row.get(1),
+                started_by: row.get(2),
+                reason: row.get(3),
+                ended_at: row.get(4),
+                ended_by: row.get(5),
+            })
+            .collect())
     }
 }

@@ -43,9 +43,9 @@ use super::error::{Cause, StorageError};
 use super::model::{duration_ms, now_ms};
 use super::model::{
     expectation_counts, state_counts, ActionRecord, Attempt, AttemptEnd, AttemptRecord,
-    ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation, Hold, JobDetail, JobPage,
-    JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount, RetryError,
-    RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
+    ClaimOutcome, Cursor, Dispatch, DispatchStop, DueExpectation, DueJobs, Expectation, Hold,
+    JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
+    RetryCount, RetryError, RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
 };
 use super::portable_sql;
 use super::WorkSide;
@@ -263,6 +263,7 @@ impl Backend for PostgresLedger {
         let statement = match step {
             RetentionStep::PurgeBodies => sql::PURGE_BODIES_SQL,
             RetentionStep::DeleteFinished => sql::DELETE_FINISHED_SQL,
+            RetentionStep::DeleteEndedStops => sql::DELETE_ENDED_STOPS_SQL,
             RetentionStep::DeleteResolvedExpectations => sql::DELETE_RESOLVED_SQL,
         };
         self.execute(statement, &[&before, &(limit as i64)]).await
@@ -592,9 +593,15 @@ impl Backend for PostgresLedger {
     }
 
     /// Every receiver's worker is woken, to see the change at once.
-    async fn set_dispatch(&self, paused: bool, by: &str, now: i64) -> Result<bool, StorageError> {
+    async fn set_dispatch(
+        &self,
+        paused: bool,
+        by: &str,
+        reason: Option<&str>,
+        now: i64,
+    ) -> Result<bool, StorageError> {
         let changed = self
-            .execute(sql::SET_DISPATCH_SQL, &[&paused, &now, &by])
+            .count(sql::SET_DISPATCH_SQL, &[&paused, &now, &by, &reason])
             .await?
             == 1;
         if changed {
@@ -621,8 +628,17 @@ impl Backend for PostgresLedger {
         self.update_probe(since, from, to, interval_ms).await
     }
 
-    async fn end_hold(&self, since: i64) -> Result<Option<Hold>, StorageError> {
-        self.delete_hold(since).await
+    async fn end_hold(&self, since: i64, now: i64) -> Result<Option<Hold>, StorageError> {
+        self.delete_hold(since, now).await
+    }
+
+    async fn dispatch_stops(
+        &self,
+        from: i64,
+        to: i64,
+        limit: usize,
+    ) -> Result<Vec<DispatchStop>, StorageError> {
+        self.read_stops(from, to, limit).await
     }
 
     async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {

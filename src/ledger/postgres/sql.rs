@@ -136,11 +136,21 @@ pub const RECORD_ACTION_SQL: &str = "WITH recorded AS (
 pub const RUNNING_BY_RECEIVER_SQL: &str = "SELECT coalesce(leased_by, '(unnamed)'), count(*)
     FROM jobs WHERE state = 'running' GROUP BY 1 ORDER BY 2 DESC, 1";
 pub const DISPATCH_SQL: &str = "SELECT paused, changed_at, changed_by FROM dispatch WHERE id = 1";
-/// Parameters: paused, now, actor. A resume also ends a hold, and is then a change.
+/// Parameters: paused, now, actor, reason. A resume also ends a hold, and is then a change. A
+/// pause begins a stop in the log, a resume ends every open one (a pause, a hold).
 pub const SET_DISPATCH_SQL: &str = "WITH ended AS (
-        DELETE FROM dispatch_hold WHERE NOT $1 RETURNING id)
-    UPDATE dispatch SET paused = $1, changed_at = $2, changed_by = $3
-    WHERE id = 1 AND (paused <> $1 OR EXISTS (SELECT 1 FROM ended))";
+        DELETE FROM dispatch_hold WHERE NOT $1 RETURNING id),
+    changed AS (
+        UPDATE dispatch SET paused = $1, changed_at = $2, changed_by = $3
+        WHERE id = 1 AND (paused <> $1 OR EXISTS (SELECT 1 FROM ended))
+        RETURNING paused),
+    began AS (
+        INSERT INTO dispatch_stops (kind, started_at, started_by, reason)
+        SELECT 'pause', $2, $3, $4 FROM changed WHERE paused),
+    closed AS (
+        UPDATE dispatch_stops SET ended_at = $2, ended_by = $3
+        WHERE ended_at IS NULL AND EXISTS (SELECT 1 FROM changed WHERE NOT paused))
+    SELECT count(*) FROM changed";
 /// job_ids matching a LIKE pattern (the load generator's check of its run).
 pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE $1";
 /// why [`RETRY_JOB_SQL`] changed nothing.
@@ -215,6 +225,8 @@ pub const DELETE_FINISHED_SQL: &str = "DELETE FROM jobs WHERE job_id IN (
 pub const DELETE_RESOLVED_SQL: &str = "DELETE FROM expected_jobs WHERE job_id IN (
         SELECT job_id FROM expected_jobs WHERE state <> 'waiting' AND resolved_at < $1
         LIMIT $2 FOR UPDATE SKIP LOCKED)";
+pub const DELETE_ENDED_STOPS_SQL: &str = "DELETE FROM dispatch_stops WHERE id IN (
+        SELECT id FROM dispatch_stops WHERE ended_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
 pub const TAKE_DUE_EXPECTATIONS_SQL: &str = "UPDATE expected_jobs SET next_poll_at = $3
     WHERE job_id IN (SELECT job_id FROM expected_jobs
                      WHERE state = 'waiting' AND next_poll_at <= $1

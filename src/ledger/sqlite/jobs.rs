@@ -5,9 +5,11 @@ use std::str::FromStr;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::history::{history_of, record_action, record_end, record_start};
+use super::hold;
 use crate::event_type::EventType;
 use crate::job_id::JobId;
 use crate::ledger::model::Dispatch;
+use crate::ledger::model::StopKind;
 use crate::ledger::model::{
     state_counts, Attempt, AttemptEnd, ClaimOutcome, Cursor, DueJobs, JobDetail, JobPage, JobStats,
     JobSummary, LeasedAttempt, NewClaim, RetryCount, RetryError, RetryFilter, Source, State,
@@ -516,11 +518,24 @@ pub fn dispatch(conn: &Connection) -> rusqlite::Result<Dispatch> {
 
 /// Pauses or resumes the workers; `false` if they already were. A resume also ends a hold,
 /// and is then a change.
-pub fn set_dispatch(conn: &Connection, paused: bool, by: &str, now: i64) -> rusqlite::Result<bool> {
+/// A pause begins a stop in the log, a resume ends every open one (a pause, a hold).
+pub fn set_dispatch(
+    conn: &Connection,
+    paused: bool,
+    by: &str,
+    reason: Option<&str>,
+    now: i64,
+) -> rusqlite::Result<bool> {
     let hold_ended = !paused && conn.execute("DELETE FROM dispatch_hold", [])? > 0;
-    Ok(conn.execute(
+    let changed = conn.execute(
         "UPDATE dispatch SET paused = ?1, changed_at = ?2, changed_by = ?3
          WHERE id = 1 AND (paused <> ?1 OR ?4)",
         params![paused, now, by, hold_ended],
-    )? == 1)
+    )? == 1;
+    match (changed, paused) {
+        (true, true) => hold::begin_stop(conn, StopKind::Pause, now, Some(by), reason)?,
+        (true, false) => hold::end_stops(conn, None, now, Some(by))?,
+        (false, _) => {}
+    }
+    Ok(changed)
 }

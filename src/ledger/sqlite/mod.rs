@@ -27,9 +27,9 @@ use super::contract::Backend;
 use super::error::{Cause, StorageError};
 use super::model::now_ms;
 use super::model::{
-    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DueExpectation, DueJobs, Expectation,
-    Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
-    RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
+    Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DispatchStop, DueExpectation, DueJobs,
+    Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
+    RetentionStep, RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
 };
 use crate::config::SqliteConfig;
 use crate::job_id::JobId;
@@ -41,6 +41,7 @@ pub use expected::{DELETE_RESOLVED_SQL, DUE_EXPECTATIONS_SQL};
 use failure::Cause as FailureCause;
 use failure::Failure;
 pub use history::{ACTIONS_OF_JOB_SQL, ATTEMPTS_OF_JOB_SQL};
+pub use hold::DELETE_ENDED_STOPS_SQL;
 #[cfg(feature = "testing")]
 pub use integrity::damage_for_test;
 use integrity::BackgroundCheck;
@@ -426,6 +427,7 @@ impl Backend for SqliteLedger {
             let sql = match step {
                 RetentionStep::PurgeBodies => jobs::PURGE_BODIES_SQL,
                 RetentionStep::DeleteFinished => jobs::DELETE_FINISHED_SQL,
+                RetentionStep::DeleteEndedStops => hold::DELETE_ENDED_STOPS_SQL,
                 RetentionStep::DeleteResolvedExpectations => expected::DELETE_RESOLVED_SQL,
             };
             conn.prepare_cached(sql)?
@@ -606,9 +608,15 @@ impl Backend for SqliteLedger {
         self.read(jobs::dispatch).await
     }
 
-    async fn set_dispatch(&self, paused: bool, by: &str, now: i64) -> Result<bool, StorageError> {
-        let by = by.to_owned();
-        self.write(move |conn| jobs::set_dispatch(conn, paused, &by, now))
+    async fn set_dispatch(
+        &self,
+        paused: bool,
+        by: &str,
+        reason: Option<&str>,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        let (by, reason) = (by.to_owned(), reason.map(str::to_owned));
+        self.write(move |conn| jobs::set_dispatch(conn, paused, &by, reason.as_deref(), now))
             .await
     }
 
@@ -632,8 +640,19 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn end_hold(&self, since: i64) -> Result<Option<Hold>, StorageError> {
-        self.write(move |conn| hold::end_hold(conn, since)).await
+    async fn end_hold(&self, since: i64, now: i64) -> Result<Option<Hold>, StorageError> {
+        self.write(move |conn| hold::end_hold(conn, since, now))
+            .await
+    }
+
+    async fn dispatch_stops(
+        &self,
+        from: i64,
+        to: i64,
+        limit: usize,
+    ) -> Result<Vec<DispatchStop>, StorageError> {
+        self.read(move |conn| hold::dispatch_stops(conn, from, to, limit))
+            .await
     }
 
     async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {

@@ -1,0 +1,196 @@
+//! The operators' actions on a job and on dispatch, written once for the console and the API.
+//!
+//! The console's buttons (`console/act.rs`) and the admin API (`admin.rs`) are two doors to the
+//! same actions: each takes its request apart and answers in its own form (a page, JSON), and
+//! both call these for the checks, the ledger's change, the wake-up of the local worker and the
+//! log line, so the two can never disagree on what an action does or refuses.
+
+use hyper::StatusCode;
+
+use crate::job_id::JobId;
+use crate::ledger::{now_ms, Ledger, RetryError, StorageError};
+use crate::worker::Queue;
+
+/// An action on one job, as its path segment names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobAction {
+    /// Runs a `done` or `dead` job again from its stored body.
+    Retry,
+    /// Skips the rest of a retrying job's backoff.
+    RunNow,
+    /// Makes a waiting job `dead` without running it (needs a reason).
+    Cancel,
+}
+
+impl JobAction {
+    /// `retry`, `run-now` or `cancel`.
+    pub fn from_segment(segment: &str) -> Option<JobAction> {
+        match segment {
+            "retry" => Some(JobAction::Retry),
+            "run-now" => Some(JobAction::RunNow),
+            "cancel" => Some(JobAction::Cancel),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobAction::Retry => "retry",
+            JobAction::RunNow => "run-now",
+            JobAction::Cancel => "cancel",
+        }
+    }
+}
+
+/// Why an action changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("no such job in the ledger")]
+    Unknown,
+    #[error("the job is {state}; {action} applies to {applies_to}")]
+    NotApplicable {
+        state: String,
+        action: &'static str,
+        applies_to: &'static str,
+    },
+    /// A retry's own refusal: the job is not finished, or its body was purged.
+    #[error(transparent)]
+    Retry(RetryError),
+    #[error("a cancel needs a reason")]
+    NoReason,
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl Refused {
+    /// The HTTP status either door answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refused::Unknown => StatusCode::NOT_FOUND,
+            Refused::NotApplicable { .. } | Refused::Retry(_) => StatusCode::CONFLICT,
+            Refused::NoReason => StatusCode::BAD_REQUEST,
+            Refused::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+/// The ledger the actions change, and the local worker to wake (none without a handler).
+pub struct Actions<'a> {
+    pub ledger: &'a Ledger,
+    pub queue: Option<&'a Queue>,
+}
+
+impl Actions<'_> {
+    /// `action` on `job_id`, recorded as `by`'s (a cancel with `reason`).
+    pub async fn on_job(
+        &self,
+        action: JobAction,
+        job_id: &JobId,
+        by: &str,
+        reason: Option<&str>,
+    ) -> Result<(), Refused> {
+        match action {
+            JobAction::Retry => self.retry(job_id, by).await,
+            JobAction::RunNow => self.run_now(job_id, by).await,
+            JobAction::Cancel => self.cancel(job_id, by, reason).await,
+        }
+    }
+
+    /// Makes a `done` or `dead` job due again with a fresh set of attempts.
+    pub async fn retry(&self, job_id: &JobId, by: &str) -> Result<(), Refused> {
+        match self.ledger.retry_job(job_id.as_str(), by, now_ms()).await {
+            Ok(()) => {
+                self.done(JobAction::Retry, job_id, by);
+                Ok(())
+            }
+            Err(RetryError::Storage(error)) => Err(Refused::Storage(error)),
+            Err(RetryError::Unknown(_)) => Err(Refused::Unknown),
+            Err(refused) => Err(Refused::Retry(refused)),
+        }
+    }
+
+    /// Makes a job waiting in backoff due now.
+    pub async fn run_now(&self, job_id: &JobId, by: &str) -> Result<(), Refused> {
+        let changed = self.ledger.run_now(job_id.as_str(), by, now_ms()).await?;
+        self.changed(changed, JobAction::RunNow, job_id, by, "a retrying job")
+            .await
+    }
+
+    /// Makes a waiting job `dead` without running it; `reason` must say something.
+    pub async fn cancel(
+        &self,
+        job_id: &JobId,
+        by: &str,
+        reason: Option<&str>,
+    ) -> Result<(), Refused> {
+        let reason = said(reason).ok_or(Refused::NoReason)?;
+        let changed = self
+            .ledger
+            .cancel_job(job_id.as_str(), by, reason, now_ms())
+            .await?;
+        self.changed(
+            changed,
+            JobAction::Cancel,
+            job_id,
+            by,
+            "a claimed or retrying job",
+        )
+        .await
+    }
+
+    /// Pauses (with an optional `reason`) or resumes dispatch on every receiver; `false` if it
+    /// already was.
+    pub async fn set_dispatch(
+        &self,
+        paused: bool,
+        by: &str,
+        reason: Option<&str>,
+    ) -> Result<bool, StorageError> {
+        let reason = said(reason).filter(|_| paused);
+        let changed = self
+            .ledger
+            .set_dispatch(paused, by, reason, now_ms())
+            .await?;
+        if let Some(queue) = self.queue {
+            queue.dispatch_changed(paused);
+        }
+        tracing::info!(%by, paused, changed, "dispatch changed by an operator");
+        Ok(changed)
+    }
+
+    /// `Ok` if the ledger changed; else why not, from the job's row.
+    async fn changed(
+        &self,
+        changed: bool,
+        action: JobAction,
+        job_id: &JobId,
+        by: &str,
+        applies_to: &'static str,
+    ) -> Result<(), Refused> {
+        if changed {
+            self.done(action, job_id, by);
+            return Ok(());
+        }
+        match self.ledger.show_job(job_id.as_str()).await? {
+            None => Err(Refused::Unknown),
+            Some(job) => Err(Refused::NotApplicable {
+                state: job.summary.state,
+                action: action.as_str(),
+                applies_to,
+            }),
+        }
+    }
+
+    /// The job may be due now: the local worker looks, without waiting for its next look.
+    fn done(&self, action: JobAction, job_id: &JobId, by: &str) {
+        if let Some(queue) = self.queue {
+            queue.look_in_ledger();
+        }
+        tracing::info!(job_id = %job_id, action = action.as_str(), %by, "job action by an operator");
+    }
+}
+
+/// A reason that says something; `None` for none or a blank one.
+fn said(reason: Option<&str>) -> Option<&str> {
+    reason.filter(|reason| !reason.trim().is_empty())
+}
