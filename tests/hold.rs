@@ -453,3 +453,57 @@ async fn an_outage_on_two_receivers_costs_no_job() {
         )
         .await;
 }
+
+/// Regression (the two-receiver outage, under load: one job dead): a receiver counted the
+/// failures of an outage another receiver had opened a hold for until its next read of the
+/// hold, up to a second later, so a job could fail there twice and on the first receiver once,
+/// and die. Now a receiver reads the hold again before it counts a failure. Here the hold is
+/// opened in the ledger (as another receiver does) right after this receiver read it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failure_under_a_hold_another_receiver_opened_costs_no_attempt() {
+    Backend::Postgres
+        .run(
+            "a_failure_under_a_hold_another_receiver_opened_costs_no_attempt",
+            async {
+                let (url, downstream) = start_downstream(UP).await;
+                // It opens no hold of its own: only the one in the ledger can spare the job.
+                let server = TestServer::start(&handler(&url, "hold_after = 100\n")).await;
+                // Its worker reads dispatch and the hold as it starts this job.
+                deliver_all(&server, std::iter::once("warm-up".to_owned())).await;
+                assert!(
+                    eventually(Duration::from_secs(5), || {
+                        server.state_of("warm-up").as_deref() == Some("done")
+                    })
+                    .await
+                );
+                let ledger = Ledger::open(&server.config.database).await.unwrap();
+                let now = ledger::now_ms();
+                let hold = ledger::Hold {
+                    since: now,
+                    reason: "opened by another receiver".to_owned(),
+                    sample_error: "handler answered 500".to_owned(),
+                    next_probe_at: now + 60_000,
+                    probe_interval_ms: 60_000,
+                };
+                assert!(ledger.open_hold(&hold).await.unwrap());
+                downstream.set(DOWN);
+                deliver_all(&server, std::iter::once("during".to_owned())).await;
+                // Run before its worker read the hold (or not run at all, if it read it first).
+                eventually(Duration::from_secs(3), || downstream.requests() == 2).await;
+                assert!(
+                    eventually(Duration::from_secs(5), || {
+                        server.state_of("during").as_deref() != Some("running")
+                    })
+                    .await
+                );
+                assert_eq!(
+                    count(&server, "SELECT attempts FROM jobs WHERE job_id = 'during'"),
+                    0,
+                    "a failure under the ledger's hold was counted"
+                );
+                ledger.close().await;
+                server.stop().await.0.unwrap();
+            },
+        )
+        .await;
+}

@@ -515,6 +515,12 @@ impl JobRun {
                 return self.release(attempt, Some("handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")).await;
             }
         };
+        if outcome.is_err() && self.ledger.is_shared() {
+            // Another receiver may have opened a hold that this one has not read yet (each
+            // reads it every second): a failure for an outage the ledger knows of costs the
+            // job no attempt, whichever receiver ran it.
+            self.breaker.reread(&self.ledger).await;
+        }
         let verdict = self.breaker.finished(
             job_id,
             probe.map(|(_, taken_to)| taken_to),
