@@ -467,6 +467,8 @@ pub enum RetentionStep {
     DeleteFinished,
     /// Forgets expectations resolved before the cutoff.
     DeleteResolvedExpectations,
+    /// Forgets the console's minutes (every receiver's) from before the cutoff.
+    DeleteOldRollups,
 }
 
 /// Dead jobs with the same error signature (see the console's dead letters).

@@ -34,6 +34,7 @@ mod hold;
 mod open;
 mod pooled;
 mod role;
+mod rollups;
 mod sql;
 mod start;
 mod statements;
@@ -47,7 +48,8 @@ use super::model::{
     JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount, RetryError,
     RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
 };
-use super::portable_sql;
+use super::portable_sql::{self, Dialect};
+use super::rollups::{delete_old_sql, MinuteRollup};
 use super::WorkSide;
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
@@ -260,12 +262,25 @@ impl Backend for PostgresLedger {
         before: i64,
         limit: usize,
     ) -> Result<usize, StorageError> {
-        let statement = match step {
-            RetentionStep::PurgeBodies => sql::PURGE_BODIES_SQL,
-            RetentionStep::DeleteFinished => sql::DELETE_FINISHED_SQL,
-            RetentionStep::DeleteResolvedExpectations => sql::DELETE_RESOLVED_SQL,
+        let statement: std::borrow::Cow<str> = match step {
+            RetentionStep::PurgeBodies => sql::PURGE_BODIES_SQL.into(),
+            RetentionStep::DeleteFinished => sql::DELETE_FINISHED_SQL.into(),
+            RetentionStep::DeleteResolvedExpectations => sql::DELETE_RESOLVED_SQL.into(),
+            RetentionStep::DeleteOldRollups => delete_old_sql(Dialect::Postgres).into(),
         };
-        self.execute(statement, &[&before, &(limit as i64)]).await
+        self.execute(&statement, &[&before, &(limit as i64)]).await
+    }
+
+    async fn store_rollup(&self, rollup: &MinuteRollup) -> Result<(), StorageError> {
+        self.upsert_rollup(rollup).await
+    }
+
+    async fn rollups_since(
+        &self,
+        minute: i64,
+        limit: usize,
+    ) -> Result<Vec<MinuteRollup>, StorageError> {
+        self.read_rollups(minute, limit).await
     }
 
     async fn expect_job(

@@ -9,6 +9,7 @@ mod hold;
 mod integrity;
 mod jobs;
 mod open;
+mod rollups;
 mod wal_sync;
 mod wal_watch;
 mod writer;
@@ -31,6 +32,8 @@ use super::model::{
     Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
     RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
 };
+use super::portable_sql::Dialect;
+use super::rollups::{delete_old_sql, MinuteRollup};
 use crate::config::SqliteConfig;
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
@@ -423,12 +426,13 @@ impl Backend for SqliteLedger {
         limit: usize,
     ) -> Result<usize, StorageError> {
         self.write(move |conn| {
-            let sql = match step {
-                RetentionStep::PurgeBodies => jobs::PURGE_BODIES_SQL,
-                RetentionStep::DeleteFinished => jobs::DELETE_FINISHED_SQL,
-                RetentionStep::DeleteResolvedExpectations => expected::DELETE_RESOLVED_SQL,
+            let sql: std::borrow::Cow<str> = match step {
+                RetentionStep::PurgeBodies => jobs::PURGE_BODIES_SQL.into(),
+                RetentionStep::DeleteFinished => jobs::DELETE_FINISHED_SQL.into(),
+                RetentionStep::DeleteResolvedExpectations => expected::DELETE_RESOLVED_SQL.into(),
+                RetentionStep::DeleteOldRollups => delete_old_sql(Dialect::Sqlite).into(),
             };
-            conn.prepare_cached(sql)?
+            conn.prepare_cached(&sql)?
                 .execute(rusqlite::params![before, limit as i64])
         })
         .await
@@ -445,6 +449,21 @@ impl Backend for SqliteLedger {
         })
         .await
         .map(|left| left > 0)
+    }
+
+    async fn store_rollup(&self, rollup: &MinuteRollup) -> Result<(), StorageError> {
+        let rollup = *rollup;
+        self.write(move |conn| rollups::store_rollup(conn, &rollup))
+            .await
+    }
+
+    async fn rollups_since(
+        &self,
+        minute: i64,
+        limit: usize,
+    ) -> Result<Vec<MinuteRollup>, StorageError> {
+        self.read(move |conn| rollups::rollups_since(conn, minute, limit))
+            .await
     }
 
     async fn expect_job(
