@@ -102,3 +102,106 @@ fn until_the_minute_ends() -> Duration {
     Duration::from_secs(60 - since.as_secs() % 60)
         - Duration::from_nanos(since.subsec_nanos().into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{LedgerConfig, SqliteConfig};
+    use crate::rollup::{Series, Timing};
+
+    fn fresh_rollup() -> &'static Rollup {
+        Box::leak(Box::new(Rollup::new()))
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn each_minute_that_counted_is_kept_once_an_idle_one_never_and_a_restart_reads_them_back()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LedgerConfig::Sqlite(SqliteConfig {
+            path: dir.path().join("ledger.sqlite3"),
+            ..SqliteConfig::default()
+        });
+        let ledger = Ledger::open(&config).await.unwrap();
+        let now = this_minute();
+        let counted = fresh_rollup();
+        let flush = RollupFlush {
+            ledger: ledger.clone(),
+            rollup: counted,
+            written_through: AtomicI64::new(now - 10),
+        };
+        counted.record_at(Series::Claimed, now - 5);
+        counted.record_at(Series::Claimed, now - 5);
+        counted.record_timing_at(Timing::Ack, Duration::from_millis(3), now - 5);
+        counted.record_at(Series::Dead, now - 3);
+        counted.record_at(Series::Claimed, now);
+
+        assert_eq!(
+            flush.flush_before(now).await.unwrap(),
+            2,
+            "minute now-4 was idle"
+        );
+        assert_eq!(
+            flush.flush_before(now).await.unwrap(),
+            0,
+            "each minute once"
+        );
+        let kept = ledger.rollups_since(now - 60, 60).await.unwrap();
+        let minutes: Vec<i64> = kept.iter().map(|kept| kept.minute).collect();
+        assert_eq!(
+            minutes,
+            [now - 5, now - 3],
+            "the current minute waits for its end"
+        );
+        assert_eq!(kept[0].counts[Series::Claimed as usize], 2);
+        assert_eq!(kept[0].timings[Timing::Ack as usize], [1, 3_000, 3_000]);
+
+        // The next start, in a process whose ring is empty.
+        let restarted = fresh_rollup();
+        let flush = RollupFlush::new(ledger.clone(), restarted);
+        assert_eq!(flush.restore().await.unwrap(), 2);
+        let hour = restarted.last_hour_at(now);
+        let at = |minutes_ago: usize| MINUTES - 1 - minutes_ago;
+        assert_eq!(hour.series[Series::Claimed as usize].1[at(5)], 2);
+        assert_eq!(hour.series[Series::Dead as usize].1[at(3)], 1);
+        assert_eq!(hour.timings[Timing::Ack as usize].1[at(5)].max_ms, 3.0);
+        assert_eq!(hour.series[Series::Claimed as usize].1[at(0)], 0);
+        ledger.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_minute_written_at_a_stop_is_written_whole_after_a_start_within_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LedgerConfig::Sqlite(SqliteConfig {
+            path: dir.path().join("ledger.sqlite3"),
+            ..SqliteConfig::default()
+        });
+        let ledger = Ledger::open(&config).await.unwrap();
+        let now = this_minute();
+        let before_stop = fresh_rollup();
+        let flush = RollupFlush {
+            ledger: ledger.clone(),
+            rollup: before_stop,
+            written_through: AtomicI64::new(now - 1),
+        };
+        before_stop.record_at(Series::Done, now);
+        flush.flush_before(now + 1).await.unwrap();
+
+        let after_start = fresh_rollup();
+        let flush = RollupFlush {
+            ledger: ledger.clone(),
+            rollup: after_start,
+            written_through: AtomicI64::new(now - 1),
+        };
+        flush.restore().await.unwrap();
+        after_start.record_at(Series::Done, now);
+        flush.flush_before(now + 1).await.unwrap();
+        let kept = ledger.rollups_since(now, 60).await.unwrap();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(
+            kept[0].counts[Series::Done as usize],
+            2,
+            "one before, one after"
+        );
+        ledger.close().await;
+    }
+}

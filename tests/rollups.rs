@@ -1,0 +1,143 @@
+//! The console's last hour across a restart: what a receiver counted is in its charts and their
+//! JSON twin after a graceful stop and a start on the same ledger. Real processes: the minutes
+//! are counted in the process's memory, and only the ledger carries them to the next one.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::service::{signed_delivery, write_config, Service};
+use common::*;
+use http_body_util::Full;
+use hyper::{Method, Request};
+use sume_receiver::config::Config;
+use sume_receiver::http_client::{self, Answer};
+
+const TOKEN: &str = "rollup-console-token";
+
+async fn send(request: Request<Full<Bytes>>) -> Answer {
+    http_client::send(
+        &http_client::new_client(),
+        request,
+        Duration::from_secs(10),
+        1 << 20,
+    )
+    .await
+    .unwrap()
+}
+
+/// Signs in to the console on `admin_port` (once its listener is up); the session cookie.
+async fn sign_in(admin_port: u16) -> String {
+    let origin = format!("http://127.0.0.1:{admin_port}");
+    for _ in 0..500 {
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{origin}/console/sign-in"))
+            .header("origin", &origin)
+            .header("sec-fetch-site", "same-origin")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Full::new(Bytes::from(format!("token={TOKEN}"))))
+            .unwrap();
+        if let Ok(answer) = http_client::send(
+            &http_client::new_client(),
+            request,
+            Duration::from_secs(10),
+            1 << 20,
+        )
+        .await
+        {
+            assert_eq!(answer.status, 303, "{answer:?}");
+            let cookie = answer.headers["set-cookie"].to_str().unwrap();
+            return cookie.split(';').next().unwrap().to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the console on {admin_port} never answered");
+}
+
+async fn get(admin_port: u16, cookie: &str, path: &str) -> String {
+    let request = Request::get(format!("http://127.0.0.1:{admin_port}{path}"))
+        .header("cookie", cookie)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let answer = send(request).await;
+    assert_eq!(answer.status, 200, "{path}: {answer:?}");
+    String::from_utf8(answer.body.to_vec()).unwrap()
+}
+
+/// The per-minute counts of `label` in the overview's JSON twin.
+fn minutes_of(overview: &serde_json::Value, label: &str) -> Vec<u64> {
+    let series = overview["last_hour"]["series"].as_array().unwrap();
+    let (_, counts) = series
+        .iter()
+        .map(|pair| (pair[0].as_str().unwrap(), &pair[1]))
+        .find(|(name, _)| *name == label)
+        .unwrap_or_else(|| panic!("no series {label}: {overview}"));
+    counts
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|count| count.as_u64().unwrap())
+        .collect()
+}
+
+on_both_ledgers! {
+#[tokio::test(flavor = "multi_thread")]
+async fn a_graceful_restart_keeps_the_last_hour_in_the_charts_and_their_twin() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin_token"), TOKEN).unwrap();
+    let (port, admin_port) = (free_port(), free_port());
+    let extra = format!(
+        "[handler]\ncommand = [\"true\"]\n\n\
+         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n"
+    );
+    let config_path = write_config(dir.path(), port, "", &extra);
+    let config =
+        Config::parse(&std::fs::read_to_string(&config_path).unwrap(), dir.path()).unwrap();
+
+    let service = Service::start(&config_path, port).await;
+    let client = http_client::new_client();
+    for job in 0..3 {
+        let request = signed_delivery(port, SECRET, &job_body(&format!("kept-{job}")));
+        let answer = http_client::send(&client, request, Duration::from_secs(10), 4096).await;
+        assert_eq!(answer.unwrap().status, 200);
+    }
+    let cookie = sign_in(admin_port).await;
+    let mut before = serde_json::Value::Null;
+    for _ in 0..500 {
+        before = serde_json::from_str(&get(admin_port, &cookie, "/console/api/").await).unwrap();
+        if minutes_of(&before, "done").iter().sum::<u64>() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(minutes_of(&before, "done").iter().sum::<u64>(), 3, "{before}");
+    service.stop_cleanly().await;
+
+    let sums = "SELECT CAST(sum(claimed) AS BIGINT), CAST(sum(done) AS BIGINT),
+                       CAST(sum(ack_count) AS BIGINT) FROM minute_rollups";
+    let kept: Vec<i64> = ledger_rows(&config, sums, &[])[0]
+        .iter()
+        .map(|sum| sum.as_i64().unwrap())
+        .collect();
+    assert_eq!(kept, [3, 3, 3], "the stop wrote its minutes");
+
+    let service = Service::start(&config_path, port).await;
+    let cookie = sign_in(admin_port).await;
+    let after: serde_json::Value =
+        serde_json::from_str(&get(admin_port, &cookie, "/console/api/").await).unwrap();
+    for label in ["claimed", "done"] {
+        let (was, is) = (minutes_of(&before, label), minutes_of(&after, label));
+        assert_eq!(is.iter().sum::<u64>(), 3, "{label}: {after}");
+        // The same minutes, unless the restart moved the hour on by one.
+        let moved = usize::from(after["last_hour"]["until_minute"] != before["last_hour"]["until_minute"]);
+        assert_eq!(is[..is.len() - moved], was[moved..], "{label}");
+    }
+    let page = get(admin_port, &cookie, "/console/").await;
+    for count in minutes_of(&after, "claimed").into_iter().filter(|count| *count > 0) {
+        assert!(page.contains(&format!("claimed {count}")), "a chart shows the kept minute: {page}");
+    }
+    service.stop_cleanly().await;
+}
+}
