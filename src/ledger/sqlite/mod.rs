@@ -10,6 +10,8 @@ mod integrity;
 mod jobs;
 mod open;
 mod rollups;
+#[cfg(feature = "testing")]
+mod testing;
 mod wal_sync;
 mod wal_watch;
 mod writer;
@@ -288,30 +290,6 @@ impl SqliteLedger {
     /// Why the ledger failed, once it has.
     fn failure_cause(&self) -> Option<FailureCause> {
         self.writer()?.failure().cause()
-    }
-
-    /// Runs a read as the service's reads run (the reader pool, the time budget).
-    #[cfg(feature = "testing")]
-    pub async fn read_for_test<T, F>(&self, budget: Duration, op: F) -> Result<T, StorageError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        let ms = u64::try_from(budget.as_millis()).unwrap_or(u64::MAX);
-        self.read_budget_ms
-            .store(ms, std::sync::atomic::Ordering::Relaxed);
-        self.read(op).await
-    }
-
-    /// Runs any change on the writer, as part of a group commit: for tests of the writer
-    /// itself (a failing statement in a batch, the queue's bound).
-    #[cfg(feature = "testing")]
-    pub async fn write_for_test<T, F>(&self, op: F) -> Result<T, StorageError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        self.write(op).await
     }
 }
 
