@@ -6,62 +6,39 @@ mod common;
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use common::service::{signed_delivery, write_config, Service};
 use common::*;
-use http_body_util::Full;
-use hyper::{Method, Request};
+use hyper::Method;
 use sume_receiver::config::Config;
-use sume_receiver::http_client::{self, Answer};
+use sume_receiver::http_client;
 
 const TOKEN: &str = "rollup-console-token";
 
-async fn send(request: Request<Full<Bytes>>) -> Answer {
-    http_client::send(
-        &http_client::new_client(),
-        request,
-        Duration::from_secs(10),
-        1 << 20,
-    )
-    .await
-    .unwrap()
-}
-
 /// Signs in to the console on `admin_port` (once its listener is up); the session cookie.
 async fn sign_in(admin_port: u16) -> String {
+    let listening = eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", admin_port)).is_ok()
+    });
+    assert!(
+        listening.await,
+        "the console on {admin_port} never listened"
+    );
     let origin = format!("http://127.0.0.1:{admin_port}");
-    for _ in 0..500 {
-        let request = Request::builder()
-            .method(Method::POST)
-            .uri(format!("{origin}/console/sign-in"))
-            .header("origin", &origin)
-            .header("sec-fetch-site", "same-origin")
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(Full::new(Bytes::from(format!("token={TOKEN}"))))
-            .unwrap();
-        if let Ok(answer) = http_client::send(
-            &http_client::new_client(),
-            request,
-            Duration::from_secs(10),
-            1 << 20,
-        )
-        .await
-        {
-            assert_eq!(answer.status, 303, "{answer:?}");
-            let cookie = answer.headers["set-cookie"].to_str().unwrap();
-            return cookie.split(';').next().unwrap().to_owned();
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the console on {admin_port} never answered");
+    let headers = [
+        ("origin", origin.as_str()),
+        ("sec-fetch-site", "same-origin"),
+        ("content-type", "application/x-www-form-urlencoded"),
+    ];
+    let url = format!("{origin}/console/sign-in");
+    let answer = send_body_to(Method::POST, &url, &headers, &format!("token={TOKEN}")).await;
+    assert_eq!(answer.status, 303, "{answer:?}");
+    let cookie = answer.headers["set-cookie"].to_str().unwrap();
+    cookie.split(';').next().unwrap().to_owned()
 }
 
 async fn get(admin_port: u16, cookie: &str, path: &str) -> String {
-    let request = Request::get(format!("http://127.0.0.1:{admin_port}{path}"))
-        .header("cookie", cookie)
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let answer = send(request).await;
+    let url = format!("http://127.0.0.1:{admin_port}{path}");
+    let answer = send_to(Method::GET, &url, &[("cookie", cookie)]).await;
     assert_eq!(answer.status, 200, "{path}: {answer:?}");
     String::from_utf8(answer.body.to_vec()).unwrap()
 }

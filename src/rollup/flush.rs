@@ -109,6 +109,23 @@ mod tests {
     use crate::config::{LedgerConfig, SqliteConfig};
     use crate::rollup::{Series, Timing};
 
+    async fn ledger_in(dir: &std::path::Path) -> Arc<Ledger> {
+        let config = LedgerConfig::Sqlite(SqliteConfig {
+            path: dir.join("ledger.sqlite3"),
+            ..SqliteConfig::default()
+        });
+        Ledger::open(&config).await.unwrap()
+    }
+
+    /// A flush of `rollup` whose newest minute written is `minute`.
+    fn flushing_after(minute: i64, ledger: &Arc<Ledger>, rollup: &'static Rollup) -> RollupFlush {
+        RollupFlush {
+            ledger: ledger.clone(),
+            rollup,
+            written_through: AtomicI64::new(minute),
+        }
+    }
+
     fn fresh_rollup() -> &'static Rollup {
         Box::leak(Box::new(Rollup::new()))
     }
@@ -117,18 +134,10 @@ mod tests {
     async fn each_minute_that_counted_is_kept_once_an_idle_one_never_and_a_restart_reads_them_back()
     {
         let dir = tempfile::tempdir().unwrap();
-        let config = LedgerConfig::Sqlite(SqliteConfig {
-            path: dir.path().join("ledger.sqlite3"),
-            ..SqliteConfig::default()
-        });
-        let ledger = Ledger::open(&config).await.unwrap();
+        let ledger = ledger_in(dir.path()).await;
         let now = this_minute();
         let counted = fresh_rollup();
-        let flush = RollupFlush {
-            ledger: ledger.clone(),
-            rollup: counted,
-            written_through: AtomicI64::new(now - 10),
-        };
+        let flush = flushing_after(now - 10, &ledger, counted);
         counted.record_at(Series::Claimed, now - 5);
         counted.record_at(Series::Claimed, now - 5);
         counted.record_timing_at(Timing::Ack, Duration::from_millis(3), now - 5);
@@ -171,27 +180,15 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_minute_written_at_a_stop_is_written_whole_after_a_start_within_it() {
         let dir = tempfile::tempdir().unwrap();
-        let config = LedgerConfig::Sqlite(SqliteConfig {
-            path: dir.path().join("ledger.sqlite3"),
-            ..SqliteConfig::default()
-        });
-        let ledger = Ledger::open(&config).await.unwrap();
+        let ledger = ledger_in(dir.path()).await;
         let now = this_minute();
         let before_stop = fresh_rollup();
-        let flush = RollupFlush {
-            ledger: ledger.clone(),
-            rollup: before_stop,
-            written_through: AtomicI64::new(now - 1),
-        };
+        let flush = flushing_after(now - 1, &ledger, before_stop);
         before_stop.record_at(Series::Done, now);
         flush.flush_before(now + 1).await.unwrap();
 
         let after_start = fresh_rollup();
-        let flush = RollupFlush {
-            ledger: ledger.clone(),
-            rollup: after_start,
-            written_through: AtomicI64::new(now - 1),
-        };
+        let flush = flushing_after(now - 1, &ledger, after_start);
         flush.restore().await.unwrap();
         after_start.record_at(Series::Done, now);
         flush.flush_before(now + 1).await.unwrap();
