@@ -117,4 +117,39 @@ async fn a_graceful_restart_keeps_the_last_hour_in_the_charts_and_their_twin() {
     }
     service.stop_cleanly().await;
 }
+
+/// The minute that ended is written without a stop, soon after its end: a kill -9 after that
+/// loses none of it (a crash loses only the minutes not yet written).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_finished_minute_is_kept_without_a_stop_and_survives_a_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin_token"), TOKEN).unwrap();
+    let (port, admin_port) = (free_port(), free_port());
+    let extra = format!(
+        "[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n"
+    );
+    let config_path = write_config(dir.path(), port, "", &extra);
+    let config =
+        Config::parse(&std::fs::read_to_string(&config_path).unwrap(), dir.path()).unwrap();
+    let service = Service::start(&config_path, port).await;
+    let request = signed_delivery(port, SECRET, &job_body("crash-kept"));
+    let client = http_client::new_client();
+    let answer = http_client::send(&client, request, Duration::from_secs(10), 4096).await;
+    assert_eq!(answer.unwrap().status, 200);
+    let claimed_in = || {
+        let sql = "SELECT minute FROM minute_rollups WHERE claimed = 1";
+        ledger_rows(&config, sql, &[]).first().map(|row| row[0].as_i64().unwrap())
+    };
+    // Written about 2 s after its minute ends: within 65 s of the delivery.
+    let written = eventually(Duration::from_secs(70), || claimed_in().is_some()).await;
+    assert!(written, "the minute of the delivery was never written");
+    service.kill_9();
+
+    let service = Service::start(&config_path, port).await;
+    let cookie = sign_in(admin_port).await;
+    let after: serde_json::Value =
+        serde_json::from_str(&get(admin_port, &cookie, "/console/api/").await).unwrap();
+    assert_eq!(minutes_of(&after, "claimed").iter().sum::<u64>(), 1, "{after}");
+    service.stop_cleanly().await;
+}
 }
