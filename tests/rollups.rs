@@ -43,6 +43,19 @@ async fn get(admin_port: u16, cookie: &str, path: &str) -> String {
     String::from_utf8(answer.body.to_vec()).unwrap()
 }
 
+/// A receiver's config in `dir` with the console on and `extra` sections: its file, the config,
+/// the port and the console's port.
+fn with_console(dir: &std::path::Path, extra: &str) -> (std::path::PathBuf, Config, u16, u16) {
+    std::fs::write(dir.join("admin_token"), TOKEN).unwrap();
+    let (port, admin_port) = (free_port(), free_port());
+    let extra = format!(
+        "{extra}\n[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n"
+    );
+    let path = write_config(dir, port, "", &extra);
+    let config = Config::parse(&std::fs::read_to_string(&path).unwrap(), dir).unwrap();
+    (path, config, port, admin_port)
+}
+
 /// The per-minute counts of `label` in the overview's JSON twin.
 fn minutes_of(overview: &serde_json::Value, label: &str) -> Vec<u64> {
     let series = overview["last_hour"]["series"].as_array().unwrap();
@@ -63,15 +76,8 @@ on_both_ledgers! {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_graceful_restart_keeps_the_last_hour_in_the_charts_and_their_twin() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("admin_token"), TOKEN).unwrap();
-    let (port, admin_port) = (free_port(), free_port());
-    let extra = format!(
-        "[handler]\ncommand = [\"true\"]\n\n\
-         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n"
-    );
-    let config_path = write_config(dir.path(), port, "", &extra);
-    let config =
-        Config::parse(&std::fs::read_to_string(&config_path).unwrap(), dir.path()).unwrap();
+    let (config_path, config, port, admin_port) =
+        with_console(dir.path(), "[handler]\ncommand = [\"true\"]\n");
 
     let service = Service::start(&config_path, port).await;
     let client = http_client::new_client();
@@ -123,14 +129,7 @@ async fn a_graceful_restart_keeps_the_last_hour_in_the_charts_and_their_twin() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_finished_minute_is_kept_without_a_stop_and_survives_a_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("admin_token"), TOKEN).unwrap();
-    let (port, admin_port) = (free_port(), free_port());
-    let extra = format!(
-        "[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n"
-    );
-    let config_path = write_config(dir.path(), port, "", &extra);
-    let config =
-        Config::parse(&std::fs::read_to_string(&config_path).unwrap(), dir.path()).unwrap();
+    let (config_path, config, port, admin_port) = with_console(dir.path(), "");
     let service = Service::start(&config_path, port).await;
     let request = signed_delivery(port, SECRET, &job_body("crash-kept"));
     let client = http_client::new_client();
