@@ -1,12 +1,18 @@
 //! The last hour, minute by minute: deliveries by outcome, attempts by result, which secret
 //! verified each delivery, how far the sender's clock was off, how long acknowledgements and
-//! handler runs took, counted in fixed memory as they happen, for the console (never read
-//! back from the ledger).
+//! handler runs took, counted in fixed memory as they happen, for the console. Each finished
+//! minute with counts is kept in the ledger too, and read back at the start ([`flush`]), so a
+//! restart keeps the hour.
+
+pub mod flush;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
+use tokio::sync::Notify;
+
+use crate::ledger::{MinuteRollup, COUNT_COLUMNS, TIMING_COLUMNS};
 
 /// What is counted per minute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,18 +45,9 @@ impl Series {
         Series::OlderSecret,
     ];
 
+    /// Also its column in the ledger.
     pub fn label(self) -> &'static str {
-        match self {
-            Series::Claimed => "claimed",
-            Series::Duplicate => "duplicate",
-            Series::Refused => "refused",
-            Series::Unavailable => "unavailable",
-            Series::Done => "done",
-            Series::Failed => "failed",
-            Series::Dead => "dead",
-            Series::NewestSecret => "newest_secret",
-            Series::OlderSecret => "older_secret",
-        }
+        COUNT_COLUMNS[self as usize]
     }
 }
 
@@ -67,11 +64,9 @@ pub enum Timing {
 impl Timing {
     pub const ALL: [Timing; 2] = [Timing::Ack, Timing::Run];
 
+    /// Also its columns' prefix in the ledger.
     pub fn label(self) -> &'static str {
-        match self {
-            Timing::Ack => "ack",
-            Timing::Run => "run",
-        }
+        TIMING_COLUMNS[self as usize]
     }
 }
 
@@ -113,6 +108,8 @@ struct Bucket {
 /// A ring of [`MINUTES`] buckets; a bucket found holding an older minute starts again at 0.
 pub struct Rollup {
     buckets: [Bucket; MINUTES],
+    /// Told when a bucket starts a new minute: a minute with counts will end (the flush).
+    started: Notify,
 }
 
 /// The last hour, oldest minute first: per series, one count per minute.
@@ -153,6 +150,7 @@ impl Rollup {
                     timings: [const { Durations::new() }; Timing::ALL.len()],
                 }
             }; MINUTES],
+            started: Notify::const_new(),
         }
     }
 
@@ -210,6 +208,7 @@ impl Rollup {
             for durations in &bucket.timings {
                 durations.clear();
             }
+            self.started.notify_one();
         }
         bucket
     }
@@ -218,6 +217,54 @@ impl Rollup {
     fn bucket(&self, minute: i64) -> Option<&Bucket> {
         let bucket = &self.buckets[minute.rem_euclid(MINUTES as i64) as usize];
         (bucket.minute.load(Relaxed) == minute).then_some(bucket)
+    }
+
+    /// Resolves when a bucket started a new minute since the last call (once per call; the
+    /// one flush task of a process waits on it).
+    async fn minute_started(&self) {
+        self.started.notified().await;
+    }
+
+    /// `minute` as the ledger keeps it, if the ring still holds it and anything was counted.
+    fn kept(&self, minute: i64) -> Option<MinuteRollup> {
+        let bucket = self.bucket(minute)?;
+        let signed = |value: &AtomicU64| i64::try_from(value.load(Relaxed)).unwrap_or(i64::MAX);
+        let rollup = MinuteRollup {
+            minute,
+            counts: bucket.counts.each_ref().map(signed),
+            max_skew_secs: signed(&bucket.max_skew),
+            timings: bucket
+                .timings
+                .each_ref()
+                .map(|d| [&d.count, &d.total_us, &d.max_us].map(signed)),
+        };
+        let mut counted = rollup
+            .counts
+            .iter()
+            .chain(rollup.timings.iter().map(|t| &t[0]));
+        counted.any(|count| *count > 0).then_some(rollup)
+    }
+
+    /// Puts a minute the ledger kept back in its bucket, if it is in the hour up to `now`. Each
+    /// value is the larger of the kept and the counted: after a restart the bucket is empty,
+    /// and in the process that wrote the minute the bucket never counts less than it wrote.
+    fn restore(&self, kept: &MinuteRollup, now: i64) {
+        if kept.minute > now || kept.minute <= now - MINUTES as i64 {
+            return;
+        }
+        let bucket = self.bucket_of(kept.minute);
+        let unsigned = |value: i64| u64::try_from(value).unwrap_or(0);
+        for (count, value) in bucket.counts.iter().zip(kept.counts) {
+            count.fetch_max(unsigned(value), Relaxed);
+        }
+        bucket
+            .max_skew
+            .fetch_max(unsigned(kept.max_skew_secs), Relaxed);
+        for (durations, [count, total_us, max_us]) in bucket.timings.iter().zip(kept.timings) {
+            durations.count.fetch_max(unsigned(count), Relaxed);
+            durations.total_us.fetch_max(unsigned(total_us), Relaxed);
+            durations.max_us.fetch_max(unsigned(max_us), Relaxed);
+        }
     }
 
     pub fn last_hour(&self) -> LastHour {

@@ -16,6 +16,8 @@ use crate::instance_lock::InstanceLock;
 use crate::ledger::{self, Ledger};
 use crate::reconcile::Reconciler;
 use crate::refusals::Refusals;
+use crate::rollup::flush::RollupFlush;
+use crate::rollup::ROLLUP;
 use crate::server::{self, App};
 use crate::sweeper::Sweeper;
 use crate::vacuum::Vacuum;
@@ -82,6 +84,15 @@ pub async fn run_on(
     let secrets = config.signing_secrets()?;
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
+    // Before anything counts: the kept minutes are put back as they were.
+    let minutes = Arc::new(RollupFlush::new(ledger.clone(), &ROLLUP));
+    match minutes.restore().await {
+        Ok(kept) => tracing::debug!(minutes = kept, "the console's last hour read back"),
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the console's last hour back: its charts start empty");
+        }
+    }
+    tasks.spawn(minutes.clone().run(stop.clone()));
 
     let queue: Option<worker::Queue> = match &config.handler {
         Some(handler) => {
@@ -174,6 +185,10 @@ pub async fn run_on(
     stop.cancel();
     server.await?;
     while tasks.join_next().await.is_some() {}
+    // After the worker's last attempts ended: they count in the current minute.
+    if !writer_failed {
+        minutes.flush_at_stop().await;
+    }
     ledger.close().await;
     if writer_failed {
         if ledger.is_storage_lost() {

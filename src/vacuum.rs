@@ -1,4 +1,5 @@
-//! The retention task: purges old bodies, forgets old job_ids, and gives the space back.
+//! The retention task: purges old bodies, forgets old job_ids and the console's old minutes,
+//! and gives the space back.
 //!
 //! Every step is a bounded batch through the ledger writer, so a big purge is many short
 //! transactions interleaved with claims, never one long write lock; after each batch it waits
@@ -18,6 +19,9 @@ use crate::metrics::METRICS;
 
 /// Rows changed per transaction: small enough to keep each write lock to a few milliseconds.
 const ROWS_PER_BATCH: usize = 500;
+/// How long the console's minutes are kept (it shows the last hour): a bad night can still be
+/// read from the ledger (`minute_rollups`) the morning after.
+pub const ROLLUPS_KEPT: Duration = Duration::from_secs(24 * 3600);
 /// Free pages returned to the file system per transaction.
 const PAGES_PER_BATCH: usize = 2000;
 
@@ -27,6 +31,7 @@ pub struct VacuumReport {
     pub bodies_purged: usize,
     pub jobs_forgotten: usize,
     pub expectations_forgotten: usize,
+    pub minutes_forgotten: usize,
 }
 
 pub struct Vacuum {
@@ -72,6 +77,12 @@ impl Vacuum {
             expectations_forgotten: self
                 .in_batches(RetentionStep::DeleteResolvedExpectations, forget_cutoff)
                 .await?,
+            minutes_forgotten: self
+                .in_batches(
+                    RetentionStep::DeleteOldRollups,
+                    now - duration_ms(ROLLUPS_KEPT),
+                )
+                .await?,
         };
         // The stops that may have delayed a job live as long as a job is remembered.
         self.in_batches(RetentionStep::DeleteEndedStops, forget_cutoff)
@@ -94,6 +105,7 @@ impl Vacuum {
                 bodies_purged = report.bodies_purged,
                 jobs_forgotten = report.jobs_forgotten,
                 expectations_forgotten = report.expectations_forgotten,
+                minutes_forgotten = report.minutes_forgotten,
                 "retention removed old data"
             );
         }

@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::*;
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{
-    self, Attempt, AttemptEnd, ClaimOutcome, LeasedAttempt, Leases, Ledger, NewClaim, PollResult,
-    RetentionStep, RetryError, Source, State, StorageError,
+    self, Attempt, AttemptEnd, ClaimOutcome, LeasedAttempt, Leases, Ledger, MinuteRollup, NewClaim,
+    PollResult, RetentionStep, RetryError, Source, State, StorageError,
 };
 
 fn new_claim(job_id: &str) -> NewClaim {
@@ -1053,6 +1053,35 @@ on_both_ledgers! {
         ledger.close().await;
     }
 
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_minute_kept_twice_holds_its_last_values_and_reads_back_from_a_minute_on() {
+        let (_dir, ledger) = fresh().await;
+        let minute = |minute: i64, claimed: i64| MinuteRollup {
+            minute,
+            counts: [claimed, 1, 2, 3, 4, 5, 6, 7, 8],
+            max_skew_secs: 9,
+            timings: [[2, 3_000, 2_000], [1, 5_000_000, 5_000_000]],
+        };
+        for kept in [minute(1_000, 3), minute(1_001, 1), minute(1_000, 5), minute(1_002, 2)] {
+            ledger.store_rollup(&kept).await.unwrap();
+        }
+        assert_eq!(
+            ledger.rollups_since(1_000, 60).await.unwrap(),
+            [minute(1_000, 5), minute(1_001, 1), minute(1_002, 2)],
+            "the partial minute's second write replaced the first"
+        );
+        assert_eq!(ledger.rollups_since(1_001, 1).await.unwrap(), [minute(1_001, 1)]);
+        assert_eq!(ledger.rollups_since(1_003, 60).await.unwrap(), []);
+
+        // Retention forgets the minutes before its cutoff (Unix ms), a batch at a time.
+        let cutoff = 1_002 * 60_000;
+        let step = RetentionStep::DeleteOldRollups;
+        assert_eq!(ledger.retention_step(step, cutoff, 1).await.unwrap(), 1);
+        assert_eq!(ledger.retention_step(step, cutoff, 10).await.unwrap(), 1);
+        assert_eq!(ledger.retention_step(step, cutoff, 10).await.unwrap(), 0);
+        assert_eq!(ledger.rollups_since(0, 60).await.unwrap(), [minute(1_002, 2)]);
+        ledger.close().await;
+    }
 }
 
 /// The command line never creates or migrates a ledger.
@@ -1066,4 +1095,35 @@ async fn the_command_line_refuses_a_ledger_that_does_not_exist() {
         .err()
         .expect("opened a ledger that is not there");
     assert!(error.to_string().contains("no ledger at"), "{error}");
+}
+
+/// Receivers sharing a PostgreSQL ledger each keep and read their own minutes.
+#[tokio::test(flavor = "multi_thread")]
+async fn receivers_sharing_a_postgres_ledger_keep_their_own_minutes() {
+    Backend::Postgres
+        .run(
+            "receivers_sharing_a_postgres_ledger_keep_their_own_minutes",
+            async {
+                let dir = tempfile::tempdir().unwrap();
+                let mut config =
+                    sume_receiver::config::Config::parse(&config_text(dir.path(), ""), dir.path())
+                        .unwrap();
+                config.database.name_receiver(8001);
+                let first = Ledger::open(&config.database).await.unwrap();
+                config.database.name_receiver(8002);
+                let second = Ledger::open(&config.database).await.unwrap();
+                let kept = |claimed| MinuteRollup {
+                    minute: 1_000,
+                    counts: [claimed, 0, 0, 0, 0, 0, 0, 0, 0],
+                    ..MinuteRollup::default()
+                };
+                first.store_rollup(&kept(3)).await.unwrap();
+                second.store_rollup(&kept(4)).await.unwrap();
+                assert_eq!(first.rollups_since(0, 60).await.unwrap(), [kept(3)]);
+                assert_eq!(second.rollups_since(0, 60).await.unwrap(), [kept(4)]);
+                first.close().await;
+                second.close().await;
+            },
+        )
+        .await;
 }

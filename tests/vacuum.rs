@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::*;
 use sume_receiver::config::{Config, RetentionConfig};
 use sume_receiver::job_id::JobId;
-use sume_receiver::ledger::{self, Ledger, NewClaim, Source};
+use sume_receiver::ledger::{self, Ledger, MinuteRollup, NewClaim, Source};
 use sume_receiver::vacuum::{Vacuum, VacuumReport};
 use tokio_util::sync::CancellationToken;
 
@@ -148,7 +148,8 @@ async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
         VacuumReport {
             bodies_purged: 1905,
             jobs_forgotten: 700,
-            expectations_forgotten: 1
+            expectations_forgotten: 1,
+            minutes_forgotten: 0,
         }
     );
 
@@ -200,6 +201,31 @@ async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
         VacuumReport::default(),
         "nothing left to do"
     );
+    ledger.close().await;
+}
+
+/// The console's minutes are kept a day: older ones go, in batches, and the last hour stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn vacuum_once_forgets_the_console_minutes_of_yesterday() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, ledger) = open_ledger(dir.path()).await;
+    let now = ledger::now_ms() / 60_000;
+    let minutes = (now - 2 * 1440 - 600..now - 1440 - 10).chain(now - 60..=now);
+    for minute in minutes {
+        let kept = MinuteRollup {
+            minute,
+            counts: [1, 0, 0, 0, 0, 0, 0, 0, 0],
+            ..MinuteRollup::default()
+        };
+        ledger.store_rollup(&kept).await.unwrap();
+    }
+    let vacuum = Vacuum::new(ledger.clone(), retention(30, 365), CancellationToken::new());
+    let report = vacuum.vacuum_once().await.unwrap();
+    assert_eq!(report.minutes_forgotten, 2 * 1440 + 600 - 1440 - 10);
+    let left = count(&config, "SELECT count(*) FROM minute_rollups");
+    assert_eq!(left, 61);
+    let oldest = count(&config, "SELECT min(minute) FROM minute_rollups");
+    assert_eq!(oldest, now - 60);
     ledger.close().await;
 }
 

@@ -15,6 +15,7 @@ use super::model::{
     Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
     RetentionStep, RetryCount, RetryError, RetryFilter, State,
 };
+use super::rollups::MinuteRollup;
 use super::work_side::WorkSide;
 
 /// One operation of the [`Backend`] trait, from [`operations!`].
@@ -154,6 +155,15 @@ macro_rules! operations {
         /// Returns unused pages to the file system, at most `pages` of them; `true` if some
         /// remain. A backend that does this on its own has nothing to do.
         fn release_free_pages(&self, pages: usize) -> Result<bool, StorageError> = { Ok(false) };
+
+        /// Writes this receiver's `rollup` of its minute, replacing what an earlier write of that
+        /// minute held (on PostgreSQL each receiver keeps its own minutes, under its lease name).
+        fn store_rollup(&self, rollup: &MinuteRollup) -> Result<(), StorageError>;
+
+        /// This receiver's minutes from `minute` (Unix seconds / 60) on, oldest first, at most
+        /// `limit`: a range of the table's key.
+        fn rollups_since(&self, minute: i64, limit: usize)
+            -> Result<Vec<MinuteRollup>, StorageError>;
 
         /// Registers a job to expect; `false` if it was registered already.
         fn expect_job(&self, job_id: &crate::job_id::JobId, now: i64, first_poll_at: i64)

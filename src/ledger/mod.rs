@@ -13,6 +13,7 @@ mod error;
 mod model;
 mod portable_sql;
 pub mod postgres;
+mod rollups;
 pub mod sqlite;
 mod stops;
 mod work_side;
@@ -42,6 +43,7 @@ const ROWS_READ_PER_CHUNK: usize = 1_000;
 
 pub use portable_sql::{dispatch_stops_sql, list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL};
 pub use postgres::PostgresLedger;
+pub use rollups::{MinuteRollup, COUNT_COLUMNS, TIMING_COLUMNS};
 pub use sqlite::{backup, BackupReport, SqliteLedger};
 #[cfg(feature = "bench")]
 pub use sqlite::{PendingClaims, WriterAlone};

@@ -469,6 +469,8 @@ pub enum RetentionStep {
     DeleteEndedStops,
     /// Forgets expectations resolved before the cutoff.
     DeleteResolvedExpectations,
+    /// Forgets the console's minutes (every receiver's) from before the cutoff.
+    DeleteOldRollups,
 }
 
 /// Dead jobs with the same error signature (see the console's dead letters).

@@ -41,7 +41,7 @@ pub enum Dialect {
 
 impl Dialect {
     /// Parameter `n` (1-based).
-    fn at(self, n: usize) -> String {
+    pub(super) fn at(self, n: usize) -> String {
         match self {
             Dialect::Sqlite => format!("?{n}"),
             Dialect::Postgres => format!("${n}"),

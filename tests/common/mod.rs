@@ -414,16 +414,28 @@ impl TestServer {
 
 /// One request with an empty body to any `url` (another listener than the server's own).
 pub async fn send_to(method: Method, url: &str, headers: &[(&str, &str)]) -> Answer {
+    send_body_to(method, url, headers, "").await
+}
+
+/// One request with `body` to any `url`; an answer of up to 1 MiB.
+pub async fn send_body_to(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
     let mut builder = Request::builder().method(method).uri(url);
     for (name, value) in headers {
         builder = builder.header(*name, *value);
     }
-    let request = builder.body(Full::new(Bytes::new())).unwrap();
+    let request = builder
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
     http_client::send(
         &http_client::new_client(),
         request,
         Duration::from_secs(5),
-        1 << 16,
+        1 << 20,
     )
     .await
     .unwrap()

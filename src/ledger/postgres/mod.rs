@@ -34,6 +34,7 @@ mod hold;
 mod open;
 mod pooled;
 mod role;
+mod rollups;
 mod sql;
 mod start;
 mod statements;
@@ -42,19 +43,22 @@ use super::contract::Backend;
 use super::error::{Cause, StorageError};
 use super::model::{duration_ms, now_ms};
 use super::model::{
-    expectation_counts, state_counts, ActionRecord, Attempt, AttemptEnd, AttemptRecord,
-    ClaimOutcome, Cursor, Dispatch, DispatchStop, DueExpectation, DueJobs, Expectation, Hold,
-    JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep,
-    RetryCount, RetryError, RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
+    expectation_counts, state_counts, Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch,
+    DispatchStop, DueExpectation, DueJobs, Expectation, Hold, JobDetail, JobPage, JobStats,
+    LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount, RetryError,
+    RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
 };
-use super::portable_sql;
+use super::portable_sql::{self, Dialect};
+use super::rollups::{delete_old_sql, MinuteRollup};
 use super::WorkSide;
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
 use claims::{insert_claims, through_batcher, ClaimRequest, ClaimsError};
 use connection::{StandbyWarnings, CHANNEL};
 use pooled::Pooled;
-use statements::{attempt_number, count_rows, summary_from_row};
+use statements::{
+    action_from_row, attempt_number, attempt_record_from_row, count_rows, summary_from_row,
+};
 
 /// Claims waiting for their batch; past it a delivery is refused at once (503).
 const CLAIM_QUEUE_CAPACITY: usize = 1024;
@@ -260,13 +264,26 @@ impl Backend for PostgresLedger {
         before: i64,
         limit: usize,
     ) -> Result<usize, StorageError> {
-        let statement = match step {
-            RetentionStep::PurgeBodies => sql::PURGE_BODIES_SQL,
-            RetentionStep::DeleteFinished => sql::DELETE_FINISHED_SQL,
-            RetentionStep::DeleteEndedStops => sql::DELETE_ENDED_STOPS_SQL,
-            RetentionStep::DeleteResolvedExpectations => sql::DELETE_RESOLVED_SQL,
+        let statement: std::borrow::Cow<str> = match step {
+            RetentionStep::PurgeBodies => sql::PURGE_BODIES_SQL.into(),
+            RetentionStep::DeleteFinished => sql::DELETE_FINISHED_SQL.into(),
+            RetentionStep::DeleteEndedStops => sql::DELETE_ENDED_STOPS_SQL.into(),
+            RetentionStep::DeleteResolvedExpectations => sql::DELETE_RESOLVED_SQL.into(),
+            RetentionStep::DeleteOldRollups => delete_old_sql(Dialect::Postgres).into(),
         };
-        self.execute(statement, &[&before, &(limit as i64)]).await
+        self.execute(&statement, &[&before, &(limit as i64)]).await
+    }
+
+    async fn store_rollup(&self, rollup: &MinuteRollup) -> Result<(), StorageError> {
+        self.upsert_rollup(rollup).await
+    }
+
+    async fn rollups_since(
+        &self,
+        minute: i64,
+        limit: usize,
+    ) -> Result<Vec<MinuteRollup>, StorageError> {
+        self.read_rollups(minute, limit).await
     }
 
     async fn expect_job(
@@ -436,31 +453,8 @@ impl Backend for PostgresLedger {
             next_attempt_cause: row.get(13),
             duplicates: row.get::<_, i32>(14).unsigned_abs(),
             last_duplicate_at: row.get(15),
-            history: history
-                .iter()
-                .map(|row| AttemptRecord {
-                    number: row.get::<_, i32>(0).unsigned_abs(),
-                    cause: row.get(1),
-                    receiver: row.get(2),
-                    started_at: row.get(3),
-                    ended_at: row.get(4),
-                    outcome: row.get(5),
-                    exit_status: row.get(6),
-                    http_status: row
-                        .get::<_, Option<i32>>(7)
-                        .and_then(|status| u16::try_from(status).ok()),
-                    error: row.get(8),
-                })
-                .collect(),
-            actions: actions
-                .iter()
-                .map(|row| ActionRecord {
-                    at: row.get(0),
-                    action: row.get(1),
-                    actor: row.get(2),
-                    reason: row.get(3),
-                })
-                .collect(),
+            history: history.iter().map(attempt_record_from_row).collect(),
+            actions: actions.iter().map(action_from_row).collect(),
         }))
     }
 

@@ -7,7 +7,7 @@ use tokio_postgres::Row;
 use super::pooled::{run_on, Rerun, RunError};
 use super::{sql, PostgresLedger};
 use crate::ledger::error::StorageError;
-use crate::ledger::model::{Attempt, JobSummary, HISTORY_PER_JOB};
+use crate::ledger::model::{ActionRecord, Attempt, AttemptRecord, JobSummary, HISTORY_PER_JOB};
 
 impl PostgresLedger {
     /// Runs a statement on the pool that writes; returns its rows.
@@ -102,5 +102,32 @@ pub(super) fn summary_from_row(row: &Row) -> JobSummary {
         next_attempt_at: row.get(6),
         finished_at: row.get(7),
         last_error: row.get(8),
+    }
+}
+
+/// A row of [`sql::ATTEMPTS_OF_JOB_SQL`].
+pub(super) fn attempt_record_from_row(row: &Row) -> AttemptRecord {
+    AttemptRecord {
+        number: row.get::<_, i32>(0).unsigned_abs(),
+        cause: row.get(1),
+        receiver: row.get(2),
+        started_at: row.get(3),
+        ended_at: row.get(4),
+        outcome: row.get(5),
+        exit_status: row.get(6),
+        http_status: row
+            .get::<_, Option<i32>>(7)
+            .and_then(|status| u16::try_from(status).ok()),
+        error: row.get(8),
+    }
+}
+
+/// A row of [`sql::ACTIONS_OF_JOB_SQL`].
+pub(super) fn action_from_row(row: &Row) -> ActionRecord {
+    ActionRecord {
+        at: row.get(0),
+        action: row.get(1),
+        actor: row.get(2),
+        reason: row.get(3),
     }
 }

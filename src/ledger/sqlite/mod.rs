@@ -9,6 +9,9 @@ mod hold;
 mod integrity;
 mod jobs;
 mod open;
+mod rollups;
+#[cfg(feature = "testing")]
+mod testing;
 mod wal_sync;
 mod wal_watch;
 mod writer;
@@ -31,6 +34,8 @@ use super::model::{
     Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
     RetentionStep, RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
 };
+use super::portable_sql::Dialect;
+use super::rollups::{delete_old_sql, MinuteRollup};
 use crate::config::SqliteConfig;
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
@@ -287,30 +292,6 @@ impl SqliteLedger {
     fn failure_cause(&self) -> Option<FailureCause> {
         self.writer()?.failure().cause()
     }
-
-    /// Runs a read as the service's reads run (the reader pool, the time budget).
-    #[cfg(feature = "testing")]
-    pub async fn read_for_test<T, F>(&self, budget: Duration, op: F) -> Result<T, StorageError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        let ms = u64::try_from(budget.as_millis()).unwrap_or(u64::MAX);
-        self.read_budget_ms
-            .store(ms, std::sync::atomic::Ordering::Relaxed);
-        self.read(op).await
-    }
-
-    /// Runs any change on the writer, as part of a group commit: for tests of the writer
-    /// itself (a failing statement in a batch, the queue's bound).
-    #[cfg(feature = "testing")]
-    pub async fn write_for_test<T, F>(&self, op: F) -> Result<T, StorageError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        self.write(op).await
-    }
 }
 
 impl Backend for SqliteLedger {
@@ -424,13 +405,14 @@ impl Backend for SqliteLedger {
         limit: usize,
     ) -> Result<usize, StorageError> {
         self.write(move |conn| {
-            let sql = match step {
-                RetentionStep::PurgeBodies => jobs::PURGE_BODIES_SQL,
-                RetentionStep::DeleteFinished => jobs::DELETE_FINISHED_SQL,
-                RetentionStep::DeleteEndedStops => hold::DELETE_ENDED_STOPS_SQL,
-                RetentionStep::DeleteResolvedExpectations => expected::DELETE_RESOLVED_SQL,
+            let sql: std::borrow::Cow<str> = match step {
+                RetentionStep::PurgeBodies => jobs::PURGE_BODIES_SQL.into(),
+                RetentionStep::DeleteFinished => jobs::DELETE_FINISHED_SQL.into(),
+                RetentionStep::DeleteEndedStops => hold::DELETE_ENDED_STOPS_SQL.into(),
+                RetentionStep::DeleteResolvedExpectations => expected::DELETE_RESOLVED_SQL.into(),
+                RetentionStep::DeleteOldRollups => delete_old_sql(Dialect::Sqlite).into(),
             };
-            conn.prepare_cached(sql)?
+            conn.prepare_cached(&sql)?
                 .execute(rusqlite::params![before, limit as i64])
         })
         .await
@@ -447,6 +429,21 @@ impl Backend for SqliteLedger {
         })
         .await
         .map(|left| left > 0)
+    }
+
+    async fn store_rollup(&self, rollup: &MinuteRollup) -> Result<(), StorageError> {
+        let rollup = *rollup;
+        self.write(move |conn| rollups::store_rollup(conn, &rollup))
+            .await
+    }
+
+    async fn rollups_since(
+        &self,
+        minute: i64,
+        limit: usize,
+    ) -> Result<Vec<MinuteRollup>, StorageError> {
+        self.read(move |conn| rollups::rollups_since(conn, minute, limit))
+            .await
     }
 
     async fn expect_job(

@@ -20,6 +20,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0005_checks_without_in_lists.sql"),
     include_str!("../../../migrations/sqlite/0006_hold.sql"),
     include_str!("../../../migrations/sqlite/0007_dispatch_stops.sql"),
+    include_str!("../../../migrations/sqlite/0008_minute_rollups.sql"),
 ];
 
 /// The WAL file is truncated back to this size when it rewinds. Above the size it reaches in
