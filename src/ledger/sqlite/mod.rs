@@ -2,6 +2,7 @@
 
 mod backup;
 mod checkpoint;
+mod errors;
 mod expected;
 mod failure;
 mod history;
@@ -27,7 +28,7 @@ use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, OpenFlags};
 
 use super::contract::Backend;
-use super::error::{Cause, StorageError};
+use super::error::StorageError;
 use super::model::now_ms;
 use super::model::{
     Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DispatchStop, DueExpectation, DueJobs,
@@ -69,24 +70,6 @@ const READER_POOL_SIZE: u32 = 4;
 const READ_BUDGET: Duration = Duration::from_secs(5);
 /// How many SQLite VM steps between two looks at the clock during a read.
 const READ_BUDGET_STEPS: std::os::raw::c_int = 10_000;
-
-impl From<rusqlite::Error> for StorageError {
-    fn from(error: rusqlite::Error) -> Self {
-        StorageError::Unavailable(Cause::new(error))
-    }
-}
-
-impl From<rusqlite::Error> for RetryError {
-    fn from(error: rusqlite::Error) -> Self {
-        RetryError::Storage(error.into())
-    }
-}
-
-impl From<r2d2::Error> for StorageError {
-    fn from(error: r2d2::Error) -> Self {
-        StorageError::Unavailable(Cause::new(error))
-    }
-}
 
 /// The open SQLite ledger: the service's (one writer thread for every change, a pool for
 /// reads), or the command line's (one connection).
