@@ -5,7 +5,7 @@
 //! downstream answers 429 or 503 (its `Retry-After` delays the first probe). Failures that
 //! blame the job (HTTP 4xx but 408 and 429; a command's `content_exit_statuses`) neither open
 //! nor feed it. The hold is a row in the ledger, so every receiver sharing it holds (each reads
-//! it with the dispatch pause, at most every [`IDLE_LOOK`](crate::worker::IDLE_LOOK)) and a
+//! it with the dispatch pause, at most every `worker::IDLE_LOOK` while idle) and a
 //! restart keeps it.
 //!
 //! While held, one due job at a time is tried (the probe), first `probe_interval` after the
@@ -37,7 +37,8 @@ pub enum Turn {
     Start,
     /// Held, and the next probe is due: take it in the ledger (this hold's `next_probe_at`).
     ProbeDue(Hold),
-    /// Not yet: wait at most this long (or until [`Breaker::changed`]).
+    /// Not yet: wait at most this long (or until [`Breaker::changed`]); the worker bounds it by
+    /// its own idle look.
     Wait(Duration),
 }
 
@@ -181,7 +182,9 @@ impl Breaker {
         let now = Instant::now();
         if let Some(hold) = &local.held {
             if local.probing {
-                return Turn::Wait(crate::worker::IDLE_LOOK);
+                // Until the probe ends (its end notifies `changed`); the worker looks again
+                // within its own idle bound anyway.
+                return Turn::Wait(Duration::MAX);
             }
             let wait = hold.next_probe_at - now_ms();
             if wait > 0 {

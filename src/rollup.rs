@@ -12,7 +12,22 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 use tokio::sync::Notify;
 
-use crate::ledger::{MinuteRollup, COUNT_COLUMNS, TIMING_COLUMNS};
+/// The series' names, in the order of [`Series::ALL`]; also their columns in the ledger
+/// (`minute_rollups`), which stores what is counted here.
+pub const COUNT_COLUMNS: [&str; 9] = [
+    "claimed",
+    "duplicate",
+    "refused",
+    "unavailable",
+    "done",
+    "failed",
+    "dead",
+    "newest_secret",
+    "older_secret",
+];
+/// The timings' names, in the order of [`Timing::ALL`]; in the ledger each has three columns
+/// (`_count`, `_total_us`, `_max_us`).
+pub const TIMING_COLUMNS: [&str; 2] = ["ack", "run"];
 
 /// What is counted per minute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,48 +238,6 @@ impl Rollup {
     /// one flush task of a process waits on it).
     async fn minute_started(&self) {
         self.started.notified().await;
-    }
-
-    /// `minute` as the ledger keeps it, if the ring still holds it and anything was counted.
-    fn kept(&self, minute: i64) -> Option<MinuteRollup> {
-        let bucket = self.bucket(minute)?;
-        let signed = |value: &AtomicU64| i64::try_from(value.load(Relaxed)).unwrap_or(i64::MAX);
-        let rollup = MinuteRollup {
-            minute,
-            counts: bucket.counts.each_ref().map(signed),
-            max_skew_secs: signed(&bucket.max_skew),
-            timings: bucket
-                .timings
-                .each_ref()
-                .map(|d| [&d.count, &d.total_us, &d.max_us].map(signed)),
-        };
-        let mut counted = rollup
-            .counts
-            .iter()
-            .chain(rollup.timings.iter().map(|t| &t[0]));
-        counted.any(|count| *count > 0).then_some(rollup)
-    }
-
-    /// Puts a minute the ledger kept back in its bucket, if it is in the hour up to `now`. Each
-    /// value is the larger of the kept and the counted: after a restart the bucket is empty,
-    /// and in the process that wrote the minute the bucket never counts less than it wrote.
-    fn restore(&self, kept: &MinuteRollup, now: i64) {
-        if kept.minute > now || kept.minute <= now - MINUTES as i64 {
-            return;
-        }
-        let bucket = self.bucket_of(kept.minute);
-        let unsigned = |value: i64| u64::try_from(value).unwrap_or(0);
-        for (count, value) in bucket.counts.iter().zip(kept.counts) {
-            count.fetch_max(unsigned(value), Relaxed);
-        }
-        bucket
-            .max_skew
-            .fetch_max(unsigned(kept.max_skew_secs), Relaxed);
-        for (durations, [count, total_us, max_us]) in bucket.timings.iter().zip(kept.timings) {
-            durations.count.fetch_max(unsigned(count), Relaxed);
-            durations.total_us.fetch_max(unsigned(total_us), Relaxed);
-            durations.max_us.fetch_max(unsigned(max_us), Relaxed);
-        }
     }
 
     pub fn last_hour(&self) -> LastHour {

@@ -43,7 +43,7 @@ const ROWS_READ_PER_CHUNK: usize = 1_000;
 
 pub use portable_sql::{dispatch_stops_sql, list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL};
 pub use postgres::PostgresLedger;
-pub use rollups::{MinuteRollup, COUNT_COLUMNS, TIMING_COLUMNS};
+pub use rollups::MinuteRollup;
 pub use sqlite::{backup, BackupReport, SqliteLedger};
 #[cfg(feature = "bench")]
 pub use sqlite::{PendingClaims, WriterAlone};

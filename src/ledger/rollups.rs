@@ -2,22 +2,7 @@
 //! minute, and its SQL, written once for both dialects.
 
 use super::portable_sql::Dialect;
-
-/// The counts' columns, in the order of [`MinuteRollup::counts`] (the console's series).
-pub const COUNT_COLUMNS: [&str; 9] = [
-    "claimed",
-    "duplicate",
-    "refused",
-    "unavailable",
-    "done",
-    "failed",
-    "dead",
-    "newest_secret",
-    "older_secret",
-];
-/// The timings, in the order of [`MinuteRollup::timings`]; each has three columns
-/// (`_count`, `_total_us`, `_max_us`).
-pub const TIMING_COLUMNS: [&str; 2] = ["ack", "run"];
+use crate::rollup::{COUNT_COLUMNS, TIMING_COLUMNS};
 
 /// One minute of one receiver: absolute values, so that writing a minute again (a partial
 /// minute at a stop, then the whole of it after the start) replaces it and never adds.

@@ -6,14 +6,14 @@
 //! A receiver with nothing to count neither writes nor wakes: the task sleeps until a bucket
 //! starts a new minute (the first count of that minute), then until that minute has ended.
 
-use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
 
 use super::{this_minute, Rollup, MINUTES};
-use crate::ledger::{Ledger, StorageError};
+use crate::ledger::{Ledger, MinuteRollup, StorageError};
 use crate::logging::Escaped;
 
 /// How long after its end a minute is written: counts recorded as it ended land first.
@@ -101,6 +101,52 @@ fn until_the_minute_ends() -> Duration {
         .unwrap_or_default();
     Duration::from_secs(60 - since.as_secs() % 60)
         - Duration::from_nanos(since.subsec_nanos().into())
+}
+
+/// The ring's minutes as the ledger's rows: written here, with the task that writes them, so
+/// that the ring itself knows nothing of the ledger (the ledger records into it, via metrics).
+impl Rollup {
+    /// `minute` as the ledger keeps it, if the ring still holds it and anything was counted.
+    fn kept(&self, minute: i64) -> Option<MinuteRollup> {
+        let bucket = self.bucket(minute)?;
+        let signed = |value: &AtomicU64| i64::try_from(value.load(Relaxed)).unwrap_or(i64::MAX);
+        let rollup = MinuteRollup {
+            minute,
+            counts: bucket.counts.each_ref().map(signed),
+            max_skew_secs: signed(&bucket.max_skew),
+            timings: bucket
+                .timings
+                .each_ref()
+                .map(|d| [&d.count, &d.total_us, &d.max_us].map(signed)),
+        };
+        let mut counted = rollup
+            .counts
+            .iter()
+            .chain(rollup.timings.iter().map(|t| &t[0]));
+        counted.any(|count| *count > 0).then_some(rollup)
+    }
+
+    /// Puts a minute the ledger kept back in its bucket, if it is in the hour up to `now`. Each
+    /// value is the larger of the kept and the counted: after a restart the bucket is empty,
+    /// and in the process that wrote the minute the bucket never counts less than it wrote.
+    fn restore(&self, kept: &MinuteRollup, now: i64) {
+        if kept.minute > now || kept.minute <= now - MINUTES as i64 {
+            return;
+        }
+        let bucket = self.bucket_of(kept.minute);
+        let unsigned = |value: i64| u64::try_from(value).unwrap_or(0);
+        for (count, value) in bucket.counts.iter().zip(kept.counts) {
+            count.fetch_max(unsigned(value), Relaxed);
+        }
+        bucket
+            .max_skew
+            .fetch_max(unsigned(kept.max_skew_secs), Relaxed);
+        for (durations, [count, total_us, max_us]) in bucket.timings.iter().zip(kept.timings) {
+            durations.count.fetch_max(unsigned(count), Relaxed);
+            durations.total_us.fetch_max(unsigned(total_us), Relaxed);
+            durations.max_us.fetch_max(unsigned(max_us), Relaxed);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -16,15 +16,13 @@ use tokio_postgres::{AsyncMessage, Client, NoTls, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 
-use super::role::{RoleWatch, VERIFY_EVERY};
+use super::role::{error_text, RoleWatch, CONNECT_TIMEOUT, VERIFY_EVERY};
 use crate::config::PostgresUrl;
 use crate::ledger::error::{Cause, StorageError};
 use crate::throttle::Throttled;
 
 /// The channel claims and `jobs retry` notify, and every receiver listens on.
 pub(super) const CHANNEL: &str = "sume_jobs";
-/// How long a connection attempt may take before the operation fails (503 for a claim).
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The connection settings, with a connect timeout unless the URL sets one, and a dead
 /// connection noticed within seconds (a partition, a server that vanished without closing
@@ -62,18 +60,6 @@ pub(super) fn statement_error(error: tokio_postgres::Error) -> StorageError {
     } else {
         StorageError::Unavailable(Cause::new(error))
     }
-}
-
-/// The error with its cause: tokio-postgres puts the server's message in the source.
-pub(super) fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 pub(super) fn pool_error(error: deadpool_postgres::PoolError) -> StorageError {

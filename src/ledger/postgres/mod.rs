@@ -50,7 +50,7 @@ use super::model::{
 };
 use super::portable_sql::{self, Dialect};
 use super::rollups::{delete_old_sql, MinuteRollup};
-use super::WorkSide;
+use super::work_side::WorkSide;
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
 use claims::{insert_claims, through_batcher, ClaimRequest, ClaimsError};

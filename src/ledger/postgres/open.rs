@@ -10,13 +10,13 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::claims::run_batcher;
-use super::connection::{error_text, listen, settings, StandbyWarnings, Tls, CONNECT_TIMEOUT};
+use super::connection::{listen, settings, StandbyWarnings, Tls};
 use super::pooled::Pooled;
-use super::role::RoleWatch;
+use super::role::{error_text, RoleWatch, CONNECT_TIMEOUT};
 use super::start::{check_durability, connect_at_start, migrate, MIGRATIONS};
 use super::{PostgresLedger, CLAIM_QUEUE_CAPACITY};
 use crate::config::{PostgresConfig, PostgresUrl};
-use crate::ledger::WorkSide;
+use crate::ledger::work_side::WorkSide;
 
 /// Connections per receiver: the claim batches in flight, the worker's transitions, reads.
 const POOL_SIZE: usize = 8;

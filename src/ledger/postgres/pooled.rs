@@ -5,10 +5,8 @@ use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool, Runtime};
 
-use super::connection::{
-    error_text, pool_error, statement_error, StandbyWarnings, Tls, CONNECT_TIMEOUT,
-};
-use super::role::{role_lost, RoleWatch};
+use super::connection::{pool_error, statement_error, StandbyWarnings, Tls};
+use super::role::{error_text, role_lost, RoleWatch, CONNECT_TIMEOUT};
 use crate::ledger::error::{Cause, StorageError};
 
 /// How long a statement may go unanswered before its connection is given up: far longer than

@@ -16,8 +16,8 @@ use deadpool_postgres::{Hook, HookError, Metrics, PoolBuilder};
 use tokio::sync::watch;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use super::connection::{error_text, CONNECT_TIMEOUT};
-
+/// How long a connection attempt may take before the operation fails (503 for a claim).
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// The longest a pooled connection lives. It bounds how long a connection can stay on a server
 /// whose role changed in a way no check sees (a virtual IP or DNS name moved to another server
 /// while the old one still writes: a split brain the operator's tooling must end). Reopening
@@ -30,6 +30,18 @@ pub(super) const MAX_LIFETIME: Duration = Duration::from_secs(300);
 /// statements only read. One small query a second per pool; checking every hand-out would
 /// add a round trip to every claim batch.
 pub(super) const VERIFY_EVERY: Duration = Duration::from_secs(1);
+
+/// The error with its cause: tokio-postgres puts the server's message in the source.
+pub(super) fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
 
 /// Whether a failed statement means its connection is done for: the server cannot take
 /// writes, or its session is going or gone.

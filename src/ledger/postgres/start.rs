@@ -5,7 +5,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use tokio_postgres::Client;
 
-use super::connection::{error_text, Tls};
+use super::connection::Tls;
+use super::role::error_text;
 
 /// Schema migrations, applied in order; the `sume_schema` table records how many have run.
 pub(super) const MIGRATIONS: &[&str] = &[

@@ -225,7 +225,7 @@ mod tests {
     use super::super::SqliteLedger;
     use super::*;
     use crate::config::CheckAtStart;
-    use crate::ledger::Backend;
+    use crate::ledger::contract::Backend;
 
     fn test_config(dir: &Path) -> SqliteConfig {
         SqliteConfig {
