@@ -474,3 +474,137 @@ fn every_variable_the_tests_read_is_in_the_testing_page() {
         "docs/testing.md's variables table lacks {undocumented:?}"
     );
 }
+
+/// The files of a directory of the repository whose name ends in `suffix`, sorted.
+fn files_in(dir: &str, suffix: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(Path::new(ROOT).join(dir))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(suffix))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn the_testing_page_lists_every_suite() {
+    let listed: BTreeSet<String> = first_column(&read("docs/testing.md"), "suite")
+        .into_iter()
+        .collect();
+    let suites = files_in("tests", ".rs");
+    assert!(suites.len() >= 15, "{suites:?}");
+    let missing: Vec<_> = suites
+        .iter()
+        .filter(|suite| !listed.contains(&format!("tests/{suite}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/testing.md's suites table lacks {missing:?}"
+    );
+}
+
+#[test]
+fn the_operating_page_names_every_schema_version() {
+    let operating = read("docs/operating.md");
+    let schema = operating
+        .split("\nSchema: ")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("docs/operating.md has a \"Schema:\" paragraph");
+    let migrations = files_in("migrations/sqlite", ".sql");
+    assert!(migrations.len() >= 8, "{migrations:?}");
+    let missing: Vec<_> = migrations
+        .iter()
+        .filter(|file| {
+            !schema.contains(&format!("`{file}`")) && !schema.contains(&format!("/{file}`"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/operating.md's schema list lacks {missing:?}"
+    );
+}
+
+/// Every string literal inside a `tracing::<level>!(...)` call in src/: what the journal can say.
+fn logged_strings() -> Vec<String> {
+    let mut logged = Vec::new();
+    let mut dirs = vec![Path::new(ROOT).join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|ext| ext != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for level in ["trace", "debug", "info", "warn", "error"] {
+                for (at, call) in text.match_indices(&format!("tracing::{level}!(")) {
+                    logged.extend(literals_of_call(&text[at + call.len()..]));
+                }
+            }
+        }
+    }
+    logged
+}
+
+/// The string literals of a macro call's arguments, up to its closing parenthesis.
+fn literals_of_call(arguments: &str) -> Vec<String> {
+    let mut literals = Vec::new();
+    let mut depth = 1;
+    let mut chars = arguments.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            '"' => {
+                let mut literal = String::new();
+                while let Some(c) = chars.next() {
+                    match c {
+                        '"' => break,
+                        '\\' => {
+                            if let Some(escaped) = chars.next() {
+                                literal.push(escaped);
+                            }
+                        }
+                        _ => literal.push(c),
+                    }
+                }
+                literals.push(literal);
+            }
+            _ => {}
+        }
+    }
+    literals
+}
+
+#[test]
+fn every_journal_line_the_alert_runbooks_quote_is_one_the_code_logs() {
+    let logged = logged_strings();
+    assert!(logged.len() > 100, "{} logged strings", logged.len());
+    // A quoted line: text in double quotes after "journal" in the same paragraph.
+    let mut quoted = Vec::new();
+    for paragraph in read("docs/alerts.md").split("\n\n") {
+        let paragraph = paragraph.replace('\n', " ");
+        if let Some(at) = paragraph.find("journal") {
+            let after = &paragraph[at..];
+            quoted.extend(after.split('"').skip(1).step_by(2).map(str::to_owned));
+        }
+    }
+    assert!(quoted.len() >= 2, "{quoted:?}");
+    let never_logged: Vec<_> = quoted
+        .iter()
+        .filter(|line| !logged.iter().any(|logged| logged.contains(line.as_str())))
+        .collect();
+    assert!(
+        never_logged.is_empty(),
+        "docs/alerts.md quotes journal lines the code never logs: {never_logged:?}"
+    );
+}
