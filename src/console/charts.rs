@@ -10,9 +10,14 @@ use crate::rollup::{LastHour, MINUTES};
 
 const WIDTH: f64 = 1000.0;
 const HEIGHT: f64 = 180.0;
-/// The plot's box inside the drawing: room on the left for the scale, below and on the right
-/// for the times.
+/// The plot's box inside the drawing: room on the left for the scale (at least this much,
+/// more for a longer top label), below and on the right for the times.
 const LEFT: f64 = 48.0;
+/// The widest a character of the scale is drawn (13px in console.css, its digits and "ms" at
+/// most 0.6 em wide in common sans fonts), with some to spare: the room a label is given.
+const SCALE_CHAR_WIDTH: f64 = 8.5;
+/// Between the scale's labels and the axis.
+const SCALE_GAP: f64 = 6.0;
 const RIGHT: f64 = 976.0;
 const TOP: f64 = 8.0;
 const BOTTOM: f64 = 150.0;
@@ -121,22 +126,26 @@ fn draw(
     } else {
         0.0
     };
-    let step = (RIGHT - LEFT) / MINUTES as f64;
+    // The top label is right-aligned to the axis: the plot starts where it fits in full
+    // ("129 ms" in the 48 units once left showed as ".29 ms", cut by the drawing's edge).
+    let top_label = format(peak);
+    let left = LEFT.max(top_label.chars().count() as f64 * SCALE_CHAR_WIDTH + SCALE_GAP);
+    let step = (RIGHT - left) / MINUTES as f64;
     let n = |value: f64| format!("{value:.1}");
     html! {
         figure.chart {
             svg.chart viewBox=(format!("0 0 {WIDTH} {HEIGHT}")) role="img" aria-label=(summary) {
-                line.axis x1=(n(LEFT)) y1=(n(BOTTOM)) x2=(n(RIGHT)) y2=(n(BOTTOM)) {}
-                line.axis x1=(n(LEFT)) y1=(n(TOP)) x2=(n(LEFT)) y2=(n(BOTTOM)) {}
-                text.scale x=(n(LEFT - 6.0)) y=(n(TOP + 10.0)) { (format(peak)) }
-                text.scale x=(n(LEFT - 6.0)) y=(n(BOTTOM)) { "0" }
+                line.axis x1=(n(left)) y1=(n(BOTTOM)) x2=(n(RIGHT)) y2=(n(BOTTOM)) {}
+                line.axis x1=(n(left)) y1=(n(TOP)) x2=(n(left)) y2=(n(BOTTOM)) {}
+                text.scale x=(n(left - SCALE_GAP)) y=(n(TOP + 10.0)) { (top_label) }
+                text.scale x=(n(left - SCALE_GAP)) y=(n(BOTTOM)) { "0" }
                 @for index in (0..MINUTES).filter(|i| (MINUTES - 1 - i).is_multiple_of(TICK_MINUTES)) {
-                    @let x = LEFT + (index as f64 + 0.5) * step;
+                    @let x = left + (index as f64 + 0.5) * step;
                     line.tick x1=(n(x)) y1=(n(BOTTOM)) x2=(n(x)) y2=(n(BOTTOM + 6.0)) {}
                     text.time x=(n(x)) y=(n(BOTTOM + 22.0)) { (clock(minute_of(index))) }
                 }
                 @for index in 0..MINUTES {
-                    @let x = LEFT + index as f64 * step;
+                    @let x = left + index as f64 * step;
                     g {
                         title {
                             (clock(minute_of(index))) " UTC: "
@@ -245,5 +254,33 @@ mod tests {
             "{page}"
         );
         assert!(page.contains("4 timed, the slowest 40 ms"));
+    }
+
+    /// The top scale label's text and the room it has left of its right edge.
+    fn top_scale(page: &str) -> (String, f64) {
+        let text = page.split("<text class=\"scale\" x=\"").nth(1).unwrap();
+        let x: f64 = text.split('"').next().unwrap().parse().unwrap();
+        let label = text.split('>').nth(1).unwrap().split('<').next().unwrap();
+        (label.to_owned(), x)
+    }
+
+    #[test]
+    fn the_scales_top_label_fits_the_drawing_in_full() {
+        for (max_ms, shown) in [
+            (129.0, "129 ms"),
+            (9.87, "9.87 ms"),
+            (123_456.0, "123456 ms"),
+        ] {
+            let mut hour = hour();
+            let minute = &mut hour.timings[0].1[MINUTES - 2];
+            (minute.max_ms, minute.mean_ms) = (max_ms, max_ms / 2.0);
+            let page = timing(&hour, "run", "Run latency").into_string();
+            let (label, room) = top_scale(&page);
+            assert_eq!(label, shown);
+            // Right-aligned at `room`: its characters, each at most 0.6 of the 13px font,
+            // must fit between the drawing's edge and there.
+            let needed = label.chars().count() as f64 * 13.0 * 0.6;
+            assert!(room >= needed, "{label:?} has {room} units, needs {needed}");
+        }
     }
 }
