@@ -217,6 +217,21 @@ async fn outage_costs_no_job(receivers: usize) {
         );
     }
     ledger.close().await;
+    // The probes that failed were given back: each says why in its history, and the attempt
+    // after it names the hold, not a restart (nothing restarted).
+    assert!(count(&first, "SELECT count(*) FROM job_attempts WHERE outcome = 'released'") >= 1);
+    assert_eq!(
+        count(
+            &first,
+            "SELECT count(*) FROM job_attempts WHERE outcome = 'released'
+               AND (error IS NULL OR error NOT LIKE '%during a handler hold%')"
+        ),
+        0
+    );
+    assert_eq!(
+        count(&first, "SELECT count(*) FROM job_attempts WHERE cause = 'restart'"),
+        0
+    );
     let done = downstream.done.lock().unwrap().clone();
     assert_eq!(done.len(), 200);
     assert!(done.values().all(|&runs| runs == 1), "{done:?}");

@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::*;
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{
-    self, Attempt, AttemptEnd, ClaimOutcome, LeasedAttempt, Leases, Ledger, MinuteRollup, NewClaim,
-    PollResult, RetentionStep, RetryError, Source, State, StorageError,
+    self, Attempt, AttemptEnd, ClaimOutcome, Failure, LeasedAttempt, Leases, Ledger, MinuteRollup,
+    NewClaim, PollResult, Release, RetentionStep, RetryError, Source, State, StorageError,
 };
 
 fn new_claim(job_id: &str) -> NewClaim {
@@ -290,7 +290,7 @@ on_both_ledgers! {
         let current = started(&ledger, "fenced", i64::MAX).await;
         assert_eq!((stale.number, current.number), (1, 2));
         assert_eq!(ledger.finish_attempt(&stale, &failed(None), now).await.unwrap(), None);
-        assert!(!ledger.release_attempt(&stale, now).await.unwrap());
+        assert!(!ledger.release_attempt(&stale, &Release::Shutdown, now).await.unwrap());
         assert_eq!(
             ledger.finish_attempt(&current, &AttemptEnd::Done, now).await.unwrap(),
             Some(State::Done)
@@ -304,11 +304,26 @@ on_both_ledgers! {
         claimed(&ledger, "released").await;
         let attempt = started(&ledger, "released", i64::MAX).await;
         let now = ledger::now_ms();
-        assert!(ledger.release_attempt(&attempt, now).await.unwrap());
+        let refused = Failure { http_status: Some(503), ..Failure::new("HTTP 503") };
+        let release = Release::Held(refused);
+        assert!(ledger.release_attempt(&attempt, &release, now).await.unwrap());
         let job = ledger.show_job("released").await.unwrap().unwrap();
+        // Its history says why, and the next attempt's cause is the hold, not a restart.
+        let released = &job.history[0];
+        assert_eq!(released.outcome.as_deref(), Some("released"));
+        assert_eq!(
+            released.error.as_deref(),
+            Some(
+                "given back uncounted: failed during a handler hold (the downstream looks \
+                 down): HTTP 503"
+            )
+        );
+        assert_eq!(released.http_status, Some(503));
         assert_eq!((job.summary.state.as_str(), job.summary.attempts), ("claimed", 0));
         assert_eq!(job.summary.next_attempt_at, Some(now));
         assert_eq!(started(&ledger, "released", i64::MAX).await.number, 1);
+        let job = ledger.show_job("released").await.unwrap().unwrap();
+        assert_eq!(job.history[1].cause, "hold");
         ledger.close().await;
     }
 
@@ -673,7 +688,7 @@ on_both_ledgers! {
         let taken = ledger.take_back_lease(&lease, 200, now, 5, "lease expired").await.unwrap();
         assert_eq!(taken, Some(State::Retrying));
         let second = started(&ledger, "interrupted", i64::MAX).await;
-        assert!(ledger.release_attempt(&second, now + 1).await.unwrap());
+        assert!(ledger.release_attempt(&second, &Release::Shutdown, now + 1).await.unwrap());
         started(&ledger, "interrupted", i64::MAX).await;
         let job = ledger.show_job("interrupted").await.unwrap().unwrap();
         let summary: Vec<_> = job
@@ -685,7 +700,12 @@ on_both_ledgers! {
             summary,
             [
                 (1, "first", Some("taken_back"), Some("lease expired")),
-                (2, "take_back", Some("released"), None),
+                (
+                    2,
+                    "take_back",
+                    Some("released"),
+                    Some("given back uncounted: the handler was stopped by this receiver's shutdown")
+                ),
                 (2, "restart", None, None),
             ]
         );

@@ -346,7 +346,9 @@ pub fn job(viewer: Viewer, job: &JobDetail, stops: &[DispatchStop]) -> Markup {
                 ": "
                 @match (&attempt.outcome, attempt.ended_at) {
                     (Some(outcome), Some(ended)) => {
-                        strong class=(if outcome == "done" { "ok" } else { "bad" }) { (outcome) }
+                        // Given back uncounted is no failure of the job: not in red.
+                        @let class = match outcome.as_str() { "done" => "ok", "released" => "muted", _ => "bad" };
+                        strong class=(class) { (outcome) }
                         " after " (duration_ms(ended - attempt.started_at))
                     }
                     _ => strong { "running" },

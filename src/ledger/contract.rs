@@ -13,7 +13,7 @@ use super::error::StorageError;
 use super::model::{
     Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DispatchStop, DueExpectation, DueJobs,
     Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
-    RetentionStep, RetryCount, RetryError, RetryFilter, State,
+    Release, RetentionStep, RetryCount, RetryError, RetryFilter, State,
 };
 use super::rollups::MinuteRollup;
 use super::work_side::WorkSide;
@@ -112,9 +112,11 @@ macro_rules! operations {
         fn finish_attempt(&self, attempt: &Attempt, end: &AttemptEnd, now: i64)
             -> Result<Option<State>, StorageError>;
 
-        /// Gives back an attempt our own shutdown interrupted: it does not count, and the job
-        /// is due again at `now`. `false` if the attempt no longer owned the job.
-        fn release_attempt(&self, attempt: &Attempt, now: i64) -> Result<bool, StorageError>;
+        /// Gives back an attempt our own shutdown interrupted, or a hold made uncounted: it
+        /// does not count, its history says why, and the job is due again at `now`. `false`
+        /// if the attempt no longer owned the job.
+        fn release_attempt(&self, attempt: &Attempt, release: &Release, now: i64)
+            -> Result<bool, StorageError>;
 
         /// The running attempts `leases` names: candidates for [`Backend::take_back_lease`].
         fn leases_to_take_back(&self, leases: Leases)

@@ -31,8 +31,8 @@ pub use model::{
     duration_ms, now_ms, ActionRecord, Attempt, AttemptEnd, AttemptRecord, ClaimOutcome, Cursor,
     DeadGroup, Dispatch, DispatchStop, DueExpectation, DueJobs, Expectation, Failure, Hold,
     JobDetail, JobFilter, JobPage, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim,
-    PollResult, RetentionStep, RetryCount, RetryError, RetryFilter, Source, State, StopKind,
-    HISTORY_PER_JOB,
+    PollResult, Release, RetentionStep, RetryCount, RetryError, RetryFilter, Source, State,
+    StopKind, HISTORY_PER_JOB,
 };
 pub use sqlite::{LedgerDamaged, DAMAGED_EXIT_STATUS};
 pub use stops::{waiting_spans, STOPS_PER_JOB};

@@ -180,6 +180,43 @@ impl AttemptEnd {
     }
 }
 
+/// Why an attempt is given back uncounted (`released` in its history) and its job due again at
+/// once: what its history says, and the cause of the job's next attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// This receiver's shutdown stopped the handler.
+    Shutdown,
+    /// It failed while a hold (an outage of the handler's downstream) was open: a failed
+    /// probe, or an attempt the outage caught.
+    Held(Failure),
+}
+
+impl Release {
+    /// The `cause` of the job's next attempt.
+    pub fn next_cause(&self) -> &'static str {
+        match self {
+            Release::Shutdown => "restart",
+            Release::Held(_) => "hold",
+        }
+    }
+
+    /// What the released attempt's history row keeps: why, and the handler's own status.
+    pub fn recorded(&self) -> Failure {
+        match self {
+            Release::Shutdown => Failure::new(
+                "given back uncounted: the handler was stopped by this receiver's shutdown",
+            ),
+            Release::Held(failure) => Failure {
+                error: format!(
+                    "given back uncounted: failed during a handler hold (the downstream looks down): {}",
+                    failure.error
+                ),
+                ..failure.clone()
+            },
+        }
+    }
+}
+
 /// How many attempts and how many actions a job's history keeps (the oldest go first).
 pub const HISTORY_PER_JOB: i64 = 100;
 
@@ -187,7 +224,8 @@ pub const HISTORY_PER_JOB: i64 = 100;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AttemptRecord {
     pub number: u32,
-    /// first, poll, backoff, take_back, restart, manual_retry, run_now
+    /// first, poll, backoff, take_back, restart (after our shutdown gave the last one back),
+    /// hold (after a hold gave the last one back), manual_retry, run_now
     pub cause: String,
     pub receiver: Option<String>,
     pub started_at: i64,

@@ -19,7 +19,9 @@ use crate::config::HandlerConfig;
 use crate::handler::{AttemptError, Handler};
 use crate::hold::{Breaker, Turn};
 use crate::job_id::JobId;
-use crate::ledger::{duration_ms, now_ms, Attempt, AttemptEnd, Dispatch, Hold, Ledger, State};
+use crate::ledger::{
+    duration_ms, now_ms, Attempt, AttemptEnd, Dispatch, Failure, Hold, Ledger, Release, State,
+};
 use crate::logging::Escaped;
 use crate::metrics::{AttemptResult, METRICS};
 use crate::throttle::Throttled;
@@ -512,7 +514,7 @@ impl JobRun {
             Err(AttemptError::Failed(failure, sign)) => Err((failure, sign)),
             Err(AttemptError::Interrupted) => {
                 self.breaker.unused(None);
-                return self.release(attempt, Some("handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")).await;
+                return self.release(attempt, Release::Shutdown).await;
             }
         };
         if outcome.is_err() && self.ledger.is_shared() {
@@ -530,10 +532,11 @@ impl JobRun {
                 .map_err(|(failure, sign)| (failure, *sign)),
         );
         if !verdict.counts {
-            if let Err((failure, _)) = &outcome {
-                tracing::info!(job_id = %job_id, error = %Escaped(&failure.error), "attempt failed during a handler hold; given back uncounted");
-            }
-            let after = self.release(attempt, None).await;
+            let failure = match outcome {
+                Err((failure, _)) => failure,
+                Ok(()) => Failure::default(),
+            };
+            let after = self.release(attempt, Release::Held(failure)).await;
             self.breaker.apply(&self.ledger, verdict.change).await;
             return after;
         }
@@ -634,13 +637,22 @@ impl JobRun {
 
     /// Gives an attempt back uncounted, due again now: our own shutdown stopped the handler (a
     /// job on its last attempt must not become `dead` because we stopped), or it failed for an
-    /// outage that a hold already knows (see `src/hold.rs`). `said` is logged once released.
-    async fn release(&self, attempt: Attempt, said: Option<&str>) -> AfterAttempt {
+    /// outage that a hold already knows (see `src/hold.rs`). The job's history says which.
+    async fn release(&self, attempt: Attempt, release: Release) -> AfterAttempt {
         let job_id = &attempt.job_id;
-        match self.ledger.release_attempt(&attempt, now_ms()).await {
+        match self
+            .ledger
+            .release_attempt(&attempt, &release, now_ms())
+            .await
+        {
             Ok(_) => {
-                if let Some(said) = said {
-                    tracing::warn!(job_id = %job_id, "{said}")
+                match &release {
+                    Release::Shutdown => {
+                        tracing::warn!(job_id = %job_id, "handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")
+                    }
+                    Release::Held(failure) => {
+                        tracing::info!(job_id = %job_id, error = %Escaped(&failure.error), "attempt failed during a handler hold; given back uncounted")
+                    }
                 }
                 AfterAttempt::Settled
             }

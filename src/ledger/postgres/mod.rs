@@ -45,7 +45,7 @@ use super::model::{duration_ms, now_ms};
 use super::model::{
     expectation_counts, state_counts, Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch,
     DispatchStop, DueExpectation, DueJobs, Expectation, Hold, JobDetail, JobPage, JobStats,
-    LeasedAttempt, Leases, NewClaim, PollResult, RetentionStep, RetryCount, RetryError,
+    LeasedAttempt, Leases, NewClaim, PollResult, Release, RetentionStep, RetryCount, RetryError,
     RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
 };
 use super::portable_sql::{self, Dialect};
@@ -161,11 +161,25 @@ impl Backend for PostgresLedger {
         Ok((changed == 1).then_some(state))
     }
 
-    async fn release_attempt(&self, attempt: &Attempt, now: i64) -> Result<bool, StorageError> {
+    async fn release_attempt(
+        &self,
+        attempt: &Attempt,
+        release: &Release,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        let why = release.recorded();
         let changed = self
             .count(
                 sql::RELEASE_ATTEMPT_SQL,
-                &[&attempt.job_id.as_str(), &attempt_number(attempt), &now],
+                &[
+                    &attempt.job_id.as_str(),
+                    &attempt_number(attempt),
+                    &now,
+                    &release.next_cause(),
+                    &why.error,
+                    &why.exit_status,
+                    &why.http_status.map(i32::from),
+                ],
             )
             .await?;
         Ok(changed == 1)

@@ -22,15 +22,17 @@ pub const FINISH_ATTEMPT_SQL: &str = "WITH finished AS (
         WHERE job_id = $1 AND number = $2 AND ended_at IS NULL
           AND EXISTS (SELECT 1 FROM finished))
     SELECT count(*) FROM finished";
-/// Parameters: job_id, attempt number, now. One row: 1 if the attempt still owned the job.
+/// Parameters: job_id, attempt number, now, the next attempt's cause, the released attempt's
+/// error, exit status and HTTP status. One row: 1 if the attempt still owned the job.
 pub const RELEASE_ATTEMPT_SQL: &str = "WITH released AS (
         UPDATE jobs SET state = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'claimed' END,
                         attempts = attempts - 1, next_attempt_at = $3,
-                        lease_expires_at = NULL, updated_at = $3, next_attempt_cause = 'restart'
+                        lease_expires_at = NULL, updated_at = $3, next_attempt_cause = $4
         WHERE job_id = $1 AND attempts = $2 AND state = 'running'
         RETURNING job_id),
     recorded AS (
-        UPDATE job_attempts SET ended_at = $3, outcome = 'released'
+        UPDATE job_attempts SET ended_at = $3, outcome = 'released', error = $5,
+                                exit_status = $6, http_status = $7
         WHERE job_id = $1 AND number = $2 AND ended_at IS NULL
           AND EXISTS (SELECT 1 FROM released))
     SELECT count(*) FROM released";

@@ -12,7 +12,8 @@ use crate::ledger::model::Dispatch;
 use crate::ledger::model::StopKind;
 use crate::ledger::model::{
     state_counts, Attempt, AttemptEnd, ClaimOutcome, Cursor, DueJobs, JobDetail, JobPage, JobStats,
-    JobSummary, LeasedAttempt, NewClaim, RetryCount, RetryError, RetryFilter, Source, State,
+    JobSummary, LeasedAttempt, NewClaim, Release, RetryCount, RetryError, RetryFilter, Source,
+    State,
 };
 use crate::ledger::portable_sql::{
     list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL, OLDEST_UNFINISHED_SQL,
@@ -43,11 +44,11 @@ pub const FINISH_ATTEMPT_SQL: &str =
                      next_attempt_at = ?5, finished_at = ?6, lease_expires_at = NULL,
                      updated_at = ?7, next_attempt_cause = 'backoff'
      WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'";
-/// Parameters: job_id, attempt number, now.
+/// Parameters: job_id, attempt number, now, the next attempt's cause.
 pub const RELEASE_ATTEMPT_SQL: &str =
     "UPDATE jobs SET state = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'claimed' END,
                      attempts = attempts - 1, next_attempt_at = ?3,
-                     lease_expires_at = NULL, updated_at = ?3, next_attempt_cause = 'restart'
+                     lease_expires_at = NULL, updated_at = ?3, next_attempt_cause = ?4
      WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'";
 /// Parameters: job_id, now, max_attempts, error, cutoff, attempt number. The lease and
 /// the attempt are checked again: the lease may have been taken back since it was read.
@@ -203,15 +204,29 @@ pub fn finish_attempt(
 
 /// Gives back an attempt our own shutdown interrupted: it does not count, and the job is due
 /// again at once (at the next start). `false` if the attempt no longer owned the job.
-pub fn release_attempt(conn: &Connection, attempt: &Attempt, now: i64) -> rusqlite::Result<bool> {
+pub fn release_attempt(
+    conn: &Connection,
+    attempt: &Attempt,
+    release: &Release,
+    now: i64,
+) -> rusqlite::Result<bool> {
     let changed = conn.prepare_cached(RELEASE_ATTEMPT_SQL)?.execute(params![
         attempt.job_id,
         attempt.number,
-        now
+        now,
+        release.next_cause()
     ])?;
     if changed == 1 {
         let number = i64::from(attempt.number);
-        record_end(conn, attempt.job_id.as_str(), number, "released", None, now)?;
+        let why = release.recorded();
+        record_end(
+            conn,
+            attempt.job_id.as_str(),
+            number,
+            "released",
+            Some(&why),
+            now,
+        )?;
     }
     Ok(changed == 1)
 }

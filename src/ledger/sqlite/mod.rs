@@ -33,7 +33,7 @@ use super::model::now_ms;
 use super::model::{
     Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch, DispatchStop, DueExpectation, DueJobs,
     Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
-    RetentionStep, RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
+    Release, RetentionStep, RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
 };
 use super::portable_sql::Dialect;
 use super::rollups::{delete_old_sql, MinuteRollup};
@@ -313,9 +313,14 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn release_attempt(&self, attempt: &Attempt, now: i64) -> Result<bool, StorageError> {
-        let attempt = attempt.clone();
-        self.write(move |conn| jobs::release_attempt(conn, &attempt, now))
+    async fn release_attempt(
+        &self,
+        attempt: &Attempt,
+        release: &Release,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        let (attempt, release) = (attempt.clone(), release.clone());
+        self.write(move |conn| jobs::release_attempt(conn, &attempt, &release, now))
             .await
     }
 
