@@ -619,6 +619,22 @@ async fn a_pause_stays_in_the_timelines_of_the_jobs_it_delayed() {
     let settings = html(&alice.get("/console/config").await);
     assert!(settings.contains("admin.due_job_limit"), "{settings}");
     assert!(settings.contains("10m"), "{settings}");
+    // Durations as the file writes them (365d was "11months 30days 3h 50m 24s"), and the
+    // hold's settings with the handler's.
+    assert!(settings.contains("365d"), "{settings}");
+    assert!(!settings.contains("months"), "{settings}");
+    for key in [
+        "handler.hold_after",
+        "handler.probe_interval",
+        "handler.ramp",
+    ] {
+        assert!(settings.contains(key), "{key}: {settings}");
+    }
+    // A named token's session is shown by its name, with its role.
+    assert!(
+        settings.contains("<span class=\"who\">alice (operator)"),
+        "{settings}"
+    );
 
     let cli_config = common::service::write_config(server.dir.path(), free_port(), "", "");
     // `jobs show` with the words of `args`.

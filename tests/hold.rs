@@ -219,7 +219,12 @@ async fn outage_costs_no_job(receivers: usize) {
     ledger.close().await;
     // The probes that failed were given back: each says why in its history, and the attempt
     // after it names the hold, not a restart (nothing restarted).
-    assert!(count(&first, "SELECT count(*) FROM job_attempts WHERE outcome = 'released'") >= 1);
+    assert!(
+        count(
+            &first,
+            "SELECT count(*) FROM job_attempts WHERE outcome = 'released'"
+        ) >= 1
+    );
     assert_eq!(
         count(
             &first,
@@ -229,7 +234,10 @@ async fn outage_costs_no_job(receivers: usize) {
         0
     );
     assert_eq!(
-        count(&first, "SELECT count(*) FROM job_attempts WHERE cause = 'restart'"),
+        count(
+            &first,
+            "SELECT count(*) FROM job_attempts WHERE cause = 'restart'"
+        ),
         0
     );
     let done = downstream.done.lock().unwrap().clone();

@@ -85,7 +85,7 @@ impl Console {
         };
         page(
             StatusCode::OK,
-            pages::layout("Done", Some(viewer), false, pages::done(&message, &back)),
+            pages::layout("Done", Some(&viewer), false, pages::done(&message, &back)),
         )
     }
 }

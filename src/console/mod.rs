@@ -244,15 +244,16 @@ impl Console {
                 text(StatusCode::UNAUTHORIZED, "sign in first")
             };
         };
-        let viewer = Viewer {
-            role,
-            may_act: self.actions && role == Role::Operator,
-        };
         // Who acts: a named token's name; the shared tokens know only where the request came
         // from.
-        let by = match name {
+        let by = match &name {
             Some(name) => format!("console:{name}"),
             None => format!("console:{}", peer.ip()),
+        };
+        let viewer = Viewer {
+            role,
+            name,
+            may_act: self.actions && role == Role::Operator,
         };
         match method {
             Method::GET | Method::HEAD => self.show(viewer, &path, &query).await,

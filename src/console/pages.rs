@@ -17,9 +17,12 @@ use crate::rollup::LastHour;
 const BODY_SHOWN_BYTES: usize = 64 * 1024;
 
 /// Who is looking, and what they may do.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Viewer {
     pub role: Role,
+    /// The name it signed in as: a named token's (`[[admin.tokens]]`); `None` for the shared
+    /// tokens.
+    pub name: Option<String>,
     /// Actions are on in the config and this is an operator's session.
     pub may_act: bool,
 }
@@ -38,7 +41,7 @@ fn duration_ms(ms: i64) -> String {
 }
 
 /// The frame of every page: header, navigation, the page's `<main>`.
-pub fn layout(title: &str, viewer: Option<Viewer>, refresh: bool, main: Markup) -> Markup {
+pub fn layout(title: &str, viewer: Option<&Viewer>, refresh: bool, main: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -63,8 +66,10 @@ pub fn layout(title: &str, viewer: Option<Viewer>, refresh: bool, main: Markup) 
                             a href="/console/config" { "Config" }
                         }
                         span.who {
-                            (viewer.role.label())
-                            @if !viewer.may_act { " (read-only)" }
+                            @match &viewer.name {
+                                Some(name) => { (name) " (" (viewer.role.label()) @if !viewer.may_act { ", read-only" } ")" }
+                                None => { (viewer.role.label()) @if !viewer.may_act { " (read-only)" } }
+                            }
                             " "
                             form.inline method="post" action="/console/sign-out" {
                                 button type="submit" { "Sign out" }
@@ -123,7 +128,7 @@ fn card(label: &str, value: String, class: &str) -> Markup {
     html! { div.card { div.label { (label) } div.value class=(class) { (value) } } }
 }
 
-pub fn overview(viewer: Viewer, data: &Overview) -> Markup {
+pub fn overview(viewer: &Viewer, data: &Overview) -> Markup {
     let paused = data.dispatch.as_ref().is_some_and(|d| d.paused);
     let jobs = |state: &str| {
         data.snapshot.as_ref().map_or(0, |s| {
@@ -330,7 +335,7 @@ fn short(text: &str, max_chars: usize) -> String {
 }
 
 /// One job as a timeline, its payload, and what may be done with it.
-pub fn job(viewer: Viewer, job: &JobDetail, stops: &[DispatchStop]) -> Markup {
+pub fn job(viewer: &Viewer, job: &JobDetail, stops: &[DispatchStop]) -> Markup {
     let summary = &job.summary;
     let href = job_href(&summary.job_id);
     let mut events: Vec<(i64, Markup)> = vec![(
@@ -451,7 +456,7 @@ pub fn job(viewer: Viewer, job: &JobDetail, stops: &[DispatchStop]) -> Markup {
     }
 }
 
-pub fn dead(viewer: Viewer, groups: &[DeadGroup]) -> Markup {
+pub fn dead(viewer: &Viewer, groups: &[DeadGroup]) -> Markup {
     html! {
         h1 { "Dead letters" }
         p.muted { "Dead jobs grouped by what failed: the error with the first line of the handler's stderr or HTTP answer, ids and numbers as " code { "#" } "; every cancel is one group. The largest groups first (recomputed at most every 10 s). The CLI retries a group with " code { "jobs retry --state dead --group SIGNATURE" } "." }

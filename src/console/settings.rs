@@ -1,6 +1,8 @@
 //! The Config page's rows: the settings in effect, without any credential.
 
-use crate::config::Config;
+use std::time::Duration;
+
+use crate::config::{Config, HandlerKind};
 use crate::ledger::Ledger;
 
 /// What the config page shows: the settings in effect, without any credential.
@@ -24,7 +26,7 @@ pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)
         ),
         (
             "signature.tolerance".into(),
-            humantime::format_duration(config.signature.tolerance).to_string(),
+            as_written(config.signature.tolerance),
         ),
         ("signing secrets".into(), "(never shown)".into()),
     ];
@@ -36,22 +38,45 @@ pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)
                 "handler.max_attempts".into(),
                 handler.max_attempts.to_string(),
             ));
-            rows.push((
-                "handler.timeout".into(),
-                humantime::format_duration(handler.timeout).to_string(),
-            ));
+            rows.push(("handler.timeout".into(), as_written(handler.timeout)));
             rows.push((
                 "handler.backoff".into(),
                 format!(
                     "{}, doubling up to {}",
-                    humantime::format_duration(handler.backoff),
-                    humantime::format_duration(handler.max_backoff)
+                    as_written(handler.backoff),
+                    as_written(handler.max_backoff)
                 ),
             ));
             rows.push((
                 "handler.concurrency".into(),
                 handler.concurrency.to_string(),
             ));
+            let hold = &handler.hold;
+            rows.push((
+                "handler.hold_after".into(),
+                match hold.hold_after {
+                    0 => "0: never hold".into(),
+                    n => format!("{n} different jobs failing in a row"),
+                },
+            ));
+            for (key, value) in [
+                ("handler.probe_interval", hold.probe_interval),
+                ("handler.max_probe_interval", hold.max_probe_interval),
+                ("handler.ramp", hold.ramp),
+            ] {
+                rows.push((key.into(), as_written(value)));
+            }
+            rows.push((
+                "handler.max_per_second".into(),
+                hold.max_per_second
+                    .map_or("no limit".into(), |rate| rate.to_string()),
+            ));
+            if matches!(handler.kind, HandlerKind::Command(_)) {
+                rows.push((
+                    "handler.content_exit_statuses".into(),
+                    format!("{:?}", hold.content_exit_statuses),
+                ));
+            }
         }
         None => rows.push(("handler".into(), "none: jobs stay claimed".into())),
     }
@@ -61,7 +86,7 @@ pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)
         ("retention.dedupe_ttl", retention.dedupe_ttl),
         ("retention.interval", retention.interval),
     ] {
-        rows.push((key.into(), humantime::format_duration(value).to_string()));
+        rows.push((key.into(), as_written(value)));
     }
     rows.push((
         "sume_api".into(),
@@ -78,8 +103,58 @@ pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)
         ));
         rows.push((
             "admin.due_job_limit".into(),
-            humantime::format_duration(admin.due_job_limit).to_string(),
+            as_written(admin.due_job_limit),
         ));
     }
     rows
+}
+
+/// A duration as the config file would say it, in the largest unit that holds it whole
+/// ("365d", "90m", "1500ms"): humantime's own form, "11months 30days 3h 50m 24s" for 365d,
+/// counts months of 30.44 days the file never used.
+fn as_written(duration: Duration) -> String {
+    const UNITS: [(&str, u128); 7] = [
+        ("d", 86_400_000_000_000),
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+        ("ns", 1),
+    ];
+    let nanos = duration.as_nanos();
+    if nanos == 0 {
+        return "0s".into();
+    }
+    let (unit, size) = UNITS
+        .into_iter()
+        .find(|(_, size)| nanos.is_multiple_of(*size))
+        .unwrap_or(("ns", 1));
+    format!("{}{unit}", nanos / size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_the_config_file_writes_them() {
+        for (written, shown) in [
+            ("365d", "365d"),
+            ("30d", "30d"),
+            ("24h", "1d"),
+            ("90m", "90m"),
+            ("1h 30m", "90m"),
+            ("5m", "5m"),
+            ("300s", "5m"),
+            ("2s", "2s"),
+            ("1500ms", "1500ms"),
+            ("0s", "0s"),
+        ] {
+            let duration = humantime::parse_duration(written).unwrap();
+            assert_eq!(as_written(duration), shown, "{written}");
+            // And the file would read it back as the same duration.
+            assert_eq!(humantime::parse_duration(shown).unwrap(), duration);
+        }
+    }
 }

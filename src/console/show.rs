@@ -33,7 +33,7 @@ impl Console {
             .as_slice()
         {
             [""] => self
-                .overview(viewer)
+                .overview(&viewer)
                 .await
                 .map(|(m, j)| ("Overview".into(), m, j, true)),
             ["jobs"] if !json && form_value(query, "job_id").is_some_and(|id| !id.is_empty()) => {
@@ -49,14 +49,14 @@ impl Console {
                 .await
                 .map(|(m, j)| ("Jobs".into(), m, j, false)),
             ["jobs", id] => self
-                .job(viewer, id, json)
+                .job(&viewer, id, json)
                 .await
                 .map(|(m, j)| ("Job".into(), m, j, false)),
             ["jobs", id, "body"] if !json => return self.body(id).await,
             ["dead"] => match self.dead_groups().await {
                 Ok(groups) => Ok((
                     "Dead letters".into(),
-                    pages::dead(viewer, &groups),
+                    pages::dead(&viewer, &groups),
                     serde_json::json!(groups),
                     false,
                 )),
@@ -134,7 +134,7 @@ impl Console {
             Ok((_, _, value, _)) if json => json_response(StatusCode::OK, &value),
             Ok((title, main, _, refresh)) => page(
                 StatusCode::OK,
-                pages::layout(&title, Some(viewer), refresh, main),
+                pages::layout(&title, Some(&viewer), refresh, main),
             ),
             Err(response) => *response,
         }
@@ -147,7 +147,7 @@ impl Console {
             .await
     }
 
-    async fn overview(&self, viewer: Viewer) -> Result<(Markup, serde_json::Value), Refused> {
+    async fn overview(&self, viewer: &Viewer) -> Result<(Markup, serde_json::Value), Refused> {
         let ledger = self
             .ledger_facts
             .get_or_read(|| health::read_ledger(&self.ledger))
@@ -256,7 +256,7 @@ impl Console {
 
     async fn job(
         &self,
-        viewer: Viewer,
+        viewer: &Viewer,
         id: &str,
         json: bool,
     ) -> Result<(Markup, serde_json::Value), Refused> {
