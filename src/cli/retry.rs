@@ -85,7 +85,12 @@ pub(super) async fn retry_group(ledger: &Ledger, signature: &str, yes: bool) -> 
     let (retried, refused) = ledger
         .retry_dead_group(signature, &actor(), ledger::now_ms())
         .await?;
-    println!("{retried} jobs of the group {signature:?} are queued to run again");
+    let (jobs, are) = if retried == 1 {
+        ("job", "is")
+    } else {
+        ("jobs", "are")
+    };
+    println!("{retried} {jobs} of the group {signature:?} {are} queued to run again");
     if refused > 0 {
         println!("{refused} could not be: retention purged their body, or they left the group");
     }

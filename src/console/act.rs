@@ -6,6 +6,7 @@ use hyper::{Response, StatusCode};
 
 use super::http::{decode, form_value, page, text, unavailable};
 use super::pages::{self, Viewer};
+use super::verdict::plural;
 use super::Console;
 use crate::actions::{Actions, JobAction, Refused};
 use crate::ledger::now_ms;
@@ -72,8 +73,11 @@ impl Console {
                 }
                 self.groups.forget().await;
                 tracing::info!(retried, refused, %by, signature = %Escaped(&signature), "dead-letter group retried in the console");
-                let mut message =
-                    format!("{retried} jobs of the group \"{signature}\" are queued to run again.");
+                let mut message = format!(
+                    "{} of the group \"{signature}\" {} queued to run again.",
+                    plural(retried as u64, "job", "jobs"),
+                    if retried == 1 { "is" } else { "are" }
+                );
                 if refused > 0 {
                     message.push_str(&format!(
                         " {refused} could not be: retention purged their body, or they left the group."

@@ -6,7 +6,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::session::Role;
-use super::verdict::{Level, Verdict};
+use super::verdict::{plural, Level, Verdict};
 use super::{assets, charts};
 use crate::ledger::{DeadGroup, Dispatch, DispatchStop, Expectation, JobDetail, JobPage, State};
 use crate::metrics::Snapshot;
@@ -185,12 +185,13 @@ pub fn overview(viewer: &Viewer, data: &Overview) -> Markup {
         }
         h2 { "Deliveries" }
         (charts::counts(&data.hour, &["claimed", "duplicate", "refused", "unavailable"], "Deliveries"))
-        p.muted { "Since start: " (data.totals.0) " claimed, " (data.totals.1) " duplicates, " (data.totals.2) " refused or unavailable." }
+        p.muted { "Since start: " (data.totals.0) " claimed, " (plural(data.totals.1, "duplicate", "duplicates")) ", " (data.totals.2) " refused or unavailable." }
         h2 { "Attempts" }
         (charts::counts(&data.hour, &["done", "failed", "dead"], "Attempts"))
         p.muted {
-            "Since start: " (data.maintenance.0) " leases taken back by the sweeper, "
-            (data.maintenance.1) " jobs recovered by polling Sume, " (data.maintenance.2) " expectations given up."
+            "Since start: " (plural(data.maintenance.0, "lease", "leases")) " taken back by the sweeper, "
+            (plural(data.maintenance.1, "job", "jobs")) " recovered by polling Sume, "
+            (plural(data.maintenance.2, "expectation", "expectations")) " given up."
         }
         h2 { "Acknowledgement latency" }
         p.muted { "From a verified delivery to its answer: the claim's commit on disk (Sume waits at most 10 s)." }
@@ -492,10 +493,10 @@ pub fn dead(viewer: &Viewer, groups: &[DeadGroup]) -> Markup {
 pub fn retry_group(signature: &str, count: usize) -> Markup {
     html! {
         h1 { "Retry a group of dead jobs" }
-        p { "The group " code { (signature) } " holds " strong { (count) } " dead jobs; each runs again unless retention purged its body." }
+        p { "The group " code { (signature) } " holds " strong { (plural(count as u64, "dead job", "dead jobs")) } "; each runs again unless retention purged its body." }
         form method="post" action="/console/dead/retry" data-confirm="Retry them all?" {
             input type="hidden" name="signature" value=(signature);
-            button type="submit" { "Retry " (count) " jobs" }
+            button type="submit" { "Retry " (plural(count as u64, "job", "jobs")) }
             " " a href="/console/dead" { "Back" }
         }
     }

@@ -96,7 +96,8 @@ impl Verdict {
     }
 }
 
-fn plural(count: u64, one: &str, many: &str) -> String {
+/// "1 job", "2 jobs".
+pub(super) fn plural(count: u64, one: &str, many: &str) -> String {
     format!("{count} {}", if count == 1 { one } else { many })
 }
 
