@@ -34,8 +34,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Generate(what) = cli.command {
         return cli::generate(what);
     }
-    let config = Config::load(&cli.config)?;
-    let serving = matches!(cli.command, Command::Serve);
+    let mut config = Config::load(&cli.config)?;
+    let serving = matches!(cli.command, Command::Serve { .. });
     logging::init(if serving { "info" } else { "warn" }, config.log.format);
     // The process's one runtime: the service's, or a command's.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -43,7 +43,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         match cli.command {
-            Command::Serve => serve(config).await,
+            Command::Serve { listen } => {
+                if let Some(listen) = listen {
+                    config.server.listen = listen;
+                }
+                serve(config).await
+            }
             command => cli::execute(command, &config).await,
         }
     })
@@ -54,7 +59,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let shutdown = shutdown_signal()?;
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
-        .with_context(|| format!("cannot listen on {} (server.listen)", config.server.listen))?;
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (server.listen or --listen)",
+                config.server.listen
+            )
+        })?;
     sume_receiver::run(config, listener, shutdown).await
 }
 

@@ -283,7 +283,7 @@ fn help(path: &[&str]) -> Help {
 }
 
 #[test]
-fn the_man_page_has_every_command_and_every_option() {
+fn the_man_page_and_the_command_line_page_have_every_command_and_every_option() {
     let output = Command::new(BINARY)
         .args(["generate", "man"])
         .output()
@@ -314,6 +314,11 @@ fn the_man_page_has_every_command_and_every_option() {
     }
     assert!(all.len() >= 20, "{} commands", all.len());
     let headings: BTreeSet<&str> = all.iter().map(|(name, _)| name.as_str()).collect();
+    let page = read("docs/command-line.md");
+    let page_rows: Vec<&str> = page
+        .lines()
+        .filter(|line| line.starts_with("| `"))
+        .collect();
     for (name, help) in &all {
         let start = lines
             .iter()
@@ -328,6 +333,13 @@ fn the_man_page_has_every_command_and_every_option() {
             assert!(
                 entry.contains(option.as_str()),
                 "{name}: no {option}\n{entry}"
+            );
+            // And docs/command-line.md has it in a row of that command, unless the row sends
+            // the reader elsewhere (`loadgen [...]`: the performance page).
+            let mut rows = page_rows.iter().filter(|row| row.contains(name.as_str()));
+            assert!(
+                rows.any(|row| row.contains(option.as_str()) || row.contains(" [...]`")),
+                "docs/command-line.md has no row of `{name}` with {option}"
             );
         }
         for argument in &help.arguments {

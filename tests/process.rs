@@ -221,6 +221,21 @@ async fn sigterm_right_after_the_port_opens_exits_cleanly() {
     }
 }
 
+/// `serve --listen ADDR` listens there, not on the config's `server.listen`: nothing on the
+/// command line could override it before.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_listen_overrides_the_configs_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let (configured, given) = (free_port(), free_port());
+    let config = write_config(dir.path(), configured, "", "");
+    let listen = format!("127.0.0.1:{given}");
+    let service = Service::start_with_args(&config, given, &["--listen", &listen]).await;
+    assert!(std::net::TcpStream::connect(("127.0.0.1", configured)).is_err());
+    let sender = Balancer::new(&[given]);
+    sender.deliver_until_acknowledged("on-the-given-port").await;
+    service.stop_cleanly().await;
+}
+
 /// Regression: `jobs redeliver ''`, `'.'` and `'..'` sent `POST /v1/jobs//webhook/redeliver` and
 /// `/v1/jobs/../webhook/redeliver` to Sume with the API key; ids with control characters were
 /// taken too. Every command refuses them with a usage error (exit 2) before doing anything.

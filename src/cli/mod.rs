@@ -47,7 +47,12 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the service: receive webhooks, claim them, run their handlers.
-    Serve,
+    Serve {
+        /// Listen on this address instead of the config's `server.listen` (a second receiver
+        /// on the same machine, a port taken).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+    },
     /// Validate the configuration file and exit.
     CheckConfig {
         /// Run as the service's user (the unit's ExecStartPre= and ExecReload=): a credential
@@ -220,7 +225,7 @@ pub enum JobsCommand {
 /// Runs a command that is not `serve`, on the process's runtime (`main.rs`).
 pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
     match command {
-        Command::Serve | Command::Generate(_) => unreachable!("started by main"),
+        Command::Serve { .. } | Command::Generate(_) => unreachable!("started by main"),
         Command::CheckConfig { strict } => {
             let unreadable = if strict {
                 sume_receiver::check::Unreadable::Error

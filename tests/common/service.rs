@@ -40,6 +40,15 @@ impl Service {
     }
 
     pub async fn start_with_env(config: &Path, port: u16, env: &[(&str, &str)]) -> Service {
+        Self::launch(config, port, &[], env).await
+    }
+
+    /// `serve` with more arguments (`--listen ADDR`); `port` is the one it will listen on.
+    pub async fn start_with_args(config: &Path, port: u16, args: &[&str]) -> Service {
+        Self::launch(config, port, args, &[]).await
+    }
+
+    async fn launch(config: &Path, port: u16, args: &[&str], env: &[(&str, &str)]) -> Service {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -48,6 +57,7 @@ impl Service {
         let child = Command::new(BINARY)
             .args(["serve", "--config"])
             .arg(config)
+            .args(args)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
