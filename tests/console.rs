@@ -782,5 +782,15 @@ async fn the_verdict_says_when_an_outage_holds_the_work() {
         "{:?}",
         server.state_of("held-1")
     );
+    // Once it ends the verdict is ok again; the overview keeps the hold's end for an hour.
+    let cli_config = common::service::write_config(server.dir.path(), free_port(), "", "");
+    let resumed = common::service::cli(&cli_config, &["jobs", "resume"]);
+    assert!(resumed.status.success(), "{resumed:?}");
+    let overview = html(&reader.get("/console/").await);
+    assert!(overview.contains("The last hold ended "), "{overview}");
+    assert!(overview.contains("(ended by cli:"), "{overview}");
+    let answer = reader.get("/console/api/").await;
+    let json: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!(json["last_hold_ended"]["kind"], "hold", "{json}");
     server.stop().await.0.unwrap();
 }

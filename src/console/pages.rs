@@ -111,6 +111,8 @@ pub struct Overview {
     pub hour: LastHour,
     pub refusals: usize,
     pub free_disk: Option<u64>,
+    /// The last hold that ended in the last hour, if any.
+    pub last_hold: Option<DispatchStop>,
 }
 
 fn bytes(value: u64) -> String {
@@ -154,6 +156,15 @@ pub fn overview(viewer: &Viewer, data: &Overview) -> Markup {
             p.banner.warn {
                 "Dispatch is paused (by " (dispatch.changed_by.as_deref().unwrap_or("?")) ", "
                 (time(dispatch.changed_at)) "): deliveries are claimed; no job runs."
+            }
+        }
+        @if let Some(hold) = &data.last_hold {
+            @let ended = hold.ended_at.unwrap_or(hold.started_at);
+            p.muted {
+                "The last hold ended " (time(Some(ended))) ", after " (duration_ms(ended - hold.started_at))
+                @if let Some(by) = &hold.ended_by { " (ended by " (by) ")" } @else { " (a probe succeeded)" }
+                @if let Some(reason) = &hold.reason { "; it opened for: " (reason) }
+                "."
             }
         }
         @if viewer.may_act {

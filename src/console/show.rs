@@ -1,5 +1,7 @@
 //! The console's pages read: each route's data from the ledger, drawn by `pages`, or as JSON.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{self, HeaderValue};
@@ -11,10 +13,14 @@ use super::pages::{self, Viewer};
 use super::{health, verdict};
 use super::{Console, GROUPS_SHOWN, MAX_PAGE_LIMIT, PAGE_LIMIT};
 use crate::ingest::json_response;
-use crate::ledger::{duration_ms, now_ms, Cursor, DeadGroup, JobFilter, State};
+use crate::ledger::{duration_ms, now_ms, Cursor, DeadGroup, JobFilter, State, StopKind};
 use crate::metrics::FilesystemSpace;
 use crate::metrics::METRICS;
 use crate::rollup::ROLLUP;
+
+/// The stops (pauses, holds) of the last hour the overview reads, oldest first: the last hold
+/// is missed only after more stops than this in one hour.
+const LAST_STOPS_READ: usize = 100;
 
 impl Console {
     /// A page, or its JSON twin under `/console/api/`.
@@ -154,6 +160,24 @@ impl Console {
             .await
             .ok();
         let dispatch = self.ledger.dispatch().await.ok();
+        // The last hold that ended in the hour: once it ends the verdict is ok again, and
+        // without this the overview kept no trace of it. One read of the stops' log by its
+        // start, at most LAST_STOPS_READ rows.
+        let now = now_ms();
+        let last_hold = self
+            .ledger
+            .dispatch_stops(
+                now - duration_ms(Duration::from_secs(3600)),
+                now,
+                LAST_STOPS_READ,
+            )
+            .await
+            .ok()
+            .and_then(|stops| {
+                stops
+                    .into_iter()
+                    .rfind(|stop| stop.kind == StopKind::Hold && stop.ended_at.is_some())
+            });
         let hour = ROLLUP.last_hour();
         let disk = self
             .ledger_dir
@@ -181,6 +205,7 @@ impl Console {
             maintenance: METRICS.maintenance_totals(),
             hour,
             refusals: self.refusals.recent().len(),
+            last_hold,
         };
         let json = serde_json::json!({
             "verdict": data.verdict.to_json(),
@@ -190,6 +215,7 @@ impl Console {
             "jobs": data.snapshot.as_ref().map(|s| s.jobs.clone()),
             "oldest_unfinished_age_seconds": data.snapshot.as_ref().map(|s| s.oldest_unfinished_age_seconds),
             "last_hour": data.hour,
+            "last_hold_ended": data.last_hold,
         });
         Ok((pages::overview(viewer, &data), json))
     }
