@@ -255,6 +255,21 @@ async fn the_console_works_in_a_real_browser_and_keeps_its_guard() {
         .await
         .unwrap()
         .contains(':'));
+    // Every scale label drawn in full inside its chart, as the browser lays it out ("129 ms"
+    // once showed as ".29 ms": its first digit left of the drawing's edge).
+    let lefts = client
+        .execute(
+            "return [...document.querySelectorAll('svg.chart text.scale')]
+                 .map(t => [t.textContent, t.getBBox().x]);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let lefts = lefts.as_array().unwrap();
+    assert!(lefts.len() >= 6, "{lefts:?}");
+    for label in lefts {
+        assert!(label[1].as_f64().unwrap() >= 0.0, "cut off: {label:?}");
+    }
     screenshot(&client, "overview").await;
 
     // Every page: rendered, nothing planted runs, and (below) not one CSP report.
