@@ -4,13 +4,18 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::config::{Config, HandlerKind, LedgerConfig};
+use std::time::{Duration, SystemTime};
+
+use crate::config::{Config, HandlerKind, LedgerConfig, TlsConfig};
+use crate::tls::certificate::Certificate;
 
 /// What the check found: errors stop `serve` (non-zero exit), warnings do not.
 #[derive(Debug, Default)]
 pub struct Findings {
     pub errors: Vec<String>,
     pub warnings: Vec<String>,
+    /// Facts worth seeing before a start (each listener's certificate).
+    pub notes: Vec<String>,
 }
 
 /// What a credential file this user cannot read is.
@@ -63,6 +68,15 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
             "admin.tokens",
             admin.named_tokens().map(drop),
         );
+    }
+    let admin_tls = config.admin.as_ref().and_then(|admin| admin.tls.as_ref());
+    for (table, tls) in [
+        ("server.tls", config.server.tls.as_ref()),
+        ("admin.tls", admin_tls),
+    ] {
+        if let Some(tls) = tls {
+            certificate(&mut findings, unreadable, table, tls, config);
+        }
     }
     match &config.database {
         // Not connected to here: `serve` says at start if the server cannot be reached.
@@ -134,6 +148,59 @@ fn credential(
     } else {
         findings.errors.push(format!("{what}: {error:#}"));
     }
+}
+
+/// A certificate left with less than this before it expires is worth a warning (the shipped
+/// alert `SumeCertificateExpiring` says the same).
+const CERTIFICATE_WARNING: Duration = Duration::from_secs(14 * 86_400);
+
+/// A listener's certificate and key: readable, a pair, fit to serve now, far enough from its
+/// expiry, and (on the admin listener) covering the host names the console answers to.
+fn certificate(
+    findings: &mut Findings,
+    unreadable: Unreadable,
+    table: &str,
+    tls: &TlsConfig,
+    config: &Config,
+) {
+    let loaded = Certificate::from_files(&tls.cert_file, &tls.key_file);
+    let about = match loaded {
+        Ok(loaded) => loaded.about,
+        Err(error) => return credential(findings, unreadable, table, Err(error)),
+    };
+    let now = SystemTime::now();
+    if let Some(problem) = about.unfit(now) {
+        findings
+            .errors
+            .push(format!("{table}: {}: {problem}", tls.cert_file.display()));
+    } else if about.remaining(now) < CERTIFICATE_WARNING {
+        findings.warnings.push(format!(
+            "{table}: the certificate expires in {} days ({}): renew it",
+            about.remaining(now).as_secs() / 86_400,
+            humantime::format_rfc3339_seconds(about.not_after)
+        ));
+    }
+    if table == "admin.tls" {
+        for host in config.admin.iter().flat_map(|admin| &admin.allowed_hosts) {
+            if !about.covers(host) {
+                findings.warnings.push(format!(
+                    "{table}: the certificate does not cover {host:?} (admin.allowed_hosts): a \
+                     browser asking for it is refused"
+                ));
+            }
+        }
+    }
+    findings.notes.push(format!(
+        "{table}: a certificate for {} issued by {}, valid until {} ({} days left)",
+        if about.names.is_empty() {
+            "no name".to_owned()
+        } else {
+            about.names.join(", ")
+        },
+        about.issuer,
+        humantime::format_rfc3339_seconds(about.not_after),
+        about.remaining(now).as_secs() / 86_400
+    ));
 }
 
 /// The ledger file (if it exists) and its directory (or the nearest existing ancestor, which

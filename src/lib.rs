@@ -42,6 +42,7 @@ mod service;
 pub mod signature;
 pub mod sweeper;
 mod throttle;
+mod tls;
 pub mod vacuum;
 pub mod worker;
 

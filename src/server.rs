@@ -27,6 +27,7 @@ use crate::ingest::{json_response, Ingest};
 use crate::ledger::{now_ms, Ledger, StorageError};
 use crate::metrics::{FilesystemSpace, Scrape, METRICS};
 use crate::throttle::Throttled;
+use crate::tls::Tls;
 use crate::worker::Queue;
 
 /// How long a scrape of `/metrics` waits for the ledger.
@@ -232,6 +233,20 @@ impl Tracked {
         }
     }
 
+    /// Runs `step` (a TLS handshake) unless the server asks the connection to drain or close
+    /// first: before its first request, a connection has nothing to finish.
+    async fn unless_asked<F: std::future::Future>(&self, step: F) -> Option<F::Output> {
+        let mut step = std::pin::pin!(step);
+        std::future::poll_fn(|cx| {
+            self.waker.register(cx.waker());
+            if self.asked() != Ask::Nothing {
+                return Poll::Ready(None);
+            }
+            step.as_mut().poll(cx).map(Some)
+        })
+        .await
+    }
+
     /// Serves `connection` until it ends or is asked to close; asked to drain, it finishes
     /// the request in progress (hyper's graceful shutdown of the connection).
     async fn serve<C: GracefulConnection>(&self, connection: C) -> Result<(), C::Error> {
@@ -316,10 +331,13 @@ pub fn error_response(status: StatusCode, message: &str) -> Response<Full<Bytes>
 
 /// Serves until `shutdown`, then stops accepting, lets each open connection finish the request
 /// it is in (one waiting for a request closes at once), and closes what is left after `grace`.
+/// With `tls`, each connection's handshake comes first, under `header_read_timeout`, holding
+/// its connection slot as a connection waiting for a head does (and shed like one).
 pub async fn serve<R: Router>(
     listener: TcpListener,
     app: Arc<R>,
     config: &ServerConfig,
+    tls: Option<Arc<Tls>>,
     shutdown: CancellationToken,
 ) {
     let mut builder = http1::Builder::new();
@@ -384,11 +402,27 @@ pub async fn serve<R: Router>(
                 }
             }
         });
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
         let open = open.clone();
+        let Some(tls) = &tls else {
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::spawn(async move {
+                if let Err(error) = tracked.serve(connection).await {
+                    tracing::debug!(%error, "connection ended with an error");
+                }
+                open.unregister(id);
+                drop(permit);
+            });
+            continue;
+        };
+        let (tls, builder) = (tls.clone(), builder.clone());
+        let handshake_deadline = config.header_read_timeout;
         tokio::spawn(async move {
-            if let Err(error) = tracked.serve(connection).await {
-                tracing::debug!(%error, "connection ended with an error");
+            let handshake = tracked.unless_asked(tls.handshake(stream, handshake_deadline));
+            if let Some(Some(stream)) = handshake.await {
+                let connection = builder.serve_connection(TokioIo::new(stream), service);
+                if let Err(error) = tracked.serve(connection).await {
+                    tracing::debug!(%error, "connection ended with an error");
+                }
             }
             open.unregister(id);
             drop(permit);

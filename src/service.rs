@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::acknowledged::RecentlyAcknowledged;
 use crate::admin::Admin;
-use crate::config::Config;
+use crate::config::{Config, TlsConfig};
 use crate::console::{Console, ReceiverHealth};
 use crate::duplicates::DuplicateTally;
 use crate::instance_lock::InstanceLock;
@@ -20,6 +20,7 @@ use crate::rollup::flush::RollupFlush;
 use crate::rollup::ROLLUP;
 use crate::server::{self, App};
 use crate::sweeper::Sweeper;
+use crate::tls::Tls;
 use crate::vacuum::Vacuum;
 use crate::worker::{self, Worker};
 use crate::{check, ingest, notify, process};
@@ -136,7 +137,7 @@ pub async fn run_on(
     let duplicates = Arc::new(DuplicateTally::default());
     tasks.spawn(duplicates.clone().run(ledger.clone(), stop.clone()));
     let seen_by_admin = (ledger.clone(), queue.clone(), refusals.clone());
-    if let Some(admin) = start_admin(&config, seen_by_admin, &stop).await? {
+    if let Some(admin) = start_admin(&config, seen_by_admin, &mut tasks, &stop).await? {
         tasks.spawn(admin);
     }
 
@@ -160,14 +161,16 @@ pub async fn run_on(
     ));
     tracing::info!(
         listen = %listener.local_addr()?,
+        https = config.server.tls.is_some(),
         webhook_path = %config.server.webhook_path,
         ledger = %ledger.location(),
         "sume-receiver listening"
     );
+    let tls = start_tls(config.server.tls.as_ref(), "webhook", &mut tasks, &stop)?;
     let server = tokio::spawn({
         let stop = stop.clone();
         let server_config = config.server.clone();
-        async move { server::serve(listener, app, &server_config, stop).await }
+        async move { server::serve(listener, app, &server_config, tls, stop).await }
     });
 
     tasks.spawn(notify::watchdog(ledger.clone(), stop.clone()));
@@ -249,19 +252,35 @@ async fn reload_secrets_on_hangup(config: Config, app: Arc<App>, stop: Cancellat
     }
 }
 
+/// A listener's TLS from its `[*.tls]` table, with the task that reloads its certificate.
+fn start_tls(
+    config: Option<&TlsConfig>,
+    listener: &'static str,
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<Arc<Tls>>> {
+    let Some(config) = config else {
+        return Ok(None);
+    };
+    let tls = Tls::from_config(config, listener)?;
+    tasks.spawn(tls.clone().watch(stop.clone()));
+    Ok(Some(tls))
+}
+
 /// Binds the admin listener when `[admin]` has a token; returns the server to spawn.
 async fn start_admin(
     config: &Config,
     (ledger, queue, refusals): (Arc<Ledger>, Option<worker::Queue>, Arc<Refusals>),
+    tasks: &mut tokio::task::JoinSet<()>,
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<impl Future<Output = ()> + use<>>> {
-    let Some(admin) = &config.admin else {
+    let Some(admin_config) = &config.admin else {
         return Ok(None);
     };
-    let Some(token) = admin.token()? else {
+    let Some(token) = admin_config.token()? else {
         return Ok(None);
     };
-    let address = admin.listen;
+    let address = admin_config.listen;
     let listener = TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen on {address} (admin.listen)"))?;
@@ -273,8 +292,8 @@ async fn start_admin(
             queue: queue.clone(),
         }),
         token.clone(),
-        admin.read_token()?,
-        admin.named_tokens()?,
+        admin_config.read_token()?,
+        admin_config.named_tokens()?,
     );
     let admin = Arc::new(Admin {
         ledger,
@@ -284,9 +303,10 @@ async fn start_admin(
         refusals,
         console,
     });
-    tracing::info!(listen = %address, "admin listener on");
+    let tls = start_tls(admin_config.tls.as_ref(), "admin", tasks, stop)?;
+    tracing::info!(listen = %address, https = tls.is_some(), "admin listener on");
     let (server_config, stop) = (config.server.clone(), stop.clone());
     Ok(Some(async move {
-        server::serve(listener, admin, &server_config, stop).await
+        server::serve(listener, admin, &server_config, tls, stop).await
     }))
 }

@@ -170,7 +170,8 @@ pub enum JobsCommand {
     Replay {
         /// The job's id, as Sume sends it (`job_id` in the delivery).
         job_id: JobId,
-        /// An HTTP handler: POST the body to this http:// URL.
+        /// An HTTP handler: POST the body to this http:// or https:// URL (https trusts the
+        /// system's CAs and the configured `handler.ca_file`).
         #[arg(long)]
         url: Option<String>,
         /// A command handler, after `--`: the program and its arguments (the body on stdin).
@@ -228,6 +229,9 @@ pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
                 sume_receiver::check::Unreadable::Warning
             };
             let findings = sume_receiver::check::check(config, unreadable);
+            for note in &findings.notes {
+                println!("{note}");
+            }
             for warning in &findings.warnings {
                 println!("warning: {warning}");
             }
@@ -455,7 +459,11 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
             url,
             command,
             timeout,
-        } => replay(ledger, &job_id, url, command, timeout).await?,
+        } => {
+            // The configured handler's CA, for a replay to the same https downstream.
+            let ca_file = config.handler.as_ref().and_then(|h| h.ca_file.as_deref());
+            replay(ledger, &job_id, (url, command), timeout, ca_file).await?
+        }
         JobsCommand::RunNow { job_id } => {
             if !ledger
                 .run_now(job_id.as_str(), &actor(), ledger::now_ms())
@@ -521,9 +529,9 @@ async fn refusal(ledger: &Ledger, job_id: &JobId, applies_to: &str) -> anyhow::E
 async fn replay(
     ledger: &Ledger,
     job_id: &JobId,
-    url: Option<String>,
-    command: Vec<String>,
+    (url, command): (Option<String>, Vec<String>),
     timeout: std::time::Duration,
+    ca_file: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     use sume_receiver::config::HandlerKind;
     use sume_receiver::handler::{AttemptError, Handler};
@@ -546,7 +554,7 @@ async fn replay(
         source: ledger::Source::parse(&job.summary.source),
         body,
     };
-    let handler = Handler::new(kind.clone())?;
+    let handler = Handler::new(kind.clone(), ca_file)?;
     let started = std::time::Instant::now();
     let result = handler
         .run(

@@ -13,15 +13,17 @@ mod handler;
 mod parsing;
 mod secret;
 mod sume_api;
+mod tls;
 
 pub use database::{
     CheckAtStart, LedgerConfig, PostgresConfig, PostgresUrl, PostgresUrlSource, SqliteConfig,
     Synchronous,
 };
-pub use handler::{HandlerConfig, HandlerKind, HoldConfig};
+pub use handler::{HandlerConfig, HandlerKind, HandlerUrl, HoldConfig};
 use parsing::{describe_toml_error, duration, DAY_SECS};
 pub use secret::Secret;
 pub use sume_api::{AdminConfig, NamedToken, SumeApiConfig, TokenRole, DEFAULT_DUE_JOB_LIMIT};
+pub use tls::TlsConfig;
 
 pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
 /// The secret of the example config and the README's quick start: public, so never live on a
@@ -83,6 +85,8 @@ pub struct ServerConfig {
     pub max_inflight_body_bytes: usize,
     /// Serve `/metrics` on this (public) listener too; the admin listener always serves it.
     pub expose_metrics: bool,
+    /// `[server.tls]`: HTTPS instead of plain HTTP.
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +104,7 @@ impl Default for ServerConfig {
             max_connections: 1024,
             max_inflight_body_bytes: 64 * 1024 * 1024,
             expose_metrics: true,
+            tls: None,
         }
     }
 }
@@ -311,6 +316,23 @@ impl Config {
                  README: fine for a try on loopback, refused on any other address"
             ));
         }
+        if !self.server.listen.ip().is_loopback() && self.server.tls.is_none() {
+            warnings.push(format!(
+                "server.listen {} is not a loopback address and [server.tls] is not set: \
+                 deliveries cross the network in clear unless a TLS proxy is in front",
+                self.server.listen
+            ));
+        }
+        if let Some(HandlerKind::Url(url)) = self.handler.as_ref().map(|handler| &handler.kind) {
+            let basic = HandlerUrl::parse(url).is_ok_and(|target| target.basic_auth.is_some());
+            if basic && url.starts_with("http:") {
+                warnings.push(
+                    "handler.url: its user:password@ is sent as Basic credentials over plain \
+                     http, readable on the way: use https"
+                        .to_owned(),
+                );
+            }
+        }
         if let Some(admin) = &self.admin {
             if admin.token_file.is_none() {
                 warnings.push("[admin] has no token_file: the admin listener is off".into());
@@ -326,6 +348,10 @@ impl Config {
 
     fn resolve_paths(&mut self, base_dir: &Path) {
         self.database.resolve_paths(base_dir);
+        let admin_tls = self.admin.as_mut().and_then(|admin| admin.tls.as_mut());
+        for tls in [self.server.tls.as_mut(), admin_tls].into_iter().flatten() {
+            tls.resolve_paths(base_dir);
+        }
         let (admin_token, admin_read_token) = match self.admin.as_mut() {
             Some(admin) => (admin.token_file.as_mut(), admin.read_token_file.as_mut()),
             None => (None, None),
@@ -339,12 +365,21 @@ impl Config {
         for file in files.into_iter().flatten() {
             *file = base_dir.join(&*file);
         }
+        if let Some(ca_file) = self.handler.as_mut().and_then(|h| h.ca_file.as_mut()) {
+            *ca_file = base_dir.join(&*ca_file);
+        }
         for token in self.admin.iter_mut().flat_map(|admin| &mut admin.tokens) {
             token.file = base_dir.join(&token.file);
         }
     }
 
     fn validate(&self, problems: &mut Vec<String>) {
+        if let Some(tls) = &self.server.tls {
+            tls.validate("server.tls", problems);
+        }
+        if let Some(tls) = self.admin.as_ref().and_then(|admin| admin.tls.as_ref()) {
+            tls.validate("admin.tls", problems);
+        }
         if let Some(admin) = &self.admin {
             problems.extend(admin.token_problems());
             if admin.due_job_limit.is_zero() {

@@ -92,6 +92,9 @@ pub struct AdminConfig {
     /// this to start (the shipped alert `SumeDueJobsWaiting` has its own threshold).
     #[serde(default = "default_due_job_limit", deserialize_with = "duration")]
     pub due_job_limit: Duration,
+    /// `[admin.tls]`: the console and the admin API over HTTPS (and the console's cookie
+    /// `Secure`).
+    pub tls: Option<super::TlsConfig>,
 }
 
 /// One `[[admin.tokens]]` entry.

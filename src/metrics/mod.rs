@@ -6,9 +6,11 @@
 //! labels, not the types of the modules that record into it.
 
 mod host;
+mod tls;
 
 pub use host::FilesystemSpace;
 use host::ProcessStats;
+pub use tls::TlsMetrics;
 
 use crate::rollup::{Series, Timing, ROLLUP};
 use std::sync::{LazyLock, Mutex};
@@ -165,6 +167,7 @@ pub struct Metrics {
     process_memory: Gauge,
     process_fds: Gauge,
     process_cpu: Counter<f64, std::sync::atomic::AtomicU64>,
+    pub tls: TlsMetrics,
     /// Scrapes set the snapshot gauges, then encode: one at a time.
     scrape: Mutex<()>,
 }
@@ -214,10 +217,12 @@ impl Metrics {
             process_memory: Gauge::default(),
             process_fds: Gauge::default(),
             process_cpu: Counter::default(),
+            tls: TlsMetrics::default(),
             scrape: Mutex::new(()),
             registry: Registry::default(),
         };
         let m = &metrics;
+        m.tls.register(&mut registry);
         registry.register(
             "sume_deliveries",
             "Webhook deliveries by the answer they got (outcome)",

@@ -52,7 +52,7 @@ async fn a_failed_start_is_left_to_the_sweeper_once_its_job_is_no_longer_held() 
     assert!(queue.enqueue(&job_id));
     let run = JobRun {
         ledger,
-        handler: Arc::new(Handler::new(config.kind.clone()).unwrap()),
+        handler: Arc::new(Handler::new(config.kind.clone(), None).unwrap()),
         config,
         lease_slack: Duration::ZERO,
         queue: queue.clone(),
