@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use std::time::{Duration, SystemTime};
 
-use crate::config::{Config, HandlerKind, LedgerConfig, TlsConfig};
+use anyhow::Context;
+
+use crate::config::{CertificateSource, Config, HandlerKind, LedgerConfig, TlsConfig};
 use crate::tls::certificate::Certificate;
 
 /// What the check found: errors stop `serve` (non-zero exit), warnings do not.
@@ -155,7 +157,8 @@ fn credential(
 const CERTIFICATE_WARNING: Duration = Duration::from_secs(14 * 86_400);
 
 /// A listener's certificate and key: readable, a pair, fit to serve now, far enough from its
-/// expiry, and (on the admin listener) covering the host names the console answers to.
+/// expiry, and (on the admin listener) covering the host names the console answers to. An
+/// ACME listener: its cache directory writable, its directory's CA file readable.
 fn certificate(
     findings: &mut Findings,
     unreadable: Unreadable,
@@ -163,8 +166,36 @@ fn certificate(
     tls: &TlsConfig,
     config: &Config,
 ) {
-    let loaded = Certificate::from_files(&tls.cert_file, &tls.key_file);
-    let about = match loaded {
+    let (cert_file, key_file) = match tls.source() {
+        CertificateSource::Files { cert, key } => (cert, key),
+        CertificateSource::Acme(acme) => {
+            if let Err(error) = directory_writable(&acme.cache_dir) {
+                findings
+                    .errors
+                    .push(format!("{table}.acme.cache_dir: {error}"));
+            }
+            if let Some(ca_file) = &acme.directory_ca_file {
+                let read = std::fs::read(ca_file)
+                    .map(drop)
+                    .with_context(|| format!("cannot read {}", ca_file.display()));
+                credential(
+                    findings,
+                    unreadable,
+                    &format!("{table}.acme.directory_ca_file"),
+                    read,
+                );
+            }
+            findings.notes.push(format!(
+                "{table}: certificates for {} from the ACME directory {} ({:?}), kept in {}",
+                acme.domains.join(", "),
+                acme.directory,
+                acme.challenge,
+                acme.cache_dir.display()
+            ));
+            return;
+        }
+    };
+    let about = match Certificate::from_files(cert_file, key_file) {
         Ok(loaded) => loaded.about,
         Err(error) => return credential(findings, unreadable, table, Err(error)),
     };
@@ -172,7 +203,7 @@ fn certificate(
     if let Some(problem) = about.unfit(now) {
         findings
             .errors
-            .push(format!("{table}: {}: {problem}", tls.cert_file.display()));
+            .push(format!("{table}: {}: {problem}", cert_file.display()));
     } else if about.remaining(now) < CERTIFICATE_WARNING {
         findings.warnings.push(format!(
             "{table}: the certificate expires in {} days ({}): renew it",
@@ -203,6 +234,19 @@ fn certificate(
     ));
 }
 
+/// A directory this user can write in, or the nearest existing ancestor it would be made in.
+fn directory_writable(dir: &Path) -> Result<(), String> {
+    let existing = nearest_existing(dir.to_owned());
+    if accessible(&existing, libc::W_OK | libc::X_OK) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is not writable by this user",
+            existing.display()
+        ))
+    }
+}
+
 /// The ledger file (if it exists) and its directory (or the nearest existing ancestor, which
 /// `serve` would create it in) must be writable by this user.
 fn ledger_directory_writable(ledger: &Path) -> Result<(), String> {
@@ -216,12 +260,7 @@ fn ledger_directory_writable(ledger: &Path) -> Result<(), String> {
     if dir.as_os_str().is_empty() {
         dir = PathBuf::from(".");
     }
-    while !dir.exists() {
-        match dir.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => dir = parent.to_owned(),
-            _ => break,
-        }
-    }
+    let dir = nearest_existing(dir);
     if !accessible(&dir, libc::W_OK | libc::X_OK) {
         return Err(format!(
             "database.path: cannot create the ledger or its WAL in {}: not writable by this user",
@@ -229,6 +268,19 @@ fn ledger_directory_writable(ledger: &Path) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// `dir`, or the nearest of its ancestors that exists (where `serve` would create it).
+fn nearest_existing(mut dir: PathBuf) -> PathBuf {
+    while !dir.exists() {
+        match dir.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => dir = parent.to_owned(),
+            // A bare name is in the working directory.
+            Some(_) => return PathBuf::from("."),
+            None => break,
+        }
+    }
+    dir
 }
 
 /// The program a handler names: a path, or a name looked up in PATH like the service does.

@@ -35,12 +35,31 @@ pub fn new_client() -> HttpClient {
 /// A client whose https trusts the system's CA certificates and those in `ca_file` (PEM): a
 /// private CA's. Certificates are always verified.
 pub fn client_trusting(ca_file: Option<&Path>) -> anyhow::Result<HttpClient> {
-    let Some(ca_file) = ca_file else {
-        return Ok(new_client());
-    };
+    match ca_file {
+        None => Ok(new_client()),
+        Some(_) => Ok(Client::builder(TokioExecutor::new()).build(connector_trusting(ca_file)?)),
+    }
+}
+
+/// The connector of [`client_trusting`], for a client with another body type.
+pub fn connector_trusting(ca_file: Option<&Path>) -> anyhow::Result<HttpsConnector<HttpConnector>> {
     let mut roots = rustls::RootCertStore::empty();
     // Unreadable system certificates leave the CA file's alone, which may be all it needs.
     roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+    if let Some(ca_file) = ca_file {
+        add_ca_file(&mut roots, ca_file)?;
+    }
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .build())
+}
+
+fn add_ca_file(roots: &mut rustls::RootCertStore, ca_file: &Path) -> anyhow::Result<()> {
     let pem = std::fs::read(ca_file)
         .with_context(|| format!("cannot read the CA file {}", ca_file.display()))?;
     let mut added = 0;
@@ -55,15 +74,7 @@ pub fn client_trusting(ca_file: Option<&Path>) -> anyhow::Result<HttpClient> {
     if added == 0 {
         anyhow::bail!("{}: no certificate in it", ca_file.display());
     }
-    let tls = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Ok(Client::builder(TokioExecutor::new()).build(connector))
+    Ok(())
 }
 
 /// A completed exchange: the status, headers and the first `max_body` bytes of the answer.

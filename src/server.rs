@@ -27,7 +27,7 @@ use crate::ingest::{json_response, Ingest};
 use crate::ledger::{now_ms, Ledger, StorageError};
 use crate::metrics::{FilesystemSpace, Scrape, METRICS};
 use crate::throttle::Throttled;
-use crate::tls::Tls;
+use crate::tls::{HttpChallenges, Tls};
 use crate::worker::Queue;
 
 /// How long a scrape of `/metrics` waits for the ledger.
@@ -79,6 +79,23 @@ impl Router for App {
         match Box::pin(operational(&self.ledger, self.ingest.queue(), &request)).await {
             Some(response) => response,
             None => error_response(StatusCode::NOT_FOUND, "not found"),
+        }
+    }
+}
+
+/// The http-01 listener of an ACME certificate: the open challenges' answers, nothing else.
+impl Router for HttpChallenges {
+    async fn route(&self, request: Request<Incoming>, _peer: SocketAddr) -> Response<Full<Bytes>> {
+        match self.answer(request.uri().path()) {
+            Some(answer) if request.method() == Method::GET => {
+                let mut response = Response::new(Full::new(Bytes::from(answer)));
+                response.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("application/octet-stream"),
+                );
+                response
+            }
+            _ => error_response(StatusCode::NOT_FOUND, "not found"),
         }
     }
 }

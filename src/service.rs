@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::acknowledged::RecentlyAcknowledged;
 use crate::admin::Admin;
-use crate::config::{Config, TlsConfig};
+use crate::config::{Config, ServerConfig, TlsConfig};
 use crate::console::{Console, ReceiverHealth};
 use crate::duplicates::DuplicateTally;
 use crate::instance_lock::InstanceLock;
@@ -166,7 +166,13 @@ pub async fn run_on(
         ledger = %ledger.location(),
         "sume-receiver listening"
     );
-    let tls = start_tls(config.server.tls.as_ref(), "webhook", &mut tasks, &stop)?;
+    let tls = start_tls(
+        config.server.tls.as_ref(),
+        ("webhook", &config.server),
+        &mut tasks,
+        &stop,
+    )
+    .await?;
     let server = tokio::spawn({
         let stop = stop.clone();
         let server_config = config.server.clone();
@@ -252,10 +258,11 @@ async fn reload_secrets_on_hangup(config: Config, app: Arc<App>, stop: Cancellat
     }
 }
 
-/// A listener's TLS from its `[*.tls]` table, with the task that reloads its certificate.
-fn start_tls(
+/// A listener's TLS from its `[*.tls]` table, with the task that keeps its certificate
+/// current and, for ACME's http-01, the listener that answers the CA.
+async fn start_tls(
     config: Option<&TlsConfig>,
-    listener: &'static str,
+    (listener, server_config): (&'static str, &ServerConfig),
     tasks: &mut tokio::task::JoinSet<()>,
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<Arc<Tls>>> {
@@ -263,7 +270,17 @@ fn start_tls(
         return Ok(None);
     };
     let tls = Tls::from_config(config, listener)?;
-    tasks.spawn(tls.clone().watch(stop.clone()));
+    if let Some((address, challenges)) = tls.http_challenges() {
+        let http = TcpListener::bind(address).await.with_context(|| {
+            format!("cannot listen on {address} (tls.acme.http_listen, for http-01)")
+        })?;
+        tracing::info!(listen = %address, "ACME http-01 listener on");
+        let (server_config, stop) = (server_config.clone(), stop.clone());
+        tasks.spawn(
+            async move { server::serve(http, challenges, &server_config, None, stop).await },
+        );
+    }
+    tasks.spawn(tls.clone().maintain(stop.clone()));
     Ok(Some(tls))
 }
 
@@ -303,7 +320,13 @@ async fn start_admin(
         refusals,
         console,
     });
-    let tls = start_tls(admin_config.tls.as_ref(), "admin", tasks, stop)?;
+    let tls = start_tls(
+        admin_config.tls.as_ref(),
+        ("admin", &config.server),
+        tasks,
+        stop,
+    )
+    .await?;
     tracing::info!(listen = %address, https = tls.is_some(), "admin listener on");
     let (server_config, stop) = (config.server.clone(), stop.clone());
     Ok(Some(async move {

@@ -23,7 +23,7 @@ pub use handler::{HandlerConfig, HandlerKind, HandlerUrl, HoldConfig};
 use parsing::{describe_toml_error, duration, DAY_SECS};
 pub use secret::Secret;
 pub use sume_api::{AdminConfig, NamedToken, SumeApiConfig, TokenRole, DEFAULT_DUE_JOB_LIMIT};
-pub use tls::TlsConfig;
+pub use tls::{AcmeChallenge, AcmeConfig, CertificateSource, TlsConfig, LETS_ENCRYPT};
 
 pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
 /// The secret of the example config and the README's quick start: public, so never live on a
@@ -379,6 +379,13 @@ impl Config {
         }
         if let Some(tls) = self.admin.as_ref().and_then(|admin| admin.tls.as_ref()) {
             tls.validate("admin.tls", problems);
+            if tls.acme.is_some() {
+                problems.push(
+                    "admin.tls.acme: the admin listener takes certificate files only (a CA \
+                     validates the public port); give it cert_file and key_file"
+                        .to_owned(),
+                );
+            }
         }
         if let Some(admin) = &self.admin {
             problems.extend(admin.token_problems());

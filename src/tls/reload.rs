@@ -6,18 +6,26 @@
 //! watch of inodes, which misses the last two.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use super::{load, Tls};
+use super::certificate::Certificate;
+use super::{table, CertificateStore};
 use crate::metrics::METRICS;
 
 /// The key and the certificate are written at different moments: a change that does not load
 /// is read once more after this, before it counts as a failure.
 const SETTLE: Duration = Duration::from_secs(1);
+
+/// A listener's certificate and key files.
+pub(super) struct Files {
+    cert: PathBuf,
+    key: PathBuf,
+    watch_interval: Duration,
+}
 
 /// What a path leads to, and when that was last written: equal while the file is unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,23 +50,40 @@ fn fingerprint(path: &Path) -> Option<Fingerprint> {
 
 /// Why the files were read again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cause {
+enum Cause {
     /// SIGHUP (`systemctl reload`).
     Asked,
     /// One of the files changed.
     Changed,
 }
 
-impl Tls {
+impl Files {
+    pub(super) fn new(cert: &Path, key: &Path, watch_interval: Duration) -> Files {
+        Files {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            watch_interval,
+        }
+    }
+
+    /// The pair as the files have it now, if it loads and is fit to serve.
+    pub(super) fn load(&self, listener: &'static str) -> anyhow::Result<Certificate> {
+        Certificate::from_files(&self.cert, &self.key)
+            .and_then(super::fit)
+            .with_context(|| format!("[{}]", table(listener)))
+    }
+
     fn fingerprints(&self) -> [Option<Fingerprint>; 2] {
-        [
-            fingerprint(&self.config.cert_file),
-            fingerprint(&self.config.key_file),
-        ]
+        [fingerprint(&self.cert), fingerprint(&self.key)]
     }
 
     /// Reads the files again on SIGHUP and whenever they change, until `stop`.
-    pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
+    pub(super) async fn watch(
+        &self,
+        store: &CertificateStore,
+        listener: &'static str,
+        stop: CancellationToken,
+    ) {
         use tokio::signal::unix::{signal, SignalKind};
         let mut hangups = signal(SignalKind::hangup())
             .inspect_err(|error| {
@@ -66,7 +91,7 @@ impl Tls {
             })
             .ok();
         let mut seen = self.fingerprints();
-        let mut ticker = tokio::time::interval(self.config.watch_interval);
+        let mut ticker = tokio::time::interval(self.watch_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
         loop {
@@ -80,14 +105,14 @@ impl Tls {
                 continue;
             }
             seen = now;
-            let loaded = self.reload_once(cause, cause == Cause::Asked);
+            let loaded = self.reload_once(store, listener, cause, cause == Cause::Asked);
             if loaded.is_err() && cause == Cause::Changed {
                 tokio::select! {
                     () = tokio::time::sleep(SETTLE) => {}
                     () = stop.cancelled() => break,
                 }
                 seen = self.fingerprints();
-                let _ = self.reload_once(cause, true);
+                let _ = self.reload_once(store, listener, cause, true);
             }
         }
     }
@@ -95,13 +120,17 @@ impl Tls {
     /// Reads the pair again and serves it from the next handshake on, if it loads and is fit
     /// to serve; otherwise the one in use stays. With `report`, a failure is logged and
     /// counted (a change may be read again first: see `SETTLE`).
-    pub fn reload_once(&self, cause: Cause, report: bool) -> anyhow::Result<()> {
-        let listener = self.listener;
-        match load(&self.config, listener) {
+    fn reload_once(
+        &self,
+        store: &CertificateStore,
+        listener: &'static str,
+        cause: Cause,
+        report: bool,
+    ) -> anyhow::Result<()> {
+        match self.load(listener) {
             Ok(certificate) => {
                 let about = certificate.about.clone();
-                self.store.replace(certificate);
-                METRICS.tls.set_expiry(listener, about.not_after_unix());
+                store.replace(listener, certificate);
                 tracing::info!(
                     listener,
                     cause = ?cause,
@@ -114,12 +143,12 @@ impl Tls {
             Err(error) => {
                 if report {
                     METRICS.tls.record_certificate_failure(listener, "reload");
-                    let serving = self.about();
+                    let serving = store.current().map(|current| current.about.not_after);
                     tracing::error!(
                         listener,
                         cause = ?cause,
                         error = format!("{error:#}"),
-                        serving_not_after = %humantime::format_rfc3339_seconds(serving.not_after),
+                        serving_not_after = %serving.map(humantime::format_rfc3339_seconds).map(|at| at.to_string()).unwrap_or_default(),
                         "TLS certificate reload failed; the certificate in use keeps serving"
                     );
                 }
