@@ -108,7 +108,14 @@ pub async fn send(
 ) -> Result<Answer, SendError> {
     let exchange = async {
         let response = client.request(request).await.map_err(|e| {
-            let text = format!("request failed: {e:#}");
+            // hyper-util's error says only "client error (Connect)": the cause (refused, no
+            // such host, a certificate not trusted) is in its sources.
+            let mut text = format!("request failed: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                text.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
             if e.is_connect() {
                 SendError::Unreachable(text)
             } else {

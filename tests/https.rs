@@ -241,3 +241,80 @@ async fn deliveries_under_load_lose_nothing_across_certificate_swaps() {
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn an_https_handler_is_verified_and_its_userinfo_sent_as_basic_credentials() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let ca = TestCa::new();
+    let downstream = common::tls::HttpsDownstream::start(&ca.leaf()).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("downstream-ca.pem"), &ca.pem).unwrap();
+    let url = format!("https://hook%40user:p%40ss:w0rd@{}/hook?x=1", downstream.address);
+    let handler = |ca_file: &str| {
+        format!(
+            "[handler]\nurl = \"{url}\"\n{ca_file}max_attempts = 1\nhold_after = 0\n"
+        )
+    };
+    let server = TestServer::start_in(dir, &handler("ca_file = \"downstream-ca.pem\"\n")).await;
+    assert_eq!(server.deliver(&job_body("to-https")).await.status, 200);
+    assert!(
+        eventually(Duration::from_secs(10), || server.state_of("to-https").as_deref() == Some("done")).await,
+        "state {:?}",
+        server.state_of("to-https")
+    );
+    let seen = downstream.seen.lock().unwrap().clone();
+    // "hook@user:p@ss:w0rd", decoded, in Basic; no userinfo on the request line.
+    assert_eq!(
+        seen,
+        vec![(
+            "/hook?x=1".to_owned(),
+            Some("Basic aG9va0B1c2VyOnBAc3M6dzByZA==".to_owned())
+        )]
+    );
+    server.stop().await.0.unwrap();
+
+    // Without the CA: the certificate is not trusted, and the attempt fails saying so.
+    let server = TestServer::start(&handler("")).await;
+    assert_eq!(server.deliver(&job_body("untrusted")).await.status, 200);
+    assert!(
+        eventually(Duration::from_secs(10), || server.state_of("untrusted").as_deref() == Some("dead")).await,
+        "state {:?}",
+        server.state_of("untrusted")
+    );
+    let error = server.value(
+        "SELECT last_error FROM jobs WHERE job_id = ?1",
+        &["untrusted"],
+    );
+    assert!(error.to_string().contains("certificate"), "{error}");
+    assert_eq!(downstream.seen.lock().unwrap().len(), 1, "nothing sent unverified");
+    server.stop().await.0.unwrap();
+}
+
+#[tokio::test]
+async fn the_admin_listener_speaks_https_from_its_own_files() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let ca = TestCa::new();
+    let dir = tempfile::tempdir().unwrap();
+    let admin_dir = dir.path().join("admin");
+    std::fs::create_dir(&admin_dir).unwrap();
+    ca.leaf().install(&admin_dir);
+    std::fs::write(dir.path().join("admin_token"), "an-admin-token-of-32-characters-x").unwrap();
+    let admin_port = free_port();
+    let server = TestServer::start_in(
+        dir,
+        &format!(
+            "[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n\
+             [admin.tls]\ncert_file = \"admin/cert.pem\"\nkey_file = \"admin/key.pem\"\n"
+        ),
+    )
+    .await;
+    let address: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().unwrap();
+    let mut admin = connect(address, "localhost", &ca.pem).await.unwrap();
+    assert_eq!(health_on(&mut admin).await, "HTTP/1.1 200 OK");
+    let mut plain = tokio::net::TcpStream::connect(address).await.unwrap();
+    plain.write_all(b"GET /healthz HTTP/1.1\r\n\r\n").await.unwrap();
+    let mut answer = String::new();
+    plain.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    server.stop().await.0.unwrap();
+}

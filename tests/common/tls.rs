@@ -130,3 +130,53 @@ pub async fn health_on(stream: &mut TlsStream<TcpStream>) -> String {
     let text = String::from_utf8_lossy(&answer[..read]).into_owned();
     text.lines().next().unwrap_or_default().to_owned()
 }
+
+/// A downstream HTTPS server that answers `200` to every request and keeps what it saw: the
+/// request target and the `Authorization` header of each.
+pub struct HttpsDownstream {
+    pub address: SocketAddr,
+    pub seen: Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>,
+}
+
+impl HttpsDownstream {
+    pub async fn start(pair: &Pair) -> HttpsDownstream {
+        use rustls::pki_types::PrivateKeyDer;
+        let chain = vec![CertificateDer::from_pem_slice(pair.cert.as_bytes()).unwrap()];
+        let key = PrivateKeyDer::from_pem_slice(pair.key.as_bytes()).unwrap();
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (acceptor, kept) = (acceptor.clone(), kept.clone());
+                tokio::spawn(async move {
+                    let Ok(stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                        let authorization = request
+                            .headers()
+                            .get(hyper::header::AUTHORIZATION)
+                            .map(|value| value.to_str().unwrap().to_owned());
+                        kept.lock().unwrap().push((request.uri().to_string(), authorization));
+                        async {
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                                http_body_util::Full::new(bytes::Bytes::from_static(b"ok")),
+                            ))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        HttpsDownstream { address, seen }
+    }
+}
