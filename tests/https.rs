@@ -45,7 +45,13 @@ async fn a_delivery_over_https_is_claimed_and_curl_agrees() {
         let output = tokio::process::Command::new("curl")
             .args(["-sS", "--cacert"])
             .arg(&ca_file)
-            .args([version, "--tls-max", max, "-w", " %{http_code} %{http_version}"])
+            .args([
+                version,
+                "--tls-max",
+                max,
+                "-w",
+                " %{http_code} %{http_version}",
+            ])
             .arg(format!("https://{}/healthz", server.addr))
             .output()
             .await
@@ -76,12 +82,18 @@ async fn plain_http_and_unknown_names_are_refused_at_once() {
     // A name the certificate does not cover: a handshake alert, not a certificate to doubt.
     let refused = connect(server.addr, "other.example", &ca.pem).await;
     assert!(refused.is_err(), "a handshake for a name it does not cover");
-    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
     let metrics = server.metrics().await;
     let refused = |reason: &str| {
         metric(
             &metrics,
-            &format!("sume_tls_handshakes_refused_total{{listener=\"webhook\",reason=\"{reason}\"}}"),
+            &format!(
+                "sume_tls_handshakes_refused_total{{listener=\"webhook\",reason=\"{reason}\"}}"
+            ),
         )
     };
     assert_eq!(refused("plain_http"), 1.0, "{metrics}");
@@ -155,7 +167,11 @@ async fn new_files_are_served_from_the_next_handshake_and_a_bad_pair_keeps_the_o
     );
     let answer = server.deliver(&job_body("after-swaps")).await;
     assert_eq!(answer.status, 200);
-    assert_eq!(health_on(&mut kept).await, "HTTP/1.1 200 OK", "the old connection lives");
+    assert_eq!(
+        health_on(&mut kept).await,
+        "HTTP/1.1 200 OK",
+        "the old connection lives"
+    );
     server.stop().await.0.unwrap();
 }
 
@@ -214,7 +230,8 @@ async fn deliveries_under_load_lose_nothing_across_certificate_swaps() {
                 // Half the senders open a connection (a handshake) per delivery, as a sender
                 // like Sume may; the others keep theirs.
                 let answer = if sender % 2 == 0 {
-                    let client = sume_receiver::http_client::client_trusting(Some(&ca_file)).unwrap();
+                    let client =
+                        sume_receiver::http_client::client_trusting(Some(&ca_file)).unwrap();
                     deliver_with(&client, &server.webhook_url(), &body).await
                 } else {
                     server.deliver(&body).await
@@ -230,7 +247,11 @@ async fn deliveries_under_load_lose_nothing_across_certificate_swaps() {
     for sender in senders {
         sender.await.unwrap();
     }
-    assert_eq!(server.row_count(), 320, "every acknowledged delivery is in the ledger");
+    assert_eq!(
+        server.row_count(),
+        320,
+        "every acknowledged delivery is in the ledger"
+    );
     let metrics = server.metrics().await;
     assert_eq!(
         metric(
@@ -249,16 +270,21 @@ async fn an_https_handler_is_verified_and_its_userinfo_sent_as_basic_credentials
     let downstream = common::tls::HttpsDownstream::start(&ca.leaf()).await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("downstream-ca.pem"), &ca.pem).unwrap();
-    let url = format!("https://hook%40user:p%40ss:w0rd@{}/hook?x=1", downstream.address);
+    let url = format!(
+        "https://hook%40user:p%40ss:w0rd@{}/hook?x=1",
+        downstream.address
+    );
     let handler = |ca_file: &str| {
-        format!(
-            "[handler]\nurl = \"{url}\"\n{ca_file}max_attempts = 1\nhold_after = 0\n"
-        )
+        format!("[handler]\nurl = \"{url}\"\n{ca_file}max_attempts = 1\nhold_after = 0\n")
     };
     let server = TestServer::start_in(dir, &handler("ca_file = \"downstream-ca.pem\"\n")).await;
     assert_eq!(server.deliver(&job_body("to-https")).await.status, 200);
     assert!(
-        eventually(Duration::from_secs(10), || server.state_of("to-https").as_deref() == Some("done")).await,
+        eventually(Duration::from_secs(10), || server
+            .state_of("to-https")
+            .as_deref()
+            == Some("done"))
+        .await,
         "state {:?}",
         server.state_of("to-https")
     );
@@ -277,7 +303,11 @@ async fn an_https_handler_is_verified_and_its_userinfo_sent_as_basic_credentials
     let server = TestServer::start(&handler("")).await;
     assert_eq!(server.deliver(&job_body("untrusted")).await.status, 200);
     assert!(
-        eventually(Duration::from_secs(10), || server.state_of("untrusted").as_deref() == Some("dead")).await,
+        eventually(Duration::from_secs(10), || server
+            .state_of("untrusted")
+            .as_deref()
+            == Some("dead"))
+        .await,
         "state {:?}",
         server.state_of("untrusted")
     );
@@ -286,7 +316,11 @@ async fn an_https_handler_is_verified_and_its_userinfo_sent_as_basic_credentials
         &["untrusted"],
     );
     assert!(error.to_string().contains("certificate"), "{error}");
-    assert_eq!(downstream.seen.lock().unwrap().len(), 1, "nothing sent unverified");
+    assert_eq!(
+        downstream.seen.lock().unwrap().len(),
+        1,
+        "nothing sent unverified"
+    );
     server.stop().await.0.unwrap();
 }
 
@@ -298,7 +332,11 @@ async fn the_admin_listener_speaks_https_from_its_own_files() {
     let admin_dir = dir.path().join("admin");
     std::fs::create_dir(&admin_dir).unwrap();
     ca.leaf().install(&admin_dir);
-    std::fs::write(dir.path().join("admin_token"), "an-admin-token-of-32-characters-x").unwrap();
+    std::fs::write(
+        dir.path().join("admin_token"),
+        "an-admin-token-of-32-characters-x",
+    )
+    .unwrap();
     let admin_port = free_port();
     let server = TestServer::start_in(
         dir,
@@ -312,7 +350,10 @@ async fn the_admin_listener_speaks_https_from_its_own_files() {
     let mut admin = connect(address, "localhost", &ca.pem).await.unwrap();
     assert_eq!(health_on(&mut admin).await, "HTTP/1.1 200 OK");
     let mut plain = tokio::net::TcpStream::connect(address).await.unwrap();
-    plain.write_all(b"GET /healthz HTTP/1.1\r\n\r\n").await.unwrap();
+    plain
+        .write_all(b"GET /healthz HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
     let mut answer = String::new();
     plain.read_to_string(&mut answer).await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");

@@ -159,18 +159,22 @@ impl HttpsDownstream {
                     let Ok(stream) = acceptor.accept(stream).await else {
                         return;
                     };
-                    let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-                        let authorization = request
-                            .headers()
-                            .get(hyper::header::AUTHORIZATION)
-                            .map(|value| value.to_str().unwrap().to_owned());
-                        kept.lock().unwrap().push((request.uri().to_string(), authorization));
-                        async {
-                            Ok::<_, std::convert::Infallible>(hyper::Response::new(
-                                http_body_util::Full::new(bytes::Bytes::from_static(b"ok")),
-                            ))
-                        }
-                    });
+                    let service = hyper::service::service_fn(
+                        move |request: hyper::Request<hyper::body::Incoming>| {
+                            let authorization = request
+                                .headers()
+                                .get(hyper::header::AUTHORIZATION)
+                                .map(|value| value.to_str().unwrap().to_owned());
+                            kept.lock()
+                                .unwrap()
+                                .push((request.uri().to_string(), authorization));
+                            async {
+                                Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                                    http_body_util::Full::new(bytes::Bytes::from_static(b"ok")),
+                                ))
+                            }
+                        },
+                    );
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                         .await;
