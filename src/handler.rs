@@ -109,7 +109,8 @@ async fn run_command(
     timeout: Duration,
     stop: &CancellationToken,
 ) -> Result<(), AttemptError> {
-    let mut child = tokio::process::Command::new(&argv[0])
+    let mut command = tokio::process::Command::new(&argv[0]);
+    command
         .args(&argv[1..])
         .env("SUME_JOB_ID", attempt.job_id.as_str())
         .env(
@@ -127,14 +128,15 @@ async fn run_command(
         .stderr(Stdio::piped())
         // Its own process group, so a timeout can kill everything the handler started.
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| {
-            AttemptError::Failed(
-                Failure::new(format!("cannot start {:?}: {e}", argv[0])),
-                Sign::Failed,
-            )
-        })?;
+        .kill_on_drop(true);
+    // SAFETY: between fork and exec it runs one prctl, which is async-signal-safe.
+    unsafe { command.pre_exec(crate::process::clear_ambient_capabilities) };
+    let mut child = command.spawn().map_err(|e| {
+        AttemptError::Failed(
+            Failure::new(format!("cannot start {:?}: {e}", argv[0])),
+            Sign::Failed,
+        )
+    })?;
     let group = child.id().and_then(|pid| i32::try_from(pid).ok());
     let stderr_tail = tokio::spawn(read_tail(child.stderr.take()));
     // Fed from its own task: the exit status alone decides the attempt. A handler may exit
