@@ -72,9 +72,10 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
         );
     }
     let admin_tls = config.admin.as_ref().and_then(|admin| admin.tls.as_ref());
+    let admin_tls = admin_tls.map(TlsConfig::from);
     for (table, tls) in [
         ("server.tls", config.server.tls.as_ref()),
-        ("admin.tls", admin_tls),
+        ("admin.tls", admin_tls.as_ref()),
     ] {
         if let Some(tls) = tls {
             certificate(&mut findings, unreadable, table, tls, config);

@@ -321,7 +321,7 @@ async fn start_admin(
         console,
     });
     let tls = start_tls(
-        admin_config.tls.as_ref(),
+        admin_config.tls.as_ref().map(TlsConfig::from).as_ref(),
         ("admin", &config.server),
         tasks,
         stop,

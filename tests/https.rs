@@ -123,6 +123,12 @@ async fn new_files_are_served_from_the_next_handshake_and_a_bad_pair_keeps_the_o
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(served, renewed.der(), "the renewed certificate is served");
+    let expiry = metric(
+        &server.metrics().await,
+        "sume_tls_certificate_expiry_timestamp_seconds{listener=\"webhook\"}",
+    );
+    let expected = (unix_now() + 90 * 86_400) as f64;
+    assert!((expiry - expected).abs() < 30.0, "{expiry} vs {expected}");
 
     // A certificate with another's key, then an expired pair: refused, the renewed one stays.
     let other = ca.leaf();

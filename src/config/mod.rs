@@ -23,7 +23,9 @@ pub use handler::{HandlerConfig, HandlerKind, HandlerUrl, HoldConfig};
 use parsing::{describe_toml_error, duration, DAY_SECS};
 pub use secret::Secret;
 pub use sume_api::{AdminConfig, NamedToken, SumeApiConfig, TokenRole, DEFAULT_DUE_JOB_LIMIT};
-pub use tls::{AcmeChallenge, AcmeConfig, CertificateSource, TlsConfig, LETS_ENCRYPT};
+pub use tls::{
+    AcmeChallenge, AcmeConfig, AdminTlsConfig, CertificateSource, TlsConfig, LETS_ENCRYPT,
+};
 
 pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
 /// The secret of the example config and the README's quick start: public, so never live on a
@@ -348,9 +350,12 @@ impl Config {
 
     fn resolve_paths(&mut self, base_dir: &Path) {
         self.database.resolve_paths(base_dir);
-        let admin_tls = self.admin.as_mut().and_then(|admin| admin.tls.as_mut());
-        for tls in [self.server.tls.as_mut(), admin_tls].into_iter().flatten() {
+        if let Some(tls) = self.server.tls.as_mut() {
             tls.resolve_paths(base_dir);
+        }
+        if let Some(tls) = self.admin.as_mut().and_then(|admin| admin.tls.as_mut()) {
+            tls.cert_file = base_dir.join(&tls.cert_file);
+            tls.key_file = base_dir.join(&tls.key_file);
         }
         let (admin_token, admin_read_token) = match self.admin.as_mut() {
             Some(admin) => (admin.token_file.as_mut(), admin.read_token_file.as_mut()),
@@ -378,14 +383,7 @@ impl Config {
             tls.validate("server.tls", problems);
         }
         if let Some(tls) = self.admin.as_ref().and_then(|admin| admin.tls.as_ref()) {
-            tls.validate("admin.tls", problems);
-            if tls.acme.is_some() {
-                problems.push(
-                    "admin.tls.acme: the admin listener takes certificate files only (a CA \
-                     validates the public port); give it cert_file and key_file"
-                        .to_owned(),
-                );
-            }
+            TlsConfig::from(tls).validate("admin.tls", problems);
         }
         if let Some(admin) = &self.admin {
             problems.extend(admin.token_problems());

@@ -94,7 +94,7 @@ pub struct AdminConfig {
     pub due_job_limit: Duration,
     /// `[admin.tls]`: the console and the admin API over HTTPS (and the console's cookie
     /// `Secure`).
-    pub tls: Option<super::TlsConfig>,
+    pub tls: Option<super::AdminTlsConfig>,
 }
 
 /// One `[[admin.tokens]]` entry.

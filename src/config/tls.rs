@@ -26,6 +26,27 @@ pub struct TlsConfig {
     pub acme: Option<AcmeConfig>,
 }
 
+/// `[admin.tls]`: certificate files only (a CA validates the public port, not this one).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminTlsConfig {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    #[serde(default = "default_watch_interval", deserialize_with = "duration")]
+    pub watch_interval: Duration,
+}
+
+impl From<&AdminTlsConfig> for TlsConfig {
+    fn from(admin: &AdminTlsConfig) -> TlsConfig {
+        TlsConfig {
+            cert_file: Some(admin.cert_file.clone()),
+            key_file: Some(admin.key_file.clone()),
+            watch_interval: admin.watch_interval,
+            acme: None,
+        }
+    }
+}
+
 /// Where a listener's certificate comes from, as [`TlsConfig`] says once validated.
 pub enum CertificateSource<'a> {
     Files { cert: &'a Path, key: &'a Path },
