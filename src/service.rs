@@ -7,6 +7,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::access::Tokens;
 use crate::acknowledged::RecentlyAcknowledged;
 use crate::admin::Admin;
 use crate::config::Config;
@@ -14,6 +15,7 @@ use crate::console::{Console, ReceiverHealth};
 use crate::duplicates::DuplicateTally;
 use crate::instance_lock::InstanceLock;
 use crate::ledger::{self, Ledger};
+use crate::peer_throttle::PeerThrottle;
 use crate::reconcile::Reconciler;
 use crate::refusals::Refusals;
 use crate::rollup::flush::RollupFlush;
@@ -261,6 +263,11 @@ async fn start_admin(
     let Some(token) = admin.token()? else {
         return Ok(None);
     };
+    let tokens = Arc::new(Tokens {
+        operator: token,
+        read: admin.read_token()?,
+        named: admin.named_tokens()?,
+    });
     let address = admin.listen;
     let listener = TcpListener::bind(address)
         .await
@@ -272,13 +279,12 @@ async fn start_admin(
             ledger: ledger.clone(),
             queue: queue.clone(),
         }),
-        token.clone(),
-        admin.read_token()?,
-        admin.named_tokens()?,
+        tokens.clone(),
     );
     let admin = Arc::new(Admin {
         ledger,
-        token,
+        tokens,
+        api_auth: PeerThrottle::new("admin API bearer token"),
         reconcile_after: config.reconcile_after(),
         queue,
         refusals,

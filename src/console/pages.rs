@@ -5,8 +5,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
-use super::session::Role;
 use super::verdict::{Level, Verdict};
+use super::Role;
 use super::{assets, charts};
 use crate::ledger::{DeadGroup, Dispatch, DispatchStop, Expectation, JobDetail, JobPage, State};
 use crate::metrics::Snapshot;
@@ -68,6 +68,10 @@ pub fn layout(title: &str, viewer: Option<Viewer>, refresh: bool, main: Markup) 
                             " "
                             form.inline method="post" action="/console/sign-out" {
                                 button type="submit" { "Sign out" }
+                            }
+                            " "
+                            form.inline method="post" action="/console/sign-out-everywhere" {
+                                button type="submit" title="End every session of this token, on every browser" { "Sign out everywhere" }
                             }
                         }
                     }

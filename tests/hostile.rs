@@ -1,0 +1,273 @@
+//! The admin listener on a hostile network, against the real binary: strangers without a token
+//! (slow forms, guessed tokens from another address) and token holders (a reader signing in
+//! over and over) must not keep an operator out of the console or the API.
+//!
+//! Attackers connect from 127.0.0.2, the operator from 127.0.0.1 (the whole of 127/8 is
+//! loopback on Linux): the receiver sees two peers, as it would on a network.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::service::{write_config, Service};
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+const OPERATOR_TOKEN: &str = "hostile-operator-token-0123456789abcdef";
+const READ_TOKEN: &str = "hostile-reader-token-0123456789abcdefgh";
+const ALICE_TOKEN: &str = "hostile-alice-token-0123456789abcdefghi";
+const BOB_TOKEN: &str = "hostile-bob-reader-token-0123456789abcd";
+const ATTACKER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+const OPERATOR: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+/// A signed-in operator's page load while an attack runs stays under this.
+const PAGE_BOUND: Duration = Duration::from_millis(1000);
+
+/// The binary with an admin listener (actions on) on `admin_port`; alice is a named
+/// operator, bob a named reader.
+async fn start(dir: &Path, admin_port: u16) -> Service {
+    for (file, token) in [
+        ("admin_token", OPERATOR_TOKEN),
+        ("read_token", READ_TOKEN),
+        ("alice_token", ALICE_TOKEN),
+        ("bob_token", BOB_TOKEN),
+    ] {
+        std::fs::write(dir.join(file), token).unwrap();
+    }
+    let port = free_port();
+    let extra = format!(
+        "[handler]\ncommand = [\"true\"]\n\n\
+         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n\
+         read_token_file = \"read_token\"\nconsole_actions = true\n\n\
+         [[admin.tokens]]\nname = \"alice\"\nfile = \"alice_token\"\nrole = \"operator\"\n\n\
+         [[admin.tokens]]\nname = \"bob\"\nfile = \"bob_token\"\nrole = \"reader\"\n"
+    );
+    let config = write_config(dir, port, "", &extra);
+    let service = Service::start(&config, port).await;
+    let started = Instant::now();
+    while TcpStream::connect(("127.0.0.1", admin_port)).await.is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no admin listener"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    service
+}
+
+/// A connection to the admin listener from `from`.
+async fn connect(from: IpAddr, admin_port: u16) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(from, 0)).unwrap();
+    socket
+        .connect(SocketAddr::from(([127, 0, 0, 1], admin_port)))
+        .await
+        .unwrap()
+}
+
+/// One request from `from` (a browser's same-origin headers on a POST); the status and the
+/// whole answer (head and body).
+async fn exchange(
+    from: IpAddr,
+    admin_port: u16,
+    request_line: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut stream = connect(from, admin_port).await;
+    let mut request = format!(
+        "{request_line} HTTP/1.1\r\nhost: 127.0.0.1:{admin_port}\r\nconnection: close\r\n\
+         origin: http://127.0.0.1:{admin_port}\r\nsec-fetch-site: same-origin\r\n\
+         content-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    (status, answer)
+}
+
+async fn sign_in(from: IpAddr, admin_port: u16, token: &str) -> (u16, Option<String>) {
+    let (status, answer) = exchange(
+        from,
+        admin_port,
+        "POST /console/sign-in",
+        &[],
+        &format!("token={token}"),
+    )
+    .await;
+    let cookie = answer
+        .lines()
+        .find_map(|line| line.strip_prefix("set-cookie: sume_console="))
+        .map(|rest| rest.split(';').next().unwrap().to_owned());
+    (status, cookie)
+}
+
+async fn page(admin_port: u16, cookie: &str, path: &str) -> u16 {
+    let cookie = format!("sume_console={cookie}");
+    exchange(
+        OPERATOR,
+        admin_port,
+        &format!("GET {path}"),
+        &[("cookie", &cookie)],
+        "",
+    )
+    .await
+    .0
+}
+
+fn log(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("service.log")).unwrap_or_default()
+}
+
+/// Forms sent one byte every 0.5 s, one after another: each holds its connection as long as
+/// the receiver lets it, and the next starts at once.
+async fn slow_form(admin_port: u16, path: &'static str) {
+    loop {
+        let mut stream = connect(ATTACKER, admin_port).await;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: 127.0.0.1:{admin_port}\r\n\
+             origin: http://127.0.0.1:{admin_port}\r\nsec-fetch-site: same-origin\r\n\
+             content-type: application/x-www-form-urlencoded\r\ncontent-length: 200\r\n\r\n"
+        );
+        if stream.write_all(head.as_bytes()).await.is_err() {
+            continue;
+        }
+        for _ in 0..200 {
+            if stream.write_all(b"t").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// 12 strangers sending sign-in forms (and 6 sending action forms without a session) one byte
+/// every 0.5 s: a signed-in operator's pages still load, each within [`PAGE_BOUND`].
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_forms_from_strangers_do_not_deny_the_console() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let service = start(dir.path(), admin_port).await;
+    let (status, cookie) = sign_in(OPERATOR, admin_port, OPERATOR_TOKEN).await;
+    assert_eq!(status, 303);
+    let cookie = cookie.unwrap();
+    let mut attack = tokio::task::JoinSet::new();
+    for _ in 0..12 {
+        attack.spawn(slow_form(admin_port, "/console/sign-in"));
+    }
+    for _ in 0..6 {
+        attack.spawn(slow_form(admin_port, "/console/dispatch/pause"));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (mut refused, mut slowest) = (0, Duration::ZERO);
+    for _ in 0..7 {
+        let started = Instant::now();
+        if page(admin_port, &cookie, "/console/").await != 200 {
+            refused += 1;
+        }
+        slowest = slowest.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // A sign-in goes through too while the strangers hold their connections.
+    let (signed_in, _) = sign_in(OPERATOR, admin_port, READ_TOKEN).await;
+    eprintln!(
+        "slow forms: {refused} of 7 page loads refused, slowest {slowest:?}, sign-in {signed_in}"
+    );
+    attack.abort_all();
+    assert_eq!(refused, 0, "page loads refused during the slow-form attack");
+    assert!(slowest < PAGE_BOUND, "slowest page load {slowest:?}");
+    assert_eq!(signed_in, 303);
+    service.stop_cleanly().await;
+}
+
+/// A stranger sending ~20 wrong tokens a second is slowed down and refused; the operator's
+/// right token, from another address, gets in every time, and the log sums the refusals up
+/// (peer, count).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guesser_cannot_lock_the_right_token_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let service = start(dir.path(), admin_port).await;
+    let guesser = tokio::spawn(async move {
+        let mut statuses = Vec::new();
+        let until = Instant::now() + Duration::from_secs(4);
+        while Instant::now() < until {
+            statuses.push(sign_in(ATTACKER, admin_port, "guess").await.0);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        statuses
+    });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let mut refused = 0;
+    for _ in 0..10 {
+        if sign_in(OPERATOR, admin_port, OPERATOR_TOKEN).await.0 != 303 {
+            refused += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let statuses = guesser.await.unwrap();
+    let throttled = statuses.iter().filter(|status| **status == 429).count();
+    eprintln!(
+        "lockout: the right token refused {refused} of 10; the guesser's {} tries: {throttled} throttled",
+        statuses.len()
+    );
+    assert_eq!(refused, 0, "the right token was refused during the attack");
+    assert!(
+        throttled * 2 > statuses.len(),
+        "the guesser is throttled: {statuses:?}"
+    );
+    service.stop_cleanly().await;
+    // Every try is in a summary line (the last written at shutdown), not one line per try.
+    let log = log(dir.path());
+    let summaries: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("wrong tokens refused") && line.contains("console sign-in"))
+        .collect();
+    eprintln!("{}", summaries.join("\n"));
+    let counted: usize = summaries
+        .iter()
+        .filter_map(|line| line.split("total=").nth(1))
+        .filter_map(|rest| rest.split(' ').next()?.parse::<usize>().ok())
+        .sum();
+    assert_eq!(counted, statuses.len(), "{log}");
+    assert!(summaries.len() <= 3, "a summary, not a line per try: {log}");
+    assert!(
+        summaries.iter().all(|line| line.contains("127.0.0.2")),
+        "{log}"
+    );
+}
+
+/// A reader signing in 300 times pushes out its own oldest sessions, never an operator's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_holder_cannot_sign_out_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let service = start(dir.path(), admin_port).await;
+    let (_, operator) = sign_in(OPERATOR, admin_port, OPERATOR_TOKEN).await;
+    let operator = operator.unwrap();
+    let (_, first_reader) = sign_in(ATTACKER, admin_port, READ_TOKEN).await;
+    for _ in 0..300 {
+        assert_eq!(sign_in(ATTACKER, admin_port, READ_TOKEN).await.0, 303);
+    }
+    assert_eq!(page(admin_port, &operator, "/console/").await, 200);
+    assert_eq!(
+        page(admin_port, &first_reader.unwrap(), "/console/").await,
+        303,
+        "the reader's own oldest session was pushed out"
+    );
+    service.stop_cleanly().await;
+}
