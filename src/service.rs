@@ -41,7 +41,11 @@ pub async fn run(
     // What check-config (the unit's ExecStartPre) refuses, serve refuses too: a handler that
     // cannot run would acknowledge every delivery and then let it go dead. First: a ledger
     // directory this user cannot write is said in its words, not as a lock file it cannot open.
-    check::check(&config, check::Unreadable::Error).refuse_errors()?;
+    let findings = check::check(&config, check::Unreadable::Error);
+    findings.refuse_errors()?;
+    for weak in &findings.weak_tokens {
+        tracing::warn!("{weak}");
+    }
     // Several receivers may share a PostgreSQL ledger; a SQLite file has one owner.
     let _instance = match config.database.sqlite_path() {
         Some(path) => Some(InstanceLock::acquire(path)?),
@@ -130,7 +134,7 @@ pub async fn run_on(
             let reconciler = Reconciler::new(ledger.clone(), api.clone(), queue.clone())
                 .context("cannot start reconciliation")?;
             tasks.spawn(reconciler.run(stop.clone()));
-            tracing::info!(base_url = %api.base_url, "reconciliation on: expected jobs without a webhook are polled");
+            tracing::info!(base_url = %crate::config::redact_url(&api.base_url), "reconciliation on: expected jobs without a webhook are polled");
         }
         None => tracing::warn!("no [sume_api] configured: reconciliation is off (a job whose webhook never arrives is not polled)"),
     }

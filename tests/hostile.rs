@@ -271,3 +271,192 @@ async fn a_token_holder_cannot_sign_out_another() {
     );
     service.stop_cleanly().await;
 }
+
+async fn api(from: IpAddr, admin_port: u16, request_line: &str, token: &str) -> (u16, String) {
+    let bearer = format!("Bearer {token}");
+    let (status, answer) = exchange(
+        from,
+        admin_port,
+        request_line,
+        &[("authorization", &bearer)],
+        "",
+    )
+    .await;
+    let body = answer
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    (status, body)
+}
+
+/// The admin API takes every token with its role (a named operator's action is recorded as
+/// `api:<name>`; a reader only reads); a guesser is throttled, its tries summed up in the log,
+/// while the right token from another address still works.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_knows_each_token_and_throttles_a_guesser() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let service = start(dir.path(), admin_port).await;
+    let (status, _) = api(
+        OPERATOR,
+        admin_port,
+        "POST /v1/dispatch/pause?reason=x",
+        ALICE_TOKEN,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, body) = api(OPERATOR, admin_port, "GET /v1/dispatch", BOB_TOKEN).await;
+    assert_eq!(status, 200);
+    let dispatch: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(dispatch["changed_by"], "api:alice", "{dispatch}");
+    assert_eq!(
+        api(OPERATOR, admin_port, "GET /v1/dispatch", READ_TOKEN)
+            .await
+            .0,
+        200
+    );
+    for reader in [BOB_TOKEN, READ_TOKEN] {
+        let (status, _) = api(OPERATOR, admin_port, "POST /v1/dispatch/resume", reader).await;
+        assert_eq!(status, 403, "a reader's token does not act");
+    }
+    let guesser = tokio::spawn(async move {
+        let mut statuses = Vec::new();
+        for i in 0..200 {
+            let guess = format!("guess-{i}");
+            statuses.push(
+                api(ATTACKER, admin_port, "GET /v1/dispatch", &guess)
+                    .await
+                    .0,
+            );
+        }
+        statuses
+    });
+    let mut refused = 0;
+    for _ in 0..10 {
+        if api(OPERATOR, admin_port, "GET /v1/dispatch", OPERATOR_TOKEN)
+            .await
+            .0
+            != 200
+        {
+            refused += 1;
+        }
+    }
+    let statuses = guesser.await.unwrap();
+    let throttled = statuses.iter().filter(|status| **status == 429).count();
+    eprintln!(
+        "api guessing: {throttled} of 200 throttled; the right token refused {refused} of 10"
+    );
+    assert_eq!(refused, 0);
+    assert!(throttled > 150, "{statuses:?}");
+    service.stop_cleanly().await;
+    let log = log(dir.path());
+    let counted: usize = log
+        .lines()
+        .filter(|line| line.contains("wrong tokens refused") && line.contains("admin API"))
+        .filter_map(|line| line.split("total=").nth(1))
+        .filter_map(|rest| rest.split(' ').next()?.parse::<usize>().ok())
+        .sum();
+    assert_eq!(counted, 200, "{log}");
+}
+
+/// A canary planted in every credential-bearing key is on no page (as a reader sees it), no
+/// JSON twin, no `/metrics`, no log line.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_credential_reaches_a_page_metrics_or_the_log() {
+    const CANARY: &str = "Canary7731Secret";
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let port = free_port();
+    let token = format!("{CANARY}-operator-token-0123456789abcdef");
+    let reader = format!("{CANARY}-reader-token-0123456789abcdef");
+    let named = format!("{CANARY}-carol-token-0123456789abcdef");
+    for (file, value) in [
+        ("admin_token", &token),
+        ("read_token", &reader),
+        ("carol_token", &named),
+    ] {
+        std::fs::write(dir.path().join(file), value).unwrap();
+    }
+    std::fs::write(dir.path().join("api_key"), format!("{CANARY}-api-key")).unwrap();
+    let sume = free_port();
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n\n\
+         [signature]\nsecrets = [\"whsec_{CANARY}\"]\n\n\
+         [database]\npath = \"ledger.sqlite3\"\n\n\
+         [handler]\ncommand = [\"sh\", \"-c\", \"exit 0\", \"PASSWORD={CANARY}\"]\n\n\
+         [sume_api]\nbase_url = \"http://user:{CANARY}@127.0.0.1:{sume}/api?key={CANARY}\"\n\
+         api_key_file = \"api_key\"\n\n\
+         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n\
+         read_token_file = \"read_token\"\n\n\
+         [[admin.tokens]]\nname = \"carol\"\nfile = \"carol_token\"\n"
+    );
+    let config_path = dir.path().join("config.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let service = Service::start(&config_path, port).await;
+    while TcpStream::connect(("127.0.0.1", admin_port)).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, cookie) = sign_in(OPERATOR, admin_port, &reader).await;
+    assert_eq!(status, 303);
+    let cookie = format!("sume_console={}", cookie.unwrap());
+    let mut shown = Vec::new();
+    for page in ["", "jobs", "dead", "receipts", "expected", "config"] {
+        for prefix in ["/console/", "/console/api/"] {
+            let path = format!("{prefix}{page}");
+            let (status, answer) = exchange(
+                OPERATOR,
+                admin_port,
+                &format!("GET {path}"),
+                &[("cookie", &cookie)],
+                "",
+            )
+            .await;
+            assert_eq!(status, 200, "{path}");
+            shown.push((path, answer));
+        }
+    }
+    for on in [admin_port, port] {
+        let (status, answer) = exchange(OPERATOR, on, "GET /metrics", &[], "").await;
+        assert_eq!(status, 200);
+        shown.push((format!("{on}/metrics"), answer));
+    }
+    assert!(
+        shown
+            .iter()
+            .any(|(_, a)| a.contains("shown to operators only")),
+        "the Config page says the arguments are hidden"
+    );
+    service.stop_cleanly().await;
+    shown.push(("the log".into(), log(dir.path())));
+    for (where_, text) in shown {
+        assert!(!text.contains(CANARY), "the canary is in {where_}:\n{text}");
+    }
+}
+
+/// `check-config` warns of a 1-character token in a mode-0666 file and of one token under two
+/// names; `--strict` refuses them.
+#[test]
+fn check_config_strict_refuses_weak_admin_tokens() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin_token");
+    std::fs::write(&token, "x").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o666)).unwrap();
+    std::fs::write(dir.path().join("twin"), "x").unwrap();
+    let config = write_config(
+        dir.path(),
+        free_port(),
+        "",
+        "[admin]\ntoken_file = \"admin_token\"\n\n\
+         [[admin.tokens]]\nname = \"twin\"\nfile = \"twin\"\n",
+    );
+    let lenient = common::service::cli(&config, &["check-config"]);
+    let out = String::from_utf8_lossy(&lenient.stdout).into_owned();
+    assert!(lenient.status.success(), "{out}");
+    for said in ["mode 0666", "1 characters", "the same token"] {
+        assert!(out.contains(said), "{said}: {out}");
+    }
+    let strict = common::service::cli(&config, &["check-config", "--strict"]);
+    assert!(!strict.status.success(), "--strict refuses weak tokens");
+}
