@@ -163,7 +163,8 @@ impl Router for Admin {
                         StatusCode::OK,
                         &serde_json::json!({ "paused": paused, "changed": changed }),
                     ),
-                    Err(error) => storage_unavailable(&error),
+                    Err(Refused::Storage(error)) => storage_unavailable(&error),
+                    Err(refused) => error_response(refused.status(), &refused.to_string()),
                 }
             }
             ["v1", "refusals"] if read => {

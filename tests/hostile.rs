@@ -77,13 +77,19 @@ async fn exchange(
     body: &str,
 ) -> (u16, String) {
     let mut stream = connect(from, admin_port).await;
+    let host = headers
+        .iter()
+        .find(|(name, _)| *name == "host")
+        .map_or(format!("127.0.0.1:{admin_port}"), |(_, host)| {
+            (*host).to_owned()
+        });
     let mut request = format!(
-        "{request_line} HTTP/1.1\r\nhost: 127.0.0.1:{admin_port}\r\nconnection: close\r\n\
+        "{request_line} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\
          origin: http://127.0.0.1:{admin_port}\r\nsec-fetch-site: same-origin\r\n\
          content-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\n",
         body.len()
     );
-    for (name, value) in headers {
+    for (name, value) in headers.iter().filter(|(name, _)| *name != "host") {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
@@ -459,4 +465,123 @@ fn check_config_strict_refuses_weak_admin_tokens() {
     }
     let strict = common::service::cli(&config, &["check-config", "--strict"]);
     assert!(!strict.status.success(), "--strict refuses weak tokens");
+}
+
+/// The small doors: CSP reports are bounded per peer and counted; `/metrics` and the health
+/// endpoints answer only the console's Host names; a reason is at most 500 characters.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_small_doors_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let service = start(dir.path(), admin_port).await;
+    for i in 0..70 {
+        let report = format!("{{\"csp-report\":{{\"blocked-uri\":\"attacker-{i}\"}}}}");
+        let (status, _) = exchange(
+            ATTACKER,
+            admin_port,
+            "POST /console/csp-report",
+            &[],
+            &report,
+        )
+        .await;
+        assert_eq!(status, 204);
+    }
+    let (status, _) = exchange(
+        OPERATOR,
+        admin_port,
+        "POST /console/csp-report",
+        &[],
+        "operator-report",
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (_, cookie) = sign_in(OPERATOR, admin_port, OPERATOR_TOKEN).await;
+    let cookie = format!("sume_console={}", cookie.unwrap());
+    let (_, answer) = exchange(
+        OPERATOR,
+        admin_port,
+        "GET /console/api/csp-reports",
+        &[("cookie", &cookie)],
+        "",
+    )
+    .await;
+    let kept_of_attacker = answer.matches("attacker-").count();
+    assert!(kept_of_attacker <= 8, "one peer keeps at most 8: {answer}");
+    assert!(answer.contains("operator-report"), "{answer}");
+    let (_, metrics) = exchange(OPERATOR, admin_port, "GET /metrics", &[], "").await;
+    assert!(
+        metrics.contains("sume_console_csp_reports_total 71"),
+        "{metrics}"
+    );
+
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        let (status, _) = exchange(
+            OPERATOR,
+            admin_port,
+            &format!("GET {path}"),
+            &[("host", "evil.example")],
+            "",
+        )
+        .await;
+        assert_eq!(status, 421, "{path} under a foreign Host");
+        let (status, _) = exchange(OPERATOR, admin_port, &format!("GET {path}"), &[], "").await;
+        assert_eq!(status, 200, "{path}");
+    }
+
+    let long = "x".repeat(12_000);
+    let (status, body) = api(
+        OPERATOR,
+        admin_port,
+        &format!("POST /v1/dispatch/pause?reason={long}"),
+        OPERATOR_TOKEN,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("at most 500 characters"), "{body}");
+    let said = "y".repeat(500);
+    let (status, _) = api(
+        OPERATOR,
+        admin_port,
+        &format!("POST /v1/dispatch/pause?reason={said}"),
+        OPERATOR_TOKEN,
+    )
+    .await;
+    assert_eq!(status, 200);
+    service.stop_cleanly().await;
+}
+
+/// A job_id with a right-to-left override and a zero-width space is shown escaped
+/// (`\u{202e}`) in the console, not reversing the text after it.
+#[tokio::test(flavor = "multi_thread")]
+async fn format_characters_in_ids_are_shown_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    std::fs::write(dir.path().join("admin_token"), OPERATOR_TOKEN).unwrap();
+    let config =
+        format!("[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n");
+    let server = TestServer::start_in(dir, &config).await;
+    assert_eq!(
+        server
+            .deliver(&job_body("invoice\u{202e}fdp.exe\u{200b}"))
+            .await
+            .status,
+        200
+    );
+    let (_, cookie) = sign_in(OPERATOR, admin_port, OPERATOR_TOKEN).await;
+    let cookie = format!("sume_console={}", cookie.unwrap());
+    let (status, page) = exchange(
+        OPERATOR,
+        admin_port,
+        "GET /console/jobs",
+        &[("cookie", &cookie)],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(page.contains("invoice\\u{202e}fdp.exe\\u{200b}"), "{page}");
+    assert!(
+        !page.contains('\u{202e}') && !page.contains('\u{200b}'),
+        "{page}"
+    );
+    server.stop().await.0.unwrap();
 }

@@ -43,7 +43,8 @@ impl Console {
                         .to_owned(),
                         "/console/".to_owned(),
                     ),
-                    Err(error) => return unavailable(&error),
+                    Err(Refused::Storage(error)) => return unavailable(&error),
+                    Err(refused) => return text(refused.status(), &refused.to_string()),
                 }
             }
             (["jobs", id, _], Some(action)) => {
