@@ -28,6 +28,11 @@ const PAGE_BOUND: Duration = Duration::from_millis(1000);
 /// The binary with an admin listener (actions on) on `admin_port`; alice is a named
 /// operator, bob a named reader.
 async fn start(dir: &Path, admin_port: u16) -> Service {
+    start_with(dir, admin_port, "").await
+}
+
+/// [`start`], with more `[admin]` keys.
+async fn start_with(dir: &Path, admin_port: u16, admin_keys: &str) -> Service {
     for (file, token) in [
         ("admin_token", OPERATOR_TOKEN),
         ("read_token", READ_TOKEN),
@@ -40,7 +45,7 @@ async fn start(dir: &Path, admin_port: u16) -> Service {
     let extra = format!(
         "[handler]\ncommand = [\"true\"]\n\n\
          [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n\
-         read_token_file = \"read_token\"\nconsole_actions = true\n\n\
+         read_token_file = \"read_token\"\nconsole_actions = true\n{admin_keys}\n\n\
          [[admin.tokens]]\nname = \"alice\"\nfile = \"alice_token\"\nrole = \"operator\"\n\n\
          [[admin.tokens]]\nname = \"bob\"\nfile = \"bob_token\"\nrole = \"reader\"\n"
     );
@@ -294,6 +299,68 @@ async fn api(from: IpAddr, admin_port: u16, request_line: &str, token: &str) -> 
         .unwrap_or_default()
         .to_owned();
     (status, body)
+}
+
+/// "Sign out everywhere" ends every session of the token it is pressed in, and no other's.
+#[tokio::test(flavor = "multi_thread")]
+async fn sign_out_everywhere_ends_only_the_tokens_own_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let service = start(dir.path(), admin_port).await;
+    let (_, laptop) = sign_in(OPERATOR, admin_port, ALICE_TOKEN).await;
+    let (_, phone) = sign_in(ATTACKER, admin_port, ALICE_TOKEN).await;
+    let (_, other) = sign_in(OPERATOR, admin_port, OPERATOR_TOKEN).await;
+    let (laptop, phone, other) = (laptop.unwrap(), phone.unwrap(), other.unwrap());
+    let cookie = format!("sume_console={laptop}");
+    let (status, answer) = exchange(
+        OPERATOR,
+        admin_port,
+        "POST /console/sign-out-everywhere",
+        &[("cookie", &cookie)],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("2 sessions"), "{answer}");
+    assert_eq!(page(admin_port, &laptop, "/console/").await, 303);
+    assert_eq!(page(admin_port, &phone, "/console/").await, 303);
+    assert_eq!(page(admin_port, &other, "/console/").await, 200);
+    service.stop_cleanly().await;
+}
+
+/// Reached through a TLS proxy named `https://...` in `allowed_hosts`, the cookie is `Secure`;
+/// reached in clear on loopback, it is not (a browser would not send it back).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cookie_is_secure_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let service = start_with(
+        dir.path(),
+        admin_port,
+        "allowed_hosts = [\"https://console.example\"]",
+    )
+    .await;
+    let form = format!("token={OPERATOR_TOKEN}");
+    let proxied = [("host", "console.example"), ("x-forwarded-proto", "https")];
+    let (status, answer) = exchange(
+        OPERATOR,
+        admin_port,
+        "POST /console/sign-in",
+        &proxied,
+        &form,
+    )
+    .await;
+    assert_eq!(status, 303, "{answer}");
+    let cookie = answer
+        .lines()
+        .find(|line| line.starts_with("set-cookie:"))
+        .unwrap();
+    assert!(cookie.ends_with("; Secure"), "{cookie}");
+    let (status, answer) =
+        exchange(OPERATOR, admin_port, "POST /console/sign-in", &[], &form).await;
+    assert_eq!(status, 303);
+    assert!(!answer.contains("Secure"), "{answer}");
+    service.stop_cleanly().await;
 }
 
 /// The admin API takes every token with its role (a named operator's action is recorded as

@@ -87,8 +87,9 @@ pub struct Console {
     /// Those of [`Console::hosts`] reached over TLS at a proxy (`https://` in
     /// `allowed_hosts`): their cookies are `Secure`, their forms come from `https://`.
     tls_hosts: Vec<String>,
-    /// The admin listener itself speaks TLS: every cookie is `Secure`.
-    pub served_over_tls: bool,
+    /// The admin listener itself speaks TLS ([`crate::config::AdminConfig::has_tls`]): every
+    /// cookie is `Secure`, every form's origin `https://`.
+    served_over_tls: bool,
     sessions: Sessions,
     sign_ins: PeerThrottle,
     /// The reports kept, each with the peer that posted it.
