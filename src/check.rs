@@ -15,8 +15,8 @@ pub const MIN_TOKEN_CHARS: usize = 32;
 pub struct Findings {
     pub errors: Vec<String>,
     pub warnings: Vec<String>,
-    /// Admin tokens that are weak or exposed (short, open to group or others, one token under
-    /// two names): warnings, and errors for `check-config --strict` (`serve` warns only).
+    /// Admin tokens that are weak or exposed (short, open to others or group-writable, one
+    /// token under two names): warnings, and errors for `check-config --strict` (`serve` warns only).
     pub weak_tokens: Vec<String>,
 }
 
@@ -144,8 +144,8 @@ fn credential(
     }
 }
 
-/// What is weak or exposed in the admin tokens that can be read here: a file group or others
-/// may read or write, a token shorter than [`MIN_TOKEN_CHARS`], one token under two keys (the
+/// What is weak or exposed in the admin tokens that can be read here: a file others may
+/// read or write, or its group write, a token shorter than [`MIN_TOKEN_CHARS`], one token under two keys (the
 /// first match would win, silently). Never the token itself.
 fn weak_tokens(admin: &AdminConfig) -> Vec<String> {
     let mut files: Vec<(String, &Path)> = Vec::new();
@@ -169,9 +169,12 @@ fn weak_tokens(admin: &AdminConfig) -> Vec<String> {
     for (key, file) in files {
         if let Ok(metadata) = std::fs::metadata(file) {
             let mode = metadata.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
+            // The install makes token files root's, readable by the service's group (0640):
+            // group read is how the service reads them; anything more is too much.
+            if mode & 0o027 != 0 {
                 weak.push(format!(
-                    "{key}: {} is open to group or others (mode {mode:04o}): chmod 600 it",
+                    "{key}: {} is open to others or writable by its group (mode {mode:04o}): \
+                     chmod 0640 (owner root, group the service's) or 0600",
                     file.display()
                 ));
             }
