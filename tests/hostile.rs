@@ -243,23 +243,28 @@ async fn a_guesser_cannot_lock_the_right_token_out() {
     );
     service.stop_cleanly().await;
     // Every try is in a summary line (the last written at shutdown), not one line per try.
-    let log = log(dir.path());
-    let summaries: Vec<&str> = log
+    let (lines, counted) = summaries(dir.path(), "console sign-in");
+    assert_eq!(counted, statuses.len(), "{lines:?}");
+    assert!(lines.len() <= 3, "a summary, not a line per try: {lines:?}");
+    assert!(
+        lines.iter().all(|line| line.contains("127.0.0.2")),
+        "{lines:?}"
+    );
+}
+
+/// The throttle's summary lines for `what` in the service's log, and the tries they count.
+fn summaries(dir: &Path, what: &str) -> (Vec<String>, usize) {
+    let lines: Vec<String> = log(dir)
         .lines()
-        .filter(|line| line.contains("wrong tokens refused") && line.contains("console sign-in"))
+        .filter(|line| line.contains("wrong tokens refused") && line.contains(what))
+        .map(str::to_owned)
         .collect();
-    eprintln!("{}", summaries.join("\n"));
-    let counted: usize = summaries
+    let counted = lines
         .iter()
         .filter_map(|line| line.split("total=").nth(1))
         .filter_map(|rest| rest.split(' ').next()?.parse::<usize>().ok())
         .sum();
-    assert_eq!(counted, statuses.len(), "{log}");
-    assert!(summaries.len() <= 3, "a summary, not a line per try: {log}");
-    assert!(
-        summaries.iter().all(|line| line.contains("127.0.0.2")),
-        "{log}"
-    );
+    (lines, counted)
 }
 
 /// A reader signing in 300 times pushes out its own oldest sessions, never an operator's.
@@ -423,14 +428,8 @@ async fn the_api_knows_each_token_and_throttles_a_guesser() {
     assert_eq!(refused, 0);
     assert!(throttled > 150, "{statuses:?}");
     service.stop_cleanly().await;
-    let log = log(dir.path());
-    let counted: usize = log
-        .lines()
-        .filter(|line| line.contains("wrong tokens refused") && line.contains("admin API"))
-        .filter_map(|line| line.split("total=").nth(1))
-        .filter_map(|rest| rest.split(' ').next()?.parse::<usize>().ok())
-        .sum();
-    assert_eq!(counted, 200, "{log}");
+    let (lines, counted) = summaries(dir.path(), "admin API");
+    assert_eq!(counted, 200, "{lines:?}");
 }
 
 /// A canary planted in every credential-bearing key is on no page (as a reader sees it), no
