@@ -651,3 +651,61 @@ async fn format_characters_in_ids_are_shown_escaped() {
     );
     server.stop().await.0.unwrap();
 }
+
+/// A dead-letter group of 3,000 is retried 500 at a time: one request stays short, and its
+/// answer says how many are left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_group_is_retried_in_short_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    std::fs::write(dir.path().join("admin_token"), OPERATOR_TOKEN).unwrap();
+    let config = format!(
+        "[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n\
+         console_actions = true\n"
+    );
+    let server = TestServer::start_in(dir, &config).await;
+    insert_jobs(
+        &server.config,
+        (0..3000).map(|i| {
+            (
+                format!("dead-{i}"),
+                "dead",
+                job_body(&format!("dead-{i}")),
+                Some(1),
+            )
+        }),
+    );
+    let (_, cookie) = sign_in(OPERATOR, admin_port, OPERATOR_TOKEN).await;
+    let cookie = format!("sume_console={}", cookie.unwrap());
+    let (_, answer) = exchange(
+        OPERATOR,
+        admin_port,
+        "GET /console/api/dead",
+        &[("cookie", &cookie)],
+        "",
+    )
+    .await;
+    let groups: serde_json::Value =
+        serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let signature = groups[0]["signature"].as_str().unwrap().to_owned();
+    let form = format!(
+        "signature={}",
+        percent_encoding::utf8_percent_encode(&signature, percent_encoding::NON_ALPHANUMERIC)
+    );
+    let started = Instant::now();
+    let (status, answer) = exchange(
+        OPERATOR,
+        admin_port,
+        "POST /console/dead/retry",
+        &[("cookie", &cookie)],
+        &form,
+    )
+    .await;
+    let took = started.elapsed();
+    eprintln!("group retry: one request of {took:?}");
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("500 jobs of the group"), "{answer}");
+    assert!(answer.contains("2500 more are left"), "{answer}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    server.stop().await.0.unwrap();
+}
