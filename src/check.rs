@@ -2,14 +2,20 @@
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 
-use crate::config::{CertificateSource, Config, HandlerKind, LedgerConfig, TlsConfig};
+use crate::config::{
+    AdminConfig, CertificateSource, Config, HandlerKind, LedgerConfig, TlsConfig,
+};
 use crate::tls::certificate::Certificate;
+
+/// Admin tokens shorter than this are weak (`openssl rand -hex 32` makes 64 characters).
+pub const MIN_TOKEN_CHARS: usize = 32;
 
 /// What the check found: errors stop `serve` (non-zero exit), warnings do not.
 #[derive(Debug, Default)]
@@ -18,6 +24,9 @@ pub struct Findings {
     pub warnings: Vec<String>,
     /// Facts worth seeing before a start (each listener's certificate).
     pub notes: Vec<String>,
+    /// Admin tokens that are weak or exposed (short, open to others or group-writable, one
+    /// token under two names): warnings, and errors for `check-config --strict` (`serve` warns only).
+    pub weak_tokens: Vec<String>,
 }
 
 /// What a credential file this user cannot read is.
@@ -70,6 +79,7 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
             "admin.tokens",
             admin.named_tokens().map(drop),
         );
+        findings.weak_tokens = weak_tokens(admin);
     }
     let admin_tls = config.admin.as_ref().and_then(|admin| admin.tls.as_ref());
     let admin_tls = admin_tls.map(TlsConfig::from);
@@ -154,7 +164,7 @@ fn credential(
 }
 
 /// A certificate left with less than this before it expires is worth a warning (the shipped
-/// alert `SumeCertificateExpiring` says the same).
+/// alert `SumeCertificateExpiringSoon` says the same).
 const CERTIFICATE_WARNING: Duration = Duration::from_secs(14 * 86_400);
 
 /// A listener's certificate and key: readable, a pair, fit to serve now, far enough from its
@@ -246,6 +256,63 @@ fn directory_writable(dir: &Path) -> Result<(), String> {
             existing.display()
         ))
     }
+}
+
+/// What is weak or exposed in the admin tokens that can be read here: a file others may
+/// read or write, or its group write, a token shorter than [`MIN_TOKEN_CHARS`], one token under two keys (the
+/// first match would win, silently). Never the token itself.
+fn weak_tokens(admin: &AdminConfig) -> Vec<String> {
+    let mut files: Vec<(String, &Path)> = Vec::new();
+    files.extend(
+        admin
+            .token_file
+            .as_deref()
+            .map(|f| ("admin.token_file".into(), f)),
+    );
+    files.extend(
+        admin
+            .read_token_file
+            .as_deref()
+            .map(|f| ("admin.read_token_file".into(), f)),
+    );
+    for token in &admin.tokens {
+        files.push((format!("admin.tokens {:?}", token.name), &token.file));
+    }
+    let mut weak = Vec::new();
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for (key, file) in files {
+        if let Ok(metadata) = std::fs::metadata(file) {
+            let mode = metadata.permissions().mode() & 0o777;
+            // The install makes token files root's, readable by the service's group (0640):
+            // group read is how the service reads them; anything more is too much.
+            if mode & 0o027 != 0 {
+                weak.push(format!(
+                    "{key}: {} is open to others or writable by its group (mode {mode:04o}): \
+                     chmod 0640 (owner root, group the service's) or 0600",
+                    file.display()
+                ));
+            }
+        }
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        let token = text.trim().to_owned();
+        let chars = token.chars().count();
+        if chars > 0 && chars < MIN_TOKEN_CHARS {
+            weak.push(format!(
+                "{key}: the token is {chars} characters; use at least {MIN_TOKEN_CHARS} \
+                 (`openssl rand -hex 32`)"
+            ));
+        }
+        if let Some((first, _)) = seen.iter().find(|(_, held)| *held == token) {
+            weak.push(format!(
+                "{key} holds the same token as {first}: the first to match would win, \
+                 silently; give each its own"
+            ));
+        }
+        seen.push((key, token));
+    }
+    weak
 }
 
 /// The ledger file (if it exists) and its directory (or the nearest existing ancestor, which
@@ -356,6 +423,42 @@ mod tests {
                 "{findings:?}"
             );
         }
+    }
+
+    #[test]
+    fn weak_or_exposed_admin_tokens_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let strong = "s".repeat(MIN_TOKEN_CHARS);
+        for (file, token, mode) in [
+            ("operator", "x", 0o666),
+            ("alice", strong.as_str(), 0o600),
+            ("bob", strong.as_str(), 0o600),
+        ] {
+            let path = dir.path().join(file);
+            std::fs::write(&path, token).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let findings = check(
+            &config(
+                dir.path(),
+                "[admin]\ntoken_file = \"operator\"\n\
+                 [[admin.tokens]]\nname = \"alice\"\nfile = \"alice\"\n\
+                 [[admin.tokens]]\nname = \"bob\"\nfile = \"bob\"\nrole = \"operator\"\n",
+            ),
+            Unreadable::Error,
+        );
+        let weak = findings.weak_tokens.join("\n");
+        assert!(
+            weak.contains("admin.token_file") && weak.contains("mode 0666"),
+            "{weak}"
+        );
+        assert!(weak.contains("1 characters"), "{weak}");
+        assert!(
+            weak.contains("admin.tokens \"bob\" holds the same token as admin.tokens \"alice\""),
+            "{weak}"
+        );
+        assert_eq!(findings.weak_tokens.len(), 3, "{weak}");
+        assert!(!weak.contains(&strong), "never the token itself");
     }
 
     #[test]

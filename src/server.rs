@@ -100,6 +100,11 @@ impl Router for HttpChallenges {
     }
 }
 
+/// Whether `path` is one of [`operational`]'s.
+pub fn is_operational(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics")
+}
+
 /// `/healthz`, `/readyz` and `/metrics`: served on the public listener and on the admin one.
 /// `None` when the request is for none of them.
 pub async fn operational(

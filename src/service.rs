@@ -7,6 +7,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::access::Tokens;
 use crate::acknowledged::RecentlyAcknowledged;
 use crate::admin::Admin;
 use crate::config::{Config, ServerConfig, TlsConfig};
@@ -14,6 +15,7 @@ use crate::console::{Console, ReceiverHealth};
 use crate::duplicates::DuplicateTally;
 use crate::instance_lock::InstanceLock;
 use crate::ledger::{self, Ledger};
+use crate::peer_throttle::PeerThrottle;
 use crate::reconcile::Reconciler;
 use crate::refusals::Refusals;
 use crate::rollup::flush::RollupFlush;
@@ -40,7 +42,11 @@ pub async fn run(
     // What check-config (the unit's ExecStartPre) refuses, serve refuses too: a handler that
     // cannot run would acknowledge every delivery and then let it go dead. First: a ledger
     // directory this user cannot write is said in its words, not as a lock file it cannot open.
-    check::check(&config, check::Unreadable::Error).refuse_errors()?;
+    let findings = check::check(&config, check::Unreadable::Error);
+    findings.refuse_errors()?;
+    for weak in &findings.weak_tokens {
+        tracing::warn!("{weak}");
+    }
     // Several receivers may share a PostgreSQL ledger; a SQLite file has one owner.
     let _instance = match config.database.sqlite_path() {
         Some(path) => Some(InstanceLock::acquire(path)?),
@@ -129,7 +135,7 @@ pub async fn run_on(
             let reconciler = Reconciler::new(ledger.clone(), api.clone(), queue.clone())
                 .context("cannot start reconciliation")?;
             tasks.spawn(reconciler.run(stop.clone()));
-            tracing::info!(base_url = %api.base_url, "reconciliation on: expected jobs without a webhook are polled");
+            tracing::info!(base_url = %crate::config::redact_url(&api.base_url), "reconciliation on: expected jobs without a webhook are polled");
         }
         None => tracing::warn!("no [sume_api] configured: reconciliation is off (a job whose webhook never arrives is not polled)"),
     }
@@ -297,6 +303,11 @@ async fn start_admin(
     let Some(token) = admin_config.token()? else {
         return Ok(None);
     };
+    let tokens = Arc::new(Tokens {
+        operator: token,
+        read: admin_config.read_token()?,
+        named: admin_config.named_tokens()?,
+    });
     let address = admin_config.listen;
     let listener = TcpListener::bind(address)
         .await
@@ -308,13 +319,12 @@ async fn start_admin(
             ledger: ledger.clone(),
             queue: queue.clone(),
         }),
-        token.clone(),
-        admin_config.read_token()?,
-        admin_config.named_tokens()?,
+        tokens.clone(),
     );
     let admin = Arc::new(Admin {
         ledger,
-        token,
+        tokens,
+        api_auth: PeerThrottle::new("admin API bearer token"),
         reconcile_after: config.reconcile_after(),
         queue,
         refusals,

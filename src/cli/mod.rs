@@ -228,7 +228,14 @@ pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
             } else {
                 sume_receiver::check::Unreadable::Warning
             };
-            let findings = sume_receiver::check::check(config, unreadable);
+            let mut findings = sume_receiver::check::check(config, unreadable);
+            // Weak admin tokens: what `--strict` (the unit's check before a start) refuses.
+            let weak = std::mem::take(&mut findings.weak_tokens);
+            if strict {
+                findings.errors.extend(weak);
+            } else {
+                findings.warnings.extend(weak);
+            }
             for note in &findings.notes {
                 println!("{note}");
             }
@@ -641,7 +648,12 @@ async fn redeliver(job_id: &JobId, config: &Config) -> anyhow::Result<()> {
     )
     .await
     .map_err(anyhow::Error::msg)
-    .with_context(|| format!("cannot reach Sume at {}", api.base_url))?;
+    .with_context(|| {
+        format!(
+            "cannot reach Sume at {}",
+            sume_receiver::config::redact_url(&api.base_url)
+        )
+    })?;
     let text = String::from_utf8_lossy(&answer.body);
     if !answer.status.is_success() {
         bail!(

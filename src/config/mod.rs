@@ -21,7 +21,7 @@ pub use database::{
 };
 pub use handler::{HandlerConfig, HandlerKind, HandlerUrl, HoldConfig};
 use parsing::{describe_toml_error, duration, DAY_SECS};
-pub use secret::Secret;
+pub use secret::{redact_url, Secret};
 pub use sume_api::{AdminConfig, NamedToken, SumeApiConfig, TokenRole, DEFAULT_DUE_JOB_LIMIT};
 pub use tls::{
     AcmeChallenge, AcmeConfig, AdminTlsConfig, CertificateSource, TlsConfig, LETS_ENCRYPT,
@@ -338,9 +338,12 @@ impl Config {
         if let Some(admin) = &self.admin {
             if admin.token_file.is_none() {
                 warnings.push("[admin] has no token_file: the admin listener is off".into());
-            } else if !admin.listen.ip().is_loopback() {
+            } else if !admin.listen.ip().is_loopback() && !admin.has_tls() {
+                // Refused without `allow_plain_http` (see `validate`): allowed, still said.
                 warnings.push(format!(
-                    "admin.listen {} is not a loopback address",
+                    "admin.listen {} is not a loopback address and speaks plain HTTP \
+                     (admin.allow_plain_http): tokens and the console's cookie cross the \
+                     network readable",
                     admin.listen
                 ));
             }
@@ -387,6 +390,16 @@ impl Config {
         }
         if let Some(admin) = &self.admin {
             problems.extend(admin.token_problems());
+            let exposed = !admin.listen.ip().is_loopback() && admin.token_file.is_some();
+            if exposed && !admin.has_tls() && !admin.allow_plain_http {
+                problems.push(format!(
+                    "admin.listen {} is not a loopback address, and the admin listener speaks \
+                     plain HTTP: its tokens and the console's cookie would cross the network \
+                     readable. Listen on loopback (behind a TLS proxy), or set \
+                     admin.allow_plain_http = true for a network you trust",
+                    admin.listen
+                ));
+            }
             if admin.due_job_limit.is_zero() {
                 problems.push(
                     "admin.due_job_limit must be greater than zero (the console's verdict would \

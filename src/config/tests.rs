@@ -313,3 +313,29 @@ fn the_due_job_limit_defaults_to_ten_minutes_and_is_never_zero() {
     let nonsense = error(&admin("due_job_limit = \"soon\"\n"));
     assert!(nonsense.contains("due_job_limit"), "{nonsense}");
 }
+
+#[test]
+fn a_plain_admin_listener_off_loopback_needs_an_explicit_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |extra: &str| {
+        format!(
+            "[signature]\nsecrets = [\"whsec_a\"]\n[admin]\nlisten = \"0.0.0.0:8081\"\n\
+             token_file = \"t\"\n{extra}"
+        )
+    };
+    let refused = Config::parse(&text(""), dir.path())
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("admin.allow_plain_http"), "{refused}");
+    let allowed = Config::parse(&text("allow_plain_http = true\n"), dir.path()).unwrap();
+    assert!(
+        allowed.warnings().iter().any(|w| w.contains("plain HTTP")),
+        "{:?}",
+        allowed.warnings()
+    );
+    let loopback = Config::parse(
+        "[signature]\nsecrets = [\"whsec_a\"]\n[admin]\ntoken_file = \"t\"\n",
+        dir.path(),
+    );
+    assert!(loopback.is_ok());
+}

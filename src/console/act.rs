@@ -8,7 +8,7 @@ use super::http::{decode, form_value, page, text, unavailable};
 use super::pages::{self, Viewer};
 use super::Console;
 use crate::actions::{Actions, JobAction, Refused};
-use crate::ledger::now_ms;
+use crate::ledger::{now_ms, GROUP_RETRY_BATCH};
 use crate::logging::Escaped;
 
 impl Console {
@@ -43,7 +43,8 @@ impl Console {
                         .to_owned(),
                         "/console/".to_owned(),
                     ),
-                    Err(error) => return unavailable(&error),
+                    Err(Refused::Storage(error)) => return unavailable(&error),
+                    Err(refused) => return text(refused.status(), &refused.to_string()),
                 }
             }
             (["jobs", id, _], Some(action)) => {
@@ -62,21 +63,34 @@ impl Console {
             }
             (["dead", "retry"], _) => {
                 let signature = form_value(form, "signature").unwrap_or_default();
-                let (retried, refused) =
-                    match self.ledger.retry_dead_group(&signature, by, now_ms()).await {
-                        Ok(counts) => counts,
-                        Err(error) => return unavailable(&error),
-                    };
+                let batch = match self
+                    .ledger
+                    .retry_dead_group(&signature, by, now_ms(), GROUP_RETRY_BATCH)
+                    .await
+                {
+                    Ok(batch) => batch,
+                    Err(error) => return unavailable(&error),
+                };
                 if let Some(queue) = &self.queue {
                     queue.look_in_ledger();
                 }
                 self.groups.forget().await;
-                tracing::info!(retried, refused, %by, signature = %Escaped(&signature), "dead-letter group retried in the console");
-                let mut message =
-                    format!("{retried} jobs of the group \"{signature}\" are queued to run again.");
-                if refused > 0 {
+                tracing::info!(retried = batch.retried, refused = batch.refused, left = batch.left, %by, signature = %Escaped(&signature), "dead-letter group retried in the console");
+                let mut message = format!(
+                    "{} jobs of the group \"{signature}\" are queued to run again.",
+                    batch.retried
+                );
+                if batch.refused > 0 {
                     message.push_str(&format!(
-                        " {refused} could not be: retention purged their body, or they left the group."
+                        " {} could not be: retention purged their body, or they left the group.",
+                        batch.refused
+                    ));
+                }
+                if batch.left > 0 {
+                    message.push_str(&format!(
+                        " {} more are left (a retry takes at most {GROUP_RETRY_BATCH} at a \
+                         time): retry the group again for the next ones.",
+                        batch.left
                     ));
                 }
                 (message, "/console/dead".to_owned())

@@ -1,10 +1,12 @@
 //! The Config page's rows: the settings in effect, without any credential.
 
-use crate::config::Config;
+use super::Role;
+use crate::config::{redact_url, Config, HandlerKind};
 use crate::ledger::Ledger;
 
-/// What the config page shows: the settings in effect, without any credential.
-pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)> {
+/// What the config page shows `role`: the settings in effect, without any credential (URLs
+/// without user, password or query); a reader sees no handler argument, which may hold one.
+pub(super) fn settings(config: &Config, ledger: &Ledger, role: Role) -> Vec<(String, String)> {
     let mut rows = vec![
         ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
         ("server.listen".into(), config.server.listen.to_string()),
@@ -30,7 +32,14 @@ pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)
     ];
     match &config.handler {
         Some(handler) => {
-            let kind = handler.kind.describe();
+            let kind = match (&handler.kind, role) {
+                (HandlerKind::Command(argv), Role::Reader) if argv.len() > 1 => format!(
+                    "command {} ({} arguments, shown to operators only)",
+                    argv[0],
+                    argv.len() - 1
+                ),
+                (kind, _) => kind.describe(),
+            };
             rows.push(("handler".into(), kind));
             rows.push((
                 "handler.max_attempts".into(),
@@ -68,7 +77,7 @@ pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)
         config
             .sume_api
             .as_ref()
-            .map_or("off".into(), |api| api.base_url.clone()),
+            .map_or("off".into(), |api| redact_url(&api.base_url)),
     ));
     if let Some(admin) = &config.admin {
         rows.push(("admin.listen".into(), admin.listen.to_string()));

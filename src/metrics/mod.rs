@@ -160,6 +160,7 @@ pub struct Metrics {
     recovered: Counter,
     given_up: Counter,
     connections_shed: Counter,
+    csp_reports: Counter,
     expected: Family<Labels, Gauge>,
     bodies_purged: Counter,
     jobs_forgotten: Counter,
@@ -210,6 +211,7 @@ impl Metrics {
             recovered: Counter::default(),
             given_up: Counter::default(),
             connections_shed: Counter::default(),
+            csp_reports: Counter::default(),
             expected: Family::default(),
             bodies_purged: Counter::default(),
             jobs_forgotten: Counter::default(),
@@ -383,6 +385,11 @@ impl Metrics {
             "sume_connections_shed",
             "Connections closed at the connection limit while they waited for a request head, to let a new one in",
             m.connections_shed.clone(),
+        );
+        registry.register(
+            "sume_console_csp_reports",
+            "Content-Security-Policy violation reports posted to the console (kept or not)",
+            m.csp_reports.clone(),
         );
         registry.register(
             "sume_reconcile_given_up",
@@ -596,6 +603,10 @@ impl Metrics {
 
     pub fn record_connection_shed(&self) {
         self.connections_shed.inc();
+    }
+
+    pub fn record_csp_report(&self) {
+        self.csp_reports.inc();
     }
 
     /// The Prometheus text exposition, with the scrape-time values of `scrape`.
