@@ -9,9 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 
-use crate::config::{
-    AdminConfig, CertificateSource, Config, HandlerKind, LedgerConfig, TlsConfig,
-};
+use crate::config::{AdminConfig, CertificateSource, Config, HandlerKind, LedgerConfig, TlsConfig};
 use crate::tls::certificate::Certificate;
 
 /// Admin tokens shorter than this are weak (`openssl rand -hex 32` makes 64 characters).

@@ -142,8 +142,16 @@ pub async fn run_on(
     let refusals = Arc::new(Refusals::default());
     let duplicates = Arc::new(DuplicateTally::default());
     tasks.spawn(duplicates.clone().run(ledger.clone(), stop.clone()));
+    let tls = start_tls(
+        config.server.tls.as_ref(),
+        ("webhook", &config.server),
+        &mut tasks,
+        &stop,
+    )
+    .await?;
     let seen_by_admin = (ledger.clone(), queue.clone(), refusals.clone());
-    if let Some(admin) = start_admin(&config, seen_by_admin, &mut tasks, &stop).await? {
+    let admin = start_admin(&config, seen_by_admin, (&mut tasks, tls.clone()), &stop).await?;
+    if let Some(admin) = admin {
         tasks.spawn(admin);
     }
 
@@ -172,13 +180,6 @@ pub async fn run_on(
         ledger = %ledger.location(),
         "sume-receiver listening"
     );
-    let tls = start_tls(
-        config.server.tls.as_ref(),
-        ("webhook", &config.server),
-        &mut tasks,
-        &stop,
-    )
-    .await?;
     let server = tokio::spawn({
         let stop = stop.clone();
         let server_config = config.server.clone();
@@ -294,7 +295,7 @@ async fn start_tls(
 async fn start_admin(
     config: &Config,
     (ledger, queue, refusals): (Arc<Ledger>, Option<worker::Queue>, Arc<Refusals>),
-    tasks: &mut tokio::task::JoinSet<()>,
+    (tasks, webhook_tls): (&mut tokio::task::JoinSet<()>, Option<Arc<Tls>>),
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<impl Future<Output = ()> + use<>>> {
     let Some(admin_config) = &config.admin else {
@@ -312,6 +313,14 @@ async fn start_admin(
     let listener = TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen on {address} (admin.listen)"))?;
+    let tls = start_tls(
+        admin_config.tls.as_ref().map(TlsConfig::from).as_ref(),
+        ("admin", &config.server),
+        tasks,
+        stop,
+    )
+    .await?;
+    let certificates = webhook_tls.into_iter().chain(tls.clone()).collect();
     let console = Console::new(
         config,
         (ledger.clone(), queue.clone(), refusals.clone()),
@@ -319,7 +328,7 @@ async fn start_admin(
             ledger: ledger.clone(),
             queue: queue.clone(),
         }),
-        tokens.clone(),
+        (tokens.clone(), certificates),
     );
     let admin = Arc::new(Admin {
         ledger,
@@ -330,13 +339,6 @@ async fn start_admin(
         refusals,
         console,
     });
-    let tls = start_tls(
-        admin_config.tls.as_ref().map(TlsConfig::from).as_ref(),
-        ("admin", &config.server),
-        tasks,
-        stop,
-    )
-    .await?;
     tracing::info!(listen = %address, https = tls.is_some(), "admin listener on");
     let (server_config, stop) = (config.server.clone(), stop.clone());
     Ok(Some(async move {

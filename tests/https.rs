@@ -363,5 +363,57 @@ async fn the_admin_listener_speaks_https_from_its_own_files() {
     let mut answer = String::new();
     plain.read_to_string(&mut answer).await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+
+    // Signed in over TLS: the cookie is Secure; the Config page shows the certificate.
+    std::fs::write(server.dir.path().join("admin-ca.pem"), &ca.pem).unwrap();
+    let client =
+        sume_receiver::http_client::client_trusting(Some(&server.dir.path().join("admin-ca.pem")))
+            .unwrap();
+    let base = format!("https://127.0.0.1:{admin_port}");
+    let send = |method: hyper::Method, path: &str, headers: Vec<(&str, String)>, body: &str| {
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{base}{path}"));
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let request = request
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_owned(),
+            )))
+            .unwrap();
+        sume_receiver::http_client::send(&client, request, Duration::from_secs(5), 1 << 20)
+    };
+    let signed_in = send(
+        hyper::Method::POST,
+        "/console/sign-in",
+        vec![
+            ("origin", base.clone()),
+            ("sec-fetch-site", "same-origin".into()),
+            ("content-type", "application/x-www-form-urlencoded".into()),
+        ],
+        "token=an-admin-token-of-32-characters-x",
+    )
+    .await
+    .unwrap();
+    assert_eq!(signed_in.status, 303, "{signed_in:?}");
+    let cookie = signed_in.headers["set-cookie"].to_str().unwrap().to_owned();
+    assert!(cookie.contains("; Secure"), "{cookie}");
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let config = send(
+        hyper::Method::GET,
+        "/console/config",
+        vec![("cookie", session)],
+        "",
+    )
+    .await
+    .unwrap();
+    let page = String::from_utf8_lossy(&config.body);
+    assert!(page.contains("tls certificate (admin)"), "{page}");
+    assert!(
+        page.contains("127.0.0.1, localhost; issued by CN=sume test CA"),
+        "{page}"
+    );
+    assert!(page.contains("from certificate files"), "{page}");
     server.stop().await.0.unwrap();
 }

@@ -100,6 +100,8 @@ pub struct Console {
     /// The Config page's rows: for operators, and for readers (no handler arguments).
     settings: Vec<(String, String)>,
     reader_settings: Vec<(String, String)>,
+    /// The HTTPS listeners, whose certificates the Config page shows as they are now.
+    certificates: Vec<Arc<crate::tls::Tls>>,
     /// The dead-letter groups read every dead job: computed at most every [`GROUPS_FRESH`].
     groups: Fresh<Vec<DeadGroup>>,
     ledger_facts: Fresh<health::LedgerFacts>,
@@ -116,7 +118,7 @@ impl Console {
         config: &Config,
         (ledger, queue, refusals): (Arc<Ledger>, Option<Queue>, Arc<Refusals>),
         health: Arc<dyn HealthSource>,
-        tokens: Arc<Tokens>,
+        (tokens, certificates): (Arc<Tokens>, Vec<Arc<crate::tls::Tls>>),
     ) -> Console {
         let admin = config.admin.as_ref();
         let listen = admin.map_or_else(
@@ -151,6 +153,7 @@ impl Console {
         Console {
             settings: settings::settings(config, &ledger, Role::Operator),
             reader_settings: settings::settings(config, &ledger, Role::Reader),
+            certificates,
             ledger: ledger.clone(),
             refusals,
             queue,

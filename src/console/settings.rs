@@ -1,8 +1,11 @@
 //! The Config page's rows: the settings in effect, without any credential.
 
+use std::sync::Arc;
+
 use super::Role;
 use crate::config::{redact_url, Config, HandlerKind};
 use crate::ledger::Ledger;
+use crate::tls::{Obtained, Tls};
 
 /// What the config page shows `role`: the settings in effect, without any credential (URLs
 /// without user, password or query); a reader sees no handler argument, which may hold one.
@@ -91,4 +94,29 @@ pub(super) fn settings(config: &Config, ledger: &Ledger, role: Role) -> Vec<(Str
         ));
     }
     rows
+}
+
+/// A row per HTTPS listener: the certificate it serves now (read at each view: a reload or a
+/// renewal changes it), and how it was obtained.
+pub(super) fn certificate_rows(listeners: &[Arc<Tls>]) -> Vec<(String, String)> {
+    listeners
+        .iter()
+        .map(|tls| {
+            let (about, obtained) = tls.about();
+            let obtained = match obtained {
+                Obtained::Files => "from certificate files".to_owned(),
+                Obtained::Acme(directory) => format!("from ACME, {}", redact_url(&directory)),
+            };
+            let value = match about {
+                Some(about) => format!(
+                    "{}; issued by {}; valid until {}; {obtained}",
+                    about.names.join(", "),
+                    about.issuer,
+                    humantime::format_rfc3339_seconds(about.not_after)
+                ),
+                None => format!("none yet ({obtained}: ordering)"),
+            };
+            (format!("tls certificate ({})", tls.listener()), value)
+        })
+        .collect()
 }

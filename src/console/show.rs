@@ -97,10 +97,12 @@ impl Console {
             ["config"] => match self.ledger.running_by_receiver().await {
                 Ok(receivers) => {
                     // A reader sees no handler argument (a password may be one).
-                    let rows = match viewer.role {
-                        Role::Operator => &self.settings,
-                        Role::Reader => &self.reader_settings,
+                    let mut rows = match viewer.role {
+                        Role::Operator => self.settings.clone(),
+                        Role::Reader => self.reader_settings.clone(),
                     };
+                    rows.extend(super::settings::certificate_rows(&self.certificates));
+                    let rows = &rows;
                     let settings: std::collections::BTreeMap<_, _> = rows.iter().cloned().collect();
                     let json = serde_json::json!({
                         "settings": settings,

@@ -132,6 +132,11 @@ impl Tls {
         }))
     }
 
+    /// `webhook` or `admin`.
+    pub fn listener(&self) -> &'static str {
+        self.listener
+    }
+
     /// The certificate served now (`None` until an ACME listener has its first one), and
     /// how it was obtained.
     pub fn about(&self) -> (Option<About>, Obtained) {

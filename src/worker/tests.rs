@@ -5,6 +5,7 @@ use crate::config::HandlerKind;
 
 fn config() -> HandlerConfig {
     HandlerConfig {
+        ca_file: None,
         kind: HandlerKind::Command(vec!["true".into()]),
         timeout: Duration::from_secs(1),
         concurrency: 1,

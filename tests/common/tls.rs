@@ -121,8 +121,10 @@ pub async fn presented(address: SocketAddr, name: &str, ca_pem: &str) -> std::io
 
 /// `GET /healthz` on an open connection (keep-alive); the status line of the answer.
 pub async fn health_on(stream: &mut TlsStream<TcpStream>) -> String {
+    // The Host a client of this address sends (the admin listener answers no other).
+    let host = stream.get_ref().0.peer_addr().unwrap();
     stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .write_all(format!("GET /healthz HTTP/1.1\r\nhost: {host}\r\n\r\n").as_bytes())
         .await
         .unwrap();
     let mut answer = vec![0u8; 4096];
@@ -131,11 +133,14 @@ pub async fn health_on(stream: &mut TlsStream<TcpStream>) -> String {
     text.lines().next().unwrap_or_default().to_owned()
 }
 
+/// Each request's target and `Authorization` header, as a downstream saw them.
+pub type Seen = Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>;
+
 /// A downstream HTTPS server that answers `200` to every request and keeps what it saw: the
 /// request target and the `Authorization` header of each.
 pub struct HttpsDownstream {
     pub address: SocketAddr,
-    pub seen: Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>,
+    pub seen: Seen,
 }
 
 impl HttpsDownstream {
@@ -150,7 +155,7 @@ impl HttpsDownstream {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen: Seen = Arc::default();
         let kept = seen.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
