@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
 
 pub mod powercut;
+pub mod relay;
 pub mod service;
 pub mod sume;
 

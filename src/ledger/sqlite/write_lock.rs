@@ -88,7 +88,9 @@ impl CommitState {
         }
         held_for
             .is_some_and(|held_for| held_for >= self.patience)
-            .then_some("another process has held the ledger's write lock for longer than busy_timeout")
+            .then_some(
+                "another process has held the ledger's write lock for longer than busy_timeout",
+            )
     }
 }
 
@@ -127,9 +129,17 @@ mod tests {
         conn.execute_batch("CREATE TABLE t (x); BEGIN IMMEDIATE; INSERT INTO t VALUES (1);")
             .unwrap();
         let state = CommitState::new(&path, Duration::from_secs(2));
-        assert_eq!(state.fault(), None, "this process's own lock is not another's");
+        assert_eq!(
+            state.fault(),
+            None,
+            "this process's own lock is not another's"
+        );
         state.record(false, true);
-        assert_eq!(state.fault(), None, "busy, but the lock is free of others now");
+        assert_eq!(
+            state.fault(),
+            None,
+            "busy, but the lock is free of others now"
+        );
         state.record(false, false);
         assert_eq!(state.fault(), Some("the last ledger commit failed"));
         state.record(true, false);

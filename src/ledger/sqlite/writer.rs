@@ -13,8 +13,8 @@
 //! service's own changes (attempt starts and ends, retention) wait for room instead.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -410,7 +410,10 @@ fn commit_batch(
         .prepare_cached("BEGIN IMMEDIATE")
         .and_then(|mut s| s.execute([]));
     // Another process kept the write lock past busy_timeout.
-    let busy = begin.as_ref().err().and_then(rusqlite::Error::sqlite_error_code)
+    let busy = begin
+        .as_ref()
+        .err()
+        .and_then(rusqlite::Error::sqlite_error_code)
         == Some(rusqlite::ErrorCode::DatabaseBusy);
     let (completions, committed) = match begin {
         Ok(_) => {

@@ -1,0 +1,213 @@
+//! Readiness at rest: with no delivery arriving, `/readyz` and the ledger's gauges follow the ledger.
+//! A lock another process held (SQLite), a blip, a stopped server and a read-only flip
+//! (PostgreSQL, against the server in SUME_TEST_POSTGRES_URL through a relay the test cuts;
+//! skipped with a message without it). Each case prints its seconds to ready and to not ready.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::relay::{server_of, Relay};
+use common::*;
+
+/// How soon readiness follows the ledger with no delivery, asked as a load balancer asks
+/// (every 250 ms): a probe at most once a second, which gives up after 2 s (docs/operating.md).
+const BOUND: Duration = Duration::from_secs(4);
+
+/// Asks `/readyz` every 250 ms until it answers `status`: the seconds that took, or `None`
+/// after `within`.
+async fn seconds_until_readyz(server: &TestServer, status: u16, within: Duration) -> Option<f64> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if server.get_status("/readyz").await == status {
+            return Some(started.elapsed().as_secs_f64());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    None
+}
+
+/// The value of an unlabelled gauge in a scrape.
+fn gauge(scrape: &str, name: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in the scrape:\n{scrape}"))
+        .parse()
+        .unwrap()
+}
+
+/// The `sqlite3` shell holding the ledger's write lock (`BEGIN IMMEDIATE`), as an operator's
+/// session or a backup tool does, until [`Shell::let_go`].
+struct Shell(Child);
+
+impl Shell {
+    fn hold(server: &TestServer) -> Shell {
+        let mut shell = Command::new("sqlite3")
+            .arg(server.db_path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("the sqlite3 shell (apt-get install sqlite3)");
+        let stdin = shell.stdin.as_mut().unwrap();
+        stdin.write_all(b"BEGIN IMMEDIATE;\n").unwrap();
+        stdin.flush().unwrap();
+        // Held once this process cannot take it.
+        let db = server.db();
+        db.busy_timeout(Duration::ZERO).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while db.execute_batch("BEGIN IMMEDIATE; ROLLBACK;").is_ok() {
+            assert!(Instant::now() < deadline, "the shell never took the lock");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Shell(shell)
+    }
+
+    fn let_go(mut self) {
+        let mut stdin = self.0.stdin.take().unwrap();
+        stdin.write_all(b"ROLLBACK;\n.quit\n").unwrap();
+        drop(stdin);
+        assert!(self.0.wait().unwrap().success());
+    }
+}
+
+/// SQLite: the `sqlite3` shell takes the write lock with no delivery arriving: not ready within
+/// `busy_timeout` and the bound; a delivery meanwhile waits `busy_timeout` and gets 503. The
+/// shell lets go: ready again within the bound with no write to prove it (before: not ready
+/// until some write committed), and the next delivery is claimed.
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_readiness_follows_a_lock_another_process_holds_with_no_delivery() {
+    let server = TestServer::start("[database]\nbusy_timeout = \"1s\"\n").await;
+    assert_eq!(server.get_status("/readyz").await, 200);
+    let shell = Shell::hold(&server);
+    let to_not_ready = seconds_until_readyz(&server, 503, Duration::from_secs(1) + BOUND)
+        .await
+        .expect("still ready while another process held the write lock past busy_timeout");
+    assert_eq!(gauge(&server.metrics().await, "sume_ready"), 0.0);
+    assert_eq!(server.deliver(&job_body("while-held")).await.status, 503);
+    shell.let_go();
+    let to_ready = seconds_until_readyz(&server, 200, BOUND)
+        .await
+        .expect("still not ready after the shell let go of the lock, with no delivery");
+    assert_eq!(gauge(&server.metrics().await, "sume_ready"), 1.0);
+    assert_eq!(server.deliver(&job_body("after")).await.status, 200);
+    println!(
+        "SQLite, the shell's lock: not ready {to_not_ready:.1} s after it was taken \
+         (busy_timeout 1 s), ready {to_ready:.1} s after it was let go, no delivery"
+    );
+    server.stop().await.0.unwrap();
+}
+
+/// A receiver on PostgreSQL through a relay the test can cut.
+async fn behind_a_relay() -> (TestServer, Relay, String) {
+    let database = new_postgres_database();
+    let server = server_of(&database);
+    let relay = Relay::start(server.clone()).await;
+    let relayed = database.replacen(&server, &format!("127.0.0.1:{}", relay.port), 1);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("postgres-url"), &relayed).unwrap();
+    let receiver = TestServer::start_in(dir, "[server]\nclaim_timeout = \"2s\"\n").await;
+    assert_eq!(receiver.get_status("/readyz").await, 200);
+    (receiver, relay, database)
+}
+
+/// PostgreSQL blips while one delivery arrives, which is refused; then nothing arrives. Ready
+/// again within the bound after the server is back (before: not ready until the next
+/// delivery, which a balancer following `/readyz` never sends).
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_ready_again_after_a_blip_that_refused_one_claim() {
+    Backend::Postgres
+        .run("postgres_ready_again_after_a_blip", async {
+            let (server, relay, _) = behind_a_relay().await;
+            relay.cut();
+            assert_eq!(server.deliver(&job_body("in-the-blip")).await.status, 503);
+            relay.restore();
+            let to_ready = seconds_until_readyz(&server, 200, BOUND)
+                .await
+                .expect("still not ready after PostgreSQL came back, with no delivery");
+            assert_eq!(gauge(&server.metrics().await, "sume_ready"), 1.0);
+            assert_eq!(server.deliver(&job_body("after")).await.status, 200);
+            println!("PostgreSQL blip, one claim refused: ready {to_ready:.1} s after it came back, no delivery");
+            server.stop().await.0.unwrap();
+        })
+        .await;
+}
+
+/// PostgreSQL stops with no delivery arriving: not ready within the bound, and `sume_ready`
+/// agrees with `sume_ledger_reachable` (before: ready until a delivery was refused); back,
+/// ready within the bound.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_stopped_with_no_delivery_is_not_ready() {
+    Backend::Postgres
+        .run("postgres_stopped_with_no_delivery_is_not_ready", async {
+            let (server, relay, _) = behind_a_relay().await;
+            relay.cut();
+            let to_not_ready = seconds_until_readyz(&server, 503, BOUND)
+                .await
+                .expect("still ready with PostgreSQL stopped");
+            let scrape = server.metrics().await;
+            assert_eq!(gauge(&scrape, "sume_ready"), 0.0, "{scrape}");
+            assert_eq!(gauge(&scrape, "sume_ledger_reachable"), 0.0, "{scrape}");
+            relay.restore();
+            let to_ready = seconds_until_readyz(&server, 200, BOUND)
+                .await
+                .expect("not ready after PostgreSQL came back");
+            let scrape = server.metrics().await;
+            assert_eq!(gauge(&scrape, "sume_ready"), 1.0, "{scrape}");
+            assert_eq!(gauge(&scrape, "sume_ledger_reachable"), 1.0, "{scrape}");
+            println!(
+                "PostgreSQL stopped, no delivery: not ready {to_not_ready:.1} s after, \
+                 ready {to_ready:.1} s after it came back"
+            );
+            server.stop().await.0.unwrap();
+        })
+        .await;
+}
+
+/// The database flips read-only (a managed failover's `default_transaction_read_only`): the
+/// ledger is still reachable and its gauges still read (the oldest due job's wait goes on
+/// growing), while the receiver is not ready (it cannot claim). Before: unreachable, the due
+/// job's wait read 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_read_only_is_reachable_but_not_ready() {
+    Backend::Postgres
+        .run("postgres_read_only_is_reachable_but_not_ready", async {
+            let (server, relay, database) = behind_a_relay().await;
+            // A job that waits (no handler): its wait is what the gauge shows.
+            assert_eq!(server.deliver(&job_body("waiting")).await.status, 200);
+            let name = database.rsplit('/').next().unwrap().to_owned();
+            with_postgres(&database, |client| {
+                client
+                    .batch_execute(&format!(
+                        "ALTER DATABASE {name} SET default_transaction_read_only = on"
+                    ))
+                    .unwrap()
+            });
+            // Every session ends, as in a failover; the new ones are read-only.
+            relay.cut();
+            relay.restore();
+            let to_not_ready = seconds_until_readyz(&server, 503, BOUND)
+                .await
+                .expect("ready on a read-only server");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let scrape = server.metrics().await;
+            assert_eq!(gauge(&scrape, "sume_ledger_reachable"), 1.0, "{scrape}");
+            assert_eq!(gauge(&scrape, "sume_ready"), 0.0, "{scrape}");
+            assert!(
+                gauge(&scrape, "sume_oldest_due_job_wait_seconds") >= 1.0,
+                "{scrape}"
+            );
+            assert_eq!(
+                gauge(&scrape, "sume_jobs{state=\"claimed\"}"),
+                1.0,
+                "{scrape}"
+            );
+            println!(
+                "PostgreSQL read-only: not ready {to_not_ready:.1} s after, reachable, gauges read"
+            );
+            server.stop().await.0.unwrap();
+        })
+        .await;
+}
