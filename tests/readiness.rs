@@ -211,3 +211,66 @@ async fn postgres_read_only_is_reachable_but_not_ready() {
         })
         .await;
 }
+
+/// The size of the ledger's WAL file.
+fn wal_bytes(server: &TestServer) -> u64 {
+    let mut wal = server.db_path().into_os_string();
+    wal.push("-wal");
+    std::fs::metadata(wal).map_or(0, |wal| wal.len())
+}
+
+/// SQLite: a reader (the `sqlite3` shell in a read transaction, as a backup) keeps the WAL from
+/// being copied back while 300 MiB are written; it goes, and nothing is written after: the WAL
+/// is truncated within the bound (before: it kept its 300 MiB until the next write).
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_the_wal_shrinks_at_rest_after_the_reader_that_held_it_goes() {
+    let server = TestServer::start("").await;
+    let mut reader = Command::new("sqlite3")
+        .arg(server.db_path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("the sqlite3 shell (apt-get install sqlite3)");
+    let stdin = reader.stdin.as_mut().unwrap();
+    stdin
+        .write_all(b"BEGIN; SELECT count(*) FROM jobs;\n")
+        .unwrap();
+    stdin.flush().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // 300 MiB through the WAL, past the writer's 256 MiB limit, then a claim of the
+    // receiver's own (its checkpointer wakes after its own commits).
+    let db = server.db();
+    db.execute_batch(
+        "CREATE TABLE scratch (b);
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)
+         INSERT INTO scratch SELECT zeroblob(1048576) FROM n;
+         DROP TABLE scratch;",
+    )
+    .unwrap();
+    drop(db);
+    assert_eq!(
+        server.deliver(&job_body("after-the-load")).await.status,
+        200
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = wal_bytes(&server);
+    assert!(held > 256 << 20, "the WAL did not grow: {held} bytes");
+    let mut stdin = reader.stdin.take().unwrap();
+    stdin.write_all(b"COMMIT;\n.quit\n").unwrap();
+    drop(stdin);
+    assert!(reader.wait().unwrap().success());
+    let started = Instant::now();
+    let shrunk = eventually(BOUND, || wal_bytes(&server) <= 256 << 20).await;
+    let after = wal_bytes(&server);
+    assert!(
+        shrunk,
+        "the WAL kept {after} bytes for {BOUND:?} after the reader went, with no write"
+    );
+    println!(
+        "SQLite WAL after a reader: {} MiB while held, {} MiB {:.1} s after it went, no write",
+        held >> 20,
+        after >> 20,
+        started.elapsed().as_secs_f64()
+    );
+    server.stop().await.0.unwrap();
+}
