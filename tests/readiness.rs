@@ -5,11 +5,10 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::relay::{server_of, Relay};
+use common::sqlite_shell::SqliteShell;
 use common::*;
 
 /// How soon readiness follows the ledger with no delivery, asked as a load balancer asks
@@ -39,40 +38,6 @@ fn gauge(scrape: &str, name: &str) -> f64 {
         .unwrap()
 }
 
-/// The `sqlite3` shell holding the ledger's write lock (`BEGIN IMMEDIATE`), as an operator's
-/// session or a backup tool does, until [`Shell::let_go`].
-struct Shell(Child);
-
-impl Shell {
-    fn hold(server: &TestServer) -> Shell {
-        let mut shell = Command::new("sqlite3")
-            .arg(server.db_path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("the sqlite3 shell (apt-get install sqlite3)");
-        let stdin = shell.stdin.as_mut().unwrap();
-        stdin.write_all(b"BEGIN IMMEDIATE;\n").unwrap();
-        stdin.flush().unwrap();
-        // Held once this process cannot take it.
-        let db = server.db();
-        db.busy_timeout(Duration::ZERO).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while db.execute_batch("BEGIN IMMEDIATE; ROLLBACK;").is_ok() {
-            assert!(Instant::now() < deadline, "the shell never took the lock");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Shell(shell)
-    }
-
-    fn let_go(mut self) {
-        let mut stdin = self.0.stdin.take().unwrap();
-        stdin.write_all(b"ROLLBACK;\n.quit\n").unwrap();
-        drop(stdin);
-        assert!(self.0.wait().unwrap().success());
-    }
-}
-
 /// SQLite: the `sqlite3` shell takes the write lock with no delivery arriving: not ready within
 /// `busy_timeout` and the bound; a delivery meanwhile waits `busy_timeout` and gets 503. The
 /// shell lets go: ready again within the bound with no write to prove it (before: not ready
@@ -81,7 +46,7 @@ impl Shell {
 async fn sqlite_readiness_follows_a_lock_another_process_holds_with_no_delivery() {
     let server = TestServer::start("[database]\nbusy_timeout = \"1s\"\n").await;
     assert_eq!(server.get_status("/readyz").await, 200);
-    let shell = Shell::hold(&server);
+    let shell = SqliteShell::holding_the_write_lock(&server.db_path());
     let to_not_ready = seconds_until_readyz(&server, 503, Duration::from_secs(1) + BOUND)
         .await
         .expect("still ready while another process held the write lock past busy_timeout");
@@ -225,17 +190,7 @@ fn wal_bytes(server: &TestServer) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn sqlite_the_wal_shrinks_at_rest_after_the_reader_that_held_it_goes() {
     let server = TestServer::start("").await;
-    let mut reader = Command::new("sqlite3")
-        .arg(server.db_path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("the sqlite3 shell (apt-get install sqlite3)");
-    let stdin = reader.stdin.as_mut().unwrap();
-    stdin
-        .write_all(b"BEGIN; SELECT count(*) FROM jobs;\n")
-        .unwrap();
-    stdin.flush().unwrap();
+    let reader = SqliteShell::run(&server.db_path(), "BEGIN; SELECT count(*) FROM jobs;\n");
     tokio::time::sleep(Duration::from_millis(300)).await;
     // 300 MiB through the WAL, past the writer's 256 MiB limit, then a claim of the
     // receiver's own (its checkpointer wakes after its own commits).
@@ -255,10 +210,7 @@ async fn sqlite_the_wal_shrinks_at_rest_after_the_reader_that_held_it_goes() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let held = wal_bytes(&server);
     assert!(held > 256 << 20, "the WAL did not grow: {held} bytes");
-    let mut stdin = reader.stdin.take().unwrap();
-    stdin.write_all(b"COMMIT;\n.quit\n").unwrap();
-    drop(stdin);
-    assert!(reader.wait().unwrap().success());
+    reader.let_go();
     let started = Instant::now();
     let shrunk = eventually(BOUND, || wal_bytes(&server) <= 256 << 20).await;
     let after = wal_bytes(&server);

@@ -4,6 +4,7 @@
 pub mod powercut;
 pub mod relay;
 pub mod service;
+pub mod sqlite_shell;
 pub mod sume;
 
 use std::future::Future;
