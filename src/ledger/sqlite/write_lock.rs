@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use rusqlite::Connection;
+
 /// The byte of the WAL index (`-shm`) that a writer locks: SQLite's unix VFS puts its shared
 /// memory locks from `UNIX_SHM_BASE` = 120, and `WAL_WRITE_LOCK` is the first.
 const WAL_WRITE_LOCK_BYTE: libc::off_t = 120;
@@ -33,8 +35,18 @@ pub(super) struct CommitState {
 }
 
 impl CommitState {
+    /// For the writer's connection (in WAL mode: the `-shm` exists), with its `busy_timeout`.
+    pub(super) fn of(conn: &Connection) -> rusqlite::Result<CommitState> {
+        let busy_timeout: i64 = conn.pragma_query_value(None, "busy_timeout", |row| row.get(0))?;
+        let path = Path::new(conn.path().unwrap_or_default());
+        Ok(CommitState::new(
+            path,
+            Duration::from_millis(busy_timeout.unsigned_abs()),
+        ))
+    }
+
     /// For the ledger at `path` (in WAL mode: its `-shm` exists), whose commits wait `patience`.
-    pub(super) fn new(path: &Path, patience: Duration) -> CommitState {
+    fn new(path: &Path, patience: Duration) -> CommitState {
         let mut shm = path.as_os_str().to_owned();
         shm.push("-shm");
         let shm = File::open(&shm)
@@ -92,6 +104,16 @@ impl CommitState {
                 "another process has held the ledger's write lock for longer than busy_timeout",
             )
     }
+}
+
+/// Whether a `BEGIN IMMEDIATE` failed because another process kept the write lock past
+/// `busy_timeout`.
+pub(super) fn is_busy(begin: &rusqlite::Result<usize>) -> bool {
+    begin
+        .as_ref()
+        .err()
+        .and_then(rusqlite::Error::sqlite_error_code)
+        == Some(rusqlite::ErrorCode::DatabaseBusy)
 }
 
 /// Whether another process holds the WAL write lock: `F_GETLK` reports a lock that would

@@ -13,7 +13,6 @@
 //! service's own changes (attempt starts and ends, retention) wait for room instead.
 
 use std::panic::AssertUnwindSafe;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::failure::{self, Cause, Failure};
 use super::jobs::insert_claim;
 use super::wal_sync::{Answerer, ClaimReply, Completion, SyncWal, WalSyncer};
-use super::write_lock::CommitState;
+use super::write_lock::{is_busy, CommitState};
 use crate::ledger::error::StorageError;
 use crate::ledger::model::{now_ms, ClaimOutcome, NewClaim};
 use crate::throttle::Throttled;
@@ -94,13 +93,7 @@ impl Writer {
     ) -> anyhow::Result<(Writer, std::thread::JoinHandle<()>)> {
         let (queue, inbox) = mpsc::channel(QUEUE_CAPACITY);
         let stopping = Arc::new(AtomicBool::new(false));
-        let commits = Arc::new(CommitState::new(
-            Path::new(conn.path().unwrap_or_default()),
-            Duration::from_millis(
-                conn.pragma_query_value(None, "busy_timeout", |row| row.get::<_, i64>(0))?
-                    .unsigned_abs(),
-            ),
-        ));
+        let commits = Arc::new(CommitState::of(&conn)?);
         let syncer = Answering::start(durability, failure.clone(), Answerer::on_current_runtime())?;
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())
@@ -409,12 +402,7 @@ fn commit_batch(
     let begin = conn
         .prepare_cached("BEGIN IMMEDIATE")
         .and_then(|mut s| s.execute([]));
-    // Another process kept the write lock past busy_timeout.
-    let busy = begin
-        .as_ref()
-        .err()
-        .and_then(rusqlite::Error::sqlite_error_code)
-        == Some(rusqlite::ErrorCode::DatabaseBusy);
+    let busy = is_busy(&begin);
     let (completions, committed) = match begin {
         Ok(_) => {
             let mut completions: Vec<Completion> = Vec::with_capacity(size);
