@@ -128,6 +128,8 @@ pub async fn operational(
                 Some(_) => "running",
                 None => "no handler",
             };
+            // A round trip at most once a second, shared by every request (PostgreSQL).
+            ledger.prove_readiness().await;
             let mut body = match ledger.readiness() {
                 Ok(()) => serde_json::json!({ "status": "ready", "dispatch": dispatch }),
                 Err(reason) => {
@@ -166,10 +168,11 @@ async fn metrics(ledger: &Ledger) -> Response<Full<Bytes>> {
     let now = now_ms();
     // Bounded: a scrape that outlasts Prometheus's timeout would read as the receiver down, not
     // as its ledger unreachable. Served either way, with the ledger's gauges as last read.
+    // Readiness as of this scrape, not as of the last claim.
+    ledger.prove_readiness().await;
     let read = tokio::time::timeout(LEDGER_READ_PER_SCRAPE, async {
         let snapshot = ledger.metrics_snapshot().await?;
-        // A limit of 0 reads no job, only when the earliest waiting one is due.
-        let next_due = ledger.due_jobs(now, 0).await?.next_at;
+        let next_due = ledger.next_due_at().await?;
         Ok::<_, StorageError>((snapshot, next_due))
     })
     .await;

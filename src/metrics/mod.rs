@@ -295,17 +295,17 @@ impl Metrics {
         );
         registry.register(
             "sume_ready",
-            "1 while a delivery sent now would be claimed (what /readyz answers), read at each scrape",
+            "1 while a delivery sent now would be claimed (what /readyz answers), proved at each scrape with no delivery needed",
             m.ready.clone(),
         );
         registry.register(
             "sume_ledger_reachable",
-            "1 when this scrape read the ledger, 0 when it could not within 5s (PostgreSQL unreachable, SQLite unreadable): the ledger's gauges then keep their last values",
+            "1 when this scrape read the ledger (reads only: a read-only PostgreSQL primary is reachable), 0 when it could not within 5s (PostgreSQL unreachable, SQLite unreadable): the ledger's gauges then keep their last values",
             m.ledger_reachable.clone(),
         );
         registry.register_with_unit(
             "sume_oldest_due_job_wait",
-            "How long the job due the longest (claimed, or retrying past its backoff) has waited for a worker (0 when none is due)",
+            "How long the job due the longest (claimed, or retrying past its backoff) has waited since it became due (0 when none is due): through a pause too; through a hold it follows the probe rotation (a failed probe makes its job due later), not the hold",
             Unit::Seconds,
             m.oldest_due_wait.clone(),
         );

@@ -4,7 +4,9 @@
 pub mod pebble;
 pub mod peers;
 pub mod powercut;
+pub mod relay;
 pub mod service;
+pub mod sqlite_shell;
 pub mod sume;
 pub mod tls;
 
