@@ -11,6 +11,10 @@ use crate::job_id::JobId;
 use crate::ledger::{now_ms, Ledger, RetryError, StorageError};
 use crate::worker::Queue;
 
+/// A reason (a cancel's, a pause's) is at most this many characters: it is kept in the ledger
+/// and shown on every page of the jobs it concerns.
+pub const MAX_REASON_CHARS: usize = 500;
+
 /// An action on one job, as its path segment names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobAction {
@@ -58,6 +62,8 @@ pub enum Refused {
     Retry(RetryError),
     #[error("a cancel needs a reason")]
     NoReason,
+    #[error("a reason is at most {MAX_REASON_CHARS} characters")]
+    ReasonTooLong,
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -68,7 +74,7 @@ impl Refused {
         match self {
             Refused::Unknown => StatusCode::NOT_FOUND,
             Refused::NotApplicable { .. } | Refused::Retry(_) => StatusCode::CONFLICT,
-            Refused::NoReason => StatusCode::BAD_REQUEST,
+            Refused::NoReason | Refused::ReasonTooLong => StatusCode::BAD_REQUEST,
             Refused::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -123,7 +129,7 @@ impl Actions<'_> {
         by: &str,
         reason: Option<&str>,
     ) -> Result<(), Refused> {
-        let reason = said(reason).ok_or(Refused::NoReason)?;
+        let reason = said(reason)?.ok_or(Refused::NoReason)?;
         let changed = self
             .ledger
             .cancel_job(job_id.as_str(), by, reason, now_ms())
@@ -145,8 +151,8 @@ impl Actions<'_> {
         paused: bool,
         by: &str,
         reason: Option<&str>,
-    ) -> Result<bool, StorageError> {
-        let reason = said(reason).filter(|_| paused);
+    ) -> Result<bool, Refused> {
+        let reason = said(reason)?.filter(|_| paused);
         let changed = self
             .ledger
             .set_dispatch(paused, by, reason, now_ms())
@@ -190,7 +196,11 @@ impl Actions<'_> {
     }
 }
 
-/// A reason that says something; `None` for none or a blank one.
-fn said(reason: Option<&str>) -> Option<&str> {
-    reason.filter(|reason| !reason.trim().is_empty())
+/// A reason that says something; `None` for none or a blank one; refused past
+/// [`MAX_REASON_CHARS`].
+fn said(reason: Option<&str>) -> Result<Option<&str>, Refused> {
+    match reason.filter(|reason| !reason.trim().is_empty()) {
+        Some(reason) if reason.chars().count() > MAX_REASON_CHARS => Err(Refused::ReasonTooLong),
+        said => Ok(said),
+    }
 }

@@ -5,8 +5,11 @@
 //! `POST /v1/jobs/{job_id}/retry`, `/run-now` and `/cancel?reason=...` act on it;
 //! `GET /v1/dispatch`, `POST /v1/dispatch/pause` (optionally `?reason=`) and `/resume`;
 //! `GET /v1/refusals`, the recent refused deliveries. The actions themselves are `actions.rs`'s,
-//! shared with the console. Off unless `[admin] token_file` is set. It also serves `/healthz`,
-//! `/readyz` and `/metrics` (no token: read-only, loopback).
+//! shared with the console. Off unless `[admin] token_file` is set. Every admin token is a
+//! bearer: the operator token and named operators act, the read token and named readers only
+//! read (`GET`); a named token's actions are recorded as `api:<name>`. Wrong tokens are
+//! throttled per peer (`peer_throttle.rs`). It also serves `/healthz`, `/readyz` and
+//! `/metrics` (no token: read-only), under the console's Host names only.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,22 +18,26 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::AUTHORIZATION;
+use hyper::header::{AUTHORIZATION, HOST, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 
+use crate::access::{Role, Tokens};
 use crate::actions::{Actions, JobAction, Refused};
-use crate::config::Secret;
 use crate::console::Console;
 use crate::ingest::json_response;
 use crate::job_id::JobId;
 use crate::ledger::{self, duration_ms, now_ms, Ledger};
+use crate::peer_throttle::PeerThrottle;
 use crate::refusals::Refusals;
 use crate::server::{error_response, Router};
 use crate::worker::Queue;
 
 pub struct Admin {
     pub ledger: Arc<Ledger>,
-    pub token: Secret,
+    /// Who a bearer token is (the console's sign-in knows the same tokens).
+    pub tokens: Arc<Tokens>,
+    /// Wrong bearer tokens, per peer.
+    pub api_auth: PeerThrottle,
     pub reconcile_after: Duration,
     /// The local worker, woken when an action makes a job due; `None` without a handler.
     pub queue: Option<Queue>,
@@ -55,30 +62,62 @@ impl Router for Admin {
         if Console::owns(request.uri().path()) {
             return self.console.handle(request, peer).await;
         }
-        // Read-only and on loopback by default: Prometheus and health checks need no token.
+        let host = request.headers().get(HOST).and_then(|v| v.to_str().ok());
+        let ours = host.is_some_and(|host| self.console.answers_to(&host.to_ascii_lowercase()));
+        if crate::server::is_operational(request.uri().path()) && !ours {
+            // Read-only, but as the console: no answer to a name that is not ours (DNS
+            // rebinding would let a page read them from an operator's browser).
+            return error_response(
+                StatusCode::MISDIRECTED_REQUEST,
+                "this listener does not answer to that Host name",
+            );
+        }
+        // Prometheus and health checks need no token.
         if let Some(response) =
             crate::server::operational(&self.ledger, self.queue.as_ref(), &request).await
         {
             return response;
         }
-        let authorized = request
+        if let Err(wait) = self.api_auth.check(peer.ip()) {
+            let mut response = error_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many wrong tokens from this address; wait",
+            );
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, wait.as_secs().max(1).into());
+            return response;
+        }
+        let bearer = request
             .headers()
             .get(AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.trim().split_once(' '))
             // RFC 9110: the scheme is case-insensitive.
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .is_some_and(|(_, token)| self.token.matches(token.trim()));
-        if !authorized {
+            .map(|(_, token)| token.trim());
+        let who = bearer.and_then(|token| self.tokens.identify(token));
+        let Some(who) = who else {
+            if bearer.is_some() {
+                self.api_auth.failed(peer.ip());
+            }
             return error_response(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
-        }
+        };
+        self.api_auth.succeeded(peer.ip());
         let path = request.uri().path().to_owned();
         let query = request.uri().query().unwrap_or("").to_owned();
         let method = request.method().clone();
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let posted = method == Method::POST;
         let read = matches!(method, Method::GET | Method::HEAD);
-        let by = format!("admin:{}", peer.ip());
+        if who.role == Role::Reader && !read {
+            return error_response(StatusCode::FORBIDDEN, "a reader's token only reads (GET)");
+        }
+        // A named token's name; the shared token knows only where the request came from.
+        let by = match &who.name {
+            Some(name) => format!("api:{name}"),
+            None => format!("admin:{}", peer.ip()),
+        };
         match segments.as_slice() {
             ["v1", "expected", job_id] => {
                 if !matches!(method, Method::PUT | Method::POST) {
@@ -124,7 +163,8 @@ impl Router for Admin {
                         StatusCode::OK,
                         &serde_json::json!({ "paused": paused, "changed": changed }),
                     ),
-                    Err(error) => storage_unavailable(&error),
+                    Err(Refused::Storage(error)) => storage_unavailable(&error),
+                    Err(refused) => error_response(refused.status(), &refused.to_string()),
                 }
             }
             ["v1", "refusals"] if read => {

@@ -2,15 +2,29 @@
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::config::{Config, HandlerKind, LedgerConfig};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+
+use crate::config::{AdminConfig, CertificateSource, Config, HandlerKind, LedgerConfig, TlsConfig};
+use crate::tls::certificate::Certificate;
+
+/// Admin tokens shorter than this are weak (`openssl rand -hex 32` makes 64 characters).
+pub const MIN_TOKEN_CHARS: usize = 32;
 
 /// What the check found: errors stop `serve` (non-zero exit), warnings do not.
 #[derive(Debug, Default)]
 pub struct Findings {
     pub errors: Vec<String>,
     pub warnings: Vec<String>,
+    /// Facts worth seeing before a start (each listener's certificate).
+    pub notes: Vec<String>,
+    /// Admin tokens that are weak or exposed (short, open to others or group-writable, one
+    /// token under two names): warnings, and errors for `check-config --strict` (`serve` warns only).
+    pub weak_tokens: Vec<String>,
 }
 
 /// What a credential file this user cannot read is.
@@ -63,6 +77,17 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
             "admin.tokens",
             admin.named_tokens().map(drop),
         );
+        findings.weak_tokens = weak_tokens(admin);
+    }
+    let admin_tls = config.admin.as_ref().and_then(|admin| admin.tls.as_ref());
+    let admin_tls = admin_tls.map(TlsConfig::from);
+    for (table, tls) in [
+        ("server.tls", config.server.tls.as_ref()),
+        ("admin.tls", admin_tls.as_ref()),
+    ] {
+        if let Some(tls) = tls {
+            certificate(&mut findings, unreadable, table, tls, config);
+        }
     }
     match &config.database {
         // Not connected to here: `serve` says at start if the server cannot be reached.
@@ -136,6 +161,158 @@ fn credential(
     }
 }
 
+/// A certificate left with less than this before it expires is worth a warning (the shipped
+/// alert `SumeCertificateExpiringSoon` says the same).
+const CERTIFICATE_WARNING: Duration = Duration::from_secs(14 * 86_400);
+
+/// A listener's certificate and key: readable, a pair, fit to serve now, far enough from its
+/// expiry, and (on the admin listener) covering the host names the console answers to. An
+/// ACME listener: its cache directory writable, its directory's CA file readable.
+fn certificate(
+    findings: &mut Findings,
+    unreadable: Unreadable,
+    table: &str,
+    tls: &TlsConfig,
+    config: &Config,
+) {
+    let (cert_file, key_file) = match tls.source() {
+        CertificateSource::Files { cert, key } => (cert, key),
+        CertificateSource::Acme(acme) => {
+            if let Err(error) = directory_writable(&acme.cache_dir) {
+                findings
+                    .errors
+                    .push(format!("{table}.acme.cache_dir: {error}"));
+            }
+            if let Some(ca_file) = &acme.directory_ca_file {
+                let read = std::fs::read(ca_file)
+                    .map(drop)
+                    .with_context(|| format!("cannot read {}", ca_file.display()));
+                credential(
+                    findings,
+                    unreadable,
+                    &format!("{table}.acme.directory_ca_file"),
+                    read,
+                );
+            }
+            findings.notes.push(format!(
+                "{table}: certificates for {} from the ACME directory {} ({:?}), kept in {}",
+                acme.domains.join(", "),
+                acme.directory,
+                acme.challenge,
+                acme.cache_dir.display()
+            ));
+            return;
+        }
+    };
+    let about = match Certificate::from_files(cert_file, key_file) {
+        Ok(loaded) => loaded.about,
+        Err(error) => return credential(findings, unreadable, table, Err(error)),
+    };
+    let now = SystemTime::now();
+    if let Some(problem) = about.unfit(now) {
+        findings
+            .errors
+            .push(format!("{table}: {}: {problem}", cert_file.display()));
+    } else if about.remaining(now) < CERTIFICATE_WARNING {
+        findings.warnings.push(format!(
+            "{table}: the certificate expires in {} days ({}): renew it",
+            about.remaining(now).as_secs() / 86_400,
+            humantime::format_rfc3339_seconds(about.not_after)
+        ));
+    }
+    if table == "admin.tls" {
+        for host in config.admin.iter().flat_map(|admin| &admin.allowed_hosts) {
+            if !about.covers(host) {
+                findings.warnings.push(format!(
+                    "{table}: the certificate does not cover {host:?} (admin.allowed_hosts): a \
+                     browser asking for it is refused"
+                ));
+            }
+        }
+    }
+    findings.notes.push(format!(
+        "{table}: a certificate for {} issued by {}, valid until {} ({} days left)",
+        if about.names.is_empty() {
+            "no name".to_owned()
+        } else {
+            about.names.join(", ")
+        },
+        about.issuer,
+        humantime::format_rfc3339_seconds(about.not_after),
+        about.remaining(now).as_secs() / 86_400
+    ));
+}
+
+/// A directory this user can write in, or the nearest existing ancestor it would be made in.
+fn directory_writable(dir: &Path) -> Result<(), String> {
+    let existing = nearest_existing(dir.to_owned());
+    if accessible(&existing, libc::W_OK | libc::X_OK) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is not writable by this user",
+            existing.display()
+        ))
+    }
+}
+
+/// What is weak or exposed in the admin tokens that can be read here: a file others may
+/// read or write, or its group write, a token shorter than [`MIN_TOKEN_CHARS`], one token under two keys (the
+/// first match would win, silently). Never the token itself.
+fn weak_tokens(admin: &AdminConfig) -> Vec<String> {
+    let mut files: Vec<(String, &Path)> = Vec::new();
+    files.extend(
+        admin
+            .token_file
+            .as_deref()
+            .map(|f| ("admin.token_file".into(), f)),
+    );
+    files.extend(
+        admin
+            .read_token_file
+            .as_deref()
+            .map(|f| ("admin.read_token_file".into(), f)),
+    );
+    for token in &admin.tokens {
+        files.push((format!("admin.tokens {:?}", token.name), &token.file));
+    }
+    let mut weak = Vec::new();
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for (key, file) in files {
+        if let Ok(metadata) = std::fs::metadata(file) {
+            let mode = metadata.permissions().mode() & 0o777;
+            // The install makes token files root's, readable by the service's group (0640):
+            // group read is how the service reads them; anything more is too much.
+            if mode & 0o027 != 0 {
+                weak.push(format!(
+                    "{key}: {} is open to others or writable by its group (mode {mode:04o}): \
+                     chmod 0640 (owner root, group the service's) or 0600",
+                    file.display()
+                ));
+            }
+        }
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        let token = text.trim().to_owned();
+        let chars = token.chars().count();
+        if chars > 0 && chars < MIN_TOKEN_CHARS {
+            weak.push(format!(
+                "{key}: the token is {chars} characters; use at least {MIN_TOKEN_CHARS} \
+                 (`openssl rand -hex 32`)"
+            ));
+        }
+        if let Some((first, _)) = seen.iter().find(|(_, held)| *held == token) {
+            weak.push(format!(
+                "{key} holds the same token as {first}: the first to match would win, \
+                 silently; give each its own"
+            ));
+        }
+        seen.push((key, token));
+    }
+    weak
+}
+
 /// The ledger file (if it exists) and its directory (or the nearest existing ancestor, which
 /// `serve` would create it in) must be writable by this user.
 fn ledger_directory_writable(ledger: &Path) -> Result<(), String> {
@@ -149,12 +326,7 @@ fn ledger_directory_writable(ledger: &Path) -> Result<(), String> {
     if dir.as_os_str().is_empty() {
         dir = PathBuf::from(".");
     }
-    while !dir.exists() {
-        match dir.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => dir = parent.to_owned(),
-            _ => break,
-        }
-    }
+    let dir = nearest_existing(dir);
     if !accessible(&dir, libc::W_OK | libc::X_OK) {
         return Err(format!(
             "database.path: cannot create the ledger or its WAL in {}: not writable by this user",
@@ -162,6 +334,19 @@ fn ledger_directory_writable(ledger: &Path) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// `dir`, or the nearest of its ancestors that exists (where `serve` would create it).
+fn nearest_existing(mut dir: PathBuf) -> PathBuf {
+    while !dir.exists() {
+        match dir.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => dir = parent.to_owned(),
+            // A bare name is in the working directory.
+            Some(_) => return PathBuf::from("."),
+            None => break,
+        }
+    }
+    dir
 }
 
 /// The program a handler names: a path, or a name looked up in PATH like the service does.
@@ -236,6 +421,42 @@ mod tests {
                 "{findings:?}"
             );
         }
+    }
+
+    #[test]
+    fn weak_or_exposed_admin_tokens_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let strong = "s".repeat(MIN_TOKEN_CHARS);
+        for (file, token, mode) in [
+            ("operator", "x", 0o666),
+            ("alice", strong.as_str(), 0o600),
+            ("bob", strong.as_str(), 0o600),
+        ] {
+            let path = dir.path().join(file);
+            std::fs::write(&path, token).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let findings = check(
+            &config(
+                dir.path(),
+                "[admin]\ntoken_file = \"operator\"\n\
+                 [[admin.tokens]]\nname = \"alice\"\nfile = \"alice\"\n\
+                 [[admin.tokens]]\nname = \"bob\"\nfile = \"bob\"\nrole = \"operator\"\n",
+            ),
+            Unreadable::Error,
+        );
+        let weak = findings.weak_tokens.join("\n");
+        assert!(
+            weak.contains("admin.token_file") && weak.contains("mode 0666"),
+            "{weak}"
+        );
+        assert!(weak.contains("1 characters"), "{weak}");
+        assert!(
+            weak.contains("admin.tokens \"bob\" holds the same token as admin.tokens \"alice\""),
+            "{weak}"
+        );
+        assert_eq!(findings.weak_tokens.len(), 3, "{weak}");
+        assert!(!weak.contains(&strong), "never the token itself");
     }
 
     #[test]

@@ -1,16 +1,18 @@
 //! Handlers: run one attempt of a job as a command (body on stdin) or as an HTTP POST.
 
+use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Request, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::HandlerKind;
+use crate::config::{HandlerKind, HandlerUrl};
 use crate::http_client::{self, HttpClient, SendError};
 use crate::ledger::{Attempt, Failure};
 use crate::logging::Escaped;
@@ -49,17 +51,30 @@ pub enum Handler {
     Http {
         client: Box<HttpClient>,
         url: hyper::Uri,
+        /// The URL's `user:password@`, as `Basic ...` (marked sensitive: never logged).
+        authorization: Option<HeaderValue>,
     },
 }
 
 impl Handler {
-    pub fn new(kind: HandlerKind) -> anyhow::Result<Self> {
+    /// `ca_file`: CA certificates an https URL may be signed by, besides the system's.
+    pub fn new(kind: HandlerKind, ca_file: Option<&Path>) -> anyhow::Result<Self> {
         Ok(match kind {
             HandlerKind::Command(argv) => Handler::Command(argv),
-            HandlerKind::Url(url) => Handler::Http {
-                client: Box::new(http_client::new_client()),
-                url: url.parse()?,
-            },
+            HandlerKind::Url(url) => {
+                let target = HandlerUrl::parse(&url).map_err(anyhow::Error::msg)?;
+                let authorization = target
+                    .basic_auth
+                    .map(|(user, password)| basic_authorization(&user, password.expose()))
+                    .transpose()?;
+                Handler::Http {
+                    client: Box::new(
+                        http_client::client_trusting(ca_file).context("handler.ca_file")?,
+                    ),
+                    url: target.uri,
+                    authorization,
+                }
+            }
         })
     }
 
@@ -72,9 +87,13 @@ impl Handler {
     ) -> Result<(), AttemptError> {
         match self {
             Handler::Command(argv) => run_command(argv, attempt, timeout, stop).await,
-            Handler::Http { client, url } => {
+            Handler::Http {
+                client,
+                url,
+                authorization,
+            } => {
                 tokio::select! {
-                    result = post(client, url, attempt, timeout) => {
+                    result = post(client, (url, authorization.as_ref()), attempt, timeout) => {
                         result.map_err(|(failure, sign)| AttemptError::Failed(failure, sign))
                     }
                     () = stop.cancelled() => Err(AttemptError::Interrupted),
@@ -90,7 +109,8 @@ async fn run_command(
     timeout: Duration,
     stop: &CancellationToken,
 ) -> Result<(), AttemptError> {
-    let mut child = tokio::process::Command::new(&argv[0])
+    let mut command = tokio::process::Command::new(&argv[0]);
+    command
         .args(&argv[1..])
         .env("SUME_JOB_ID", attempt.job_id.as_str())
         .env(
@@ -108,14 +128,15 @@ async fn run_command(
         .stderr(Stdio::piped())
         // Its own process group, so a timeout can kill everything the handler started.
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| {
-            AttemptError::Failed(
-                Failure::new(format!("cannot start {:?}: {e}", argv[0])),
-                Sign::Failed,
-            )
-        })?;
+        .kill_on_drop(true);
+    // SAFETY: between fork and exec it runs one prctl, which is async-signal-safe.
+    unsafe { command.pre_exec(crate::process::clear_ambient_capabilities) };
+    let mut child = command.spawn().map_err(|e| {
+        AttemptError::Failed(
+            Failure::new(format!("cannot start {:?}: {e}", argv[0])),
+            Sign::Failed,
+        )
+    })?;
     let group = child.id().and_then(|pid| i32::try_from(pid).ok());
     let stderr_tail = tokio::spawn(read_tail(child.stderr.take()));
     // Fed from its own task: the exit status alone decides the attempt. A handler may exit
@@ -228,14 +249,27 @@ async fn read_tail(stream: Option<impl AsyncRead + Unpin>) -> String {
     String::from_utf8_lossy(&tail).trim().to_owned()
 }
 
+/// `Basic` credentials (RFC 7617), as a header value never shown in a log or a debug print.
+fn basic_authorization(user: &str, password: &str) -> anyhow::Result<HeaderValue> {
+    use base64::Engine;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let mut value = HeaderValue::from_str(&format!("Basic {encoded}"))?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
 async fn post(
     client: &HttpClient,
-    url: &hyper::Uri,
+    (url, authorization): (&hyper::Uri, Option<&HeaderValue>),
     attempt: &Attempt,
     timeout: Duration,
 ) -> Result<(), (Failure, Sign)> {
     let unsent = |e: String| (Failure::new(e), Sign::Failed);
-    let request = Request::post(url.clone())
+    let mut request = Request::post(url.clone());
+    if let Some(authorization) = authorization {
+        request = request.header(AUTHORIZATION, authorization.clone());
+    }
+    let request = request
         .header(CONTENT_TYPE, "application/json")
         // As bytes: a UTF-8 id is obs-text, which a header may carry but `&str` would refuse.
         .header(

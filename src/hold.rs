@@ -503,6 +503,7 @@ mod tests {
     fn breaker() -> Arc<Breaker> {
         let config = HandlerConfig {
             kind: HandlerKind::Command(vec!["true".into()]),
+            ca_file: None,
             timeout: Duration::from_secs(1),
             concurrency: 4,
             max_attempts: 5,

@@ -1,7 +1,12 @@
 //! A small HTTP/1 client (hyper-util's pooled client, http and https) with a deadline and a
 //! bounded answer body.
 
+use std::path::Path;
 use std::time::Duration;
+
+use anyhow::Context;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -25,6 +30,51 @@ pub fn new_client() -> HttpClient {
             HttpsConnectorBuilder::new().with_tls_config(empty)
         });
     Client::builder(TokioExecutor::new()).build(tls.https_or_http().enable_http1().build())
+}
+
+/// A client whose https trusts the system's CA certificates and those in `ca_file` (PEM): a
+/// private CA's. Certificates are always verified.
+pub fn client_trusting(ca_file: Option<&Path>) -> anyhow::Result<HttpClient> {
+    match ca_file {
+        None => Ok(new_client()),
+        Some(_) => Ok(Client::builder(TokioExecutor::new()).build(connector_trusting(ca_file)?)),
+    }
+}
+
+/// The connector of [`client_trusting`], for a client with another body type.
+pub fn connector_trusting(ca_file: Option<&Path>) -> anyhow::Result<HttpsConnector<HttpConnector>> {
+    let mut roots = rustls::RootCertStore::empty();
+    // Unreadable system certificates leave the CA file's alone, which may be all it needs.
+    roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+    if let Some(ca_file) = ca_file {
+        add_ca_file(&mut roots, ca_file)?;
+    }
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .build())
+}
+
+fn add_ca_file(roots: &mut rustls::RootCertStore, ca_file: &Path) -> anyhow::Result<()> {
+    let pem = std::fs::read(ca_file)
+        .with_context(|| format!("cannot read the CA file {}", ca_file.display()))?;
+    let mut added = 0;
+    for certificate in CertificateDer::pem_slice_iter(&pem) {
+        let certificate =
+            certificate.with_context(|| format!("{}: not a PEM certificate", ca_file.display()))?;
+        roots
+            .add(certificate)
+            .with_context(|| format!("{}: not a CA certificate", ca_file.display()))?;
+        added += 1;
+    }
+    if added == 0 {
+        anyhow::bail!("{}: no certificate in it", ca_file.display());
+    }
+    Ok(())
 }
 
 /// A completed exchange: the status, headers and the first `max_body` bytes of the answer.
@@ -58,7 +108,14 @@ pub async fn send(
 ) -> Result<Answer, SendError> {
     let exchange = async {
         let response = client.request(request).await.map_err(|e| {
-            let text = format!("request failed: {e:#}");
+            // hyper-util's error says only "client error (Connect)": the cause (refused, no
+            // such host, a certificate not trusted) is in its sources.
+            let mut text = format!("request failed: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                text.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
             if e.is_connect() {
                 SendError::Unreachable(text)
             } else {

@@ -10,6 +10,7 @@
 //! command line (its tree, man page, completions and tables) is the binary's: `src/cli/`.
 
 // Public: what main.rs, the integration tests and the fuzz target use.
+mod access;
 pub mod acknowledged;
 mod actions;
 mod admin;
@@ -31,6 +32,7 @@ pub mod logging;
 mod metrics;
 mod notify;
 mod payload;
+mod peer_throttle;
 mod process;
 pub mod raw_body;
 pub mod reconcile;
@@ -42,6 +44,7 @@ mod service;
 pub mod signature;
 pub mod sweeper;
 mod throttle;
+mod tls;
 pub mod vacuum;
 pub mod worker;
 

@@ -49,6 +49,27 @@ pub fn return_freed_memory() {
     }
 }
 
+/// Clears the calling thread's ambient capabilities (the unit's CAP_NET_BIND_SERVICE, for
+/// port 443): run in a handler's process between fork and exec, so that no handler holds it.
+/// Async-signal-safe (one prctl); no error where there were none.
+pub fn clear_ambient_capabilities() -> std::io::Result<()> {
+    // SAFETY: prctl with these arguments only clears this thread's ambient set.
+    let cleared = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    };
+    // EINVAL: a kernel before 4.3, which has no ambient capabilities to clear.
+    if cleared != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// This machine's host name (gethostname), or "localhost" if it has none.
 pub fn host_name() -> String {
     let mut buffer = [0u8; 256];

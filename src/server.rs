@@ -27,6 +27,7 @@ use crate::ingest::{json_response, Ingest};
 use crate::ledger::{now_ms, Ledger, StorageError};
 use crate::metrics::{FilesystemSpace, Scrape, METRICS};
 use crate::throttle::Throttled;
+use crate::tls::{HttpChallenges, Tls};
 use crate::worker::Queue;
 
 /// How long a scrape of `/metrics` waits for the ledger.
@@ -82,6 +83,28 @@ impl Router for App {
     }
 }
 
+/// The http-01 listener of an ACME certificate: the open challenges' answers, nothing else.
+impl Router for HttpChallenges {
+    async fn route(&self, request: Request<Incoming>, _peer: SocketAddr) -> Response<Full<Bytes>> {
+        match self.answer(request.uri().path()) {
+            Some(answer) if request.method() == Method::GET => {
+                let mut response = Response::new(Full::new(Bytes::from(answer)));
+                response.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("application/octet-stream"),
+                );
+                response
+            }
+            _ => error_response(StatusCode::NOT_FOUND, "not found"),
+        }
+    }
+}
+
+/// Whether `path` is one of [`operational`]'s.
+pub fn is_operational(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics")
+}
+
 /// `/healthz`, `/readyz` and `/metrics`: served on the public listener and on the admin one.
 /// `None` when the request is for none of them.
 pub async fn operational(
@@ -105,6 +128,8 @@ pub async fn operational(
                 Some(_) => "running",
                 None => "no handler",
             };
+            // A round trip at most once a second, shared by every request (PostgreSQL).
+            ledger.prove_readiness().await;
             let mut body = match ledger.readiness() {
                 Ok(()) => serde_json::json!({ "status": "ready", "dispatch": dispatch }),
                 Err(reason) => {
@@ -143,10 +168,11 @@ async fn metrics(ledger: &Ledger) -> Response<Full<Bytes>> {
     let now = now_ms();
     // Bounded: a scrape that outlasts Prometheus's timeout would read as the receiver down, not
     // as its ledger unreachable. Served either way, with the ledger's gauges as last read.
+    // Readiness as of this scrape, not as of the last claim.
+    ledger.prove_readiness().await;
     let read = tokio::time::timeout(LEDGER_READ_PER_SCRAPE, async {
         let snapshot = ledger.metrics_snapshot().await?;
-        // A limit of 0 reads no job, only when the earliest waiting one is due.
-        let next_due = ledger.due_jobs(now, 0).await?.next_at;
+        let next_due = ledger.next_due_at().await?;
         Ok::<_, StorageError>((snapshot, next_due))
     })
     .await;
@@ -230,6 +256,20 @@ impl Tracked {
             1 => Ask::Drain,
             _ => Ask::Close,
         }
+    }
+
+    /// Runs `step` (a TLS handshake) unless the server asks the connection to drain or close
+    /// first: before its first request, a connection has nothing to finish.
+    async fn unless_asked<F: std::future::Future>(&self, step: F) -> Option<F::Output> {
+        let mut step = std::pin::pin!(step);
+        std::future::poll_fn(|cx| {
+            self.waker.register(cx.waker());
+            if self.asked() != Ask::Nothing {
+                return Poll::Ready(None);
+            }
+            step.as_mut().poll(cx).map(Some)
+        })
+        .await
     }
 
     /// Serves `connection` until it ends or is asked to close; asked to drain, it finishes
@@ -316,10 +356,13 @@ pub fn error_response(status: StatusCode, message: &str) -> Response<Full<Bytes>
 
 /// Serves until `shutdown`, then stops accepting, lets each open connection finish the request
 /// it is in (one waiting for a request closes at once), and closes what is left after `grace`.
+/// With `tls`, each connection's handshake comes first, under `header_read_timeout`, holding
+/// its connection slot as a connection waiting for a head does (and shed like one).
 pub async fn serve<R: Router>(
     listener: TcpListener,
     app: Arc<R>,
     config: &ServerConfig,
+    tls: Option<Arc<Tls>>,
     shutdown: CancellationToken,
 ) {
     let mut builder = http1::Builder::new();
@@ -384,11 +427,27 @@ pub async fn serve<R: Router>(
                 }
             }
         });
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
         let open = open.clone();
+        let Some(tls) = &tls else {
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::spawn(async move {
+                if let Err(error) = tracked.serve(connection).await {
+                    tracing::debug!(%error, "connection ended with an error");
+                }
+                open.unregister(id);
+                drop(permit);
+            });
+            continue;
+        };
+        let (tls, builder) = (tls.clone(), builder.clone());
+        let handshake_deadline = config.header_read_timeout;
         tokio::spawn(async move {
-            if let Err(error) = tracked.serve(connection).await {
-                tracing::debug!(%error, "connection ended with an error");
+            let handshake = tracked.unless_asked(tls.handshake(stream, handshake_deadline));
+            if let Some(Some(stream)) = handshake.await {
+                let connection = builder.serve_connection(TokioIo::new(stream), service);
+                if let Err(error) = tracked.serve(connection).await {
+                    tracing::debug!(%error, "connection ended with an error");
+                }
             }
             open.unregister(id);
             drop(permit);

@@ -7,19 +7,22 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::access::Tokens;
 use crate::acknowledged::RecentlyAcknowledged;
 use crate::admin::Admin;
-use crate::config::Config;
+use crate::config::{Config, ServerConfig, TlsConfig};
 use crate::console::{Console, ReceiverHealth};
 use crate::duplicates::DuplicateTally;
 use crate::instance_lock::InstanceLock;
 use crate::ledger::{self, Ledger};
+use crate::peer_throttle::PeerThrottle;
 use crate::reconcile::Reconciler;
 use crate::refusals::Refusals;
 use crate::rollup::flush::RollupFlush;
 use crate::rollup::ROLLUP;
 use crate::server::{self, App};
 use crate::sweeper::Sweeper;
+use crate::tls::Tls;
 use crate::vacuum::Vacuum;
 use crate::worker::{self, Worker};
 use crate::{check, ingest, notify, process};
@@ -39,7 +42,11 @@ pub async fn run(
     // What check-config (the unit's ExecStartPre) refuses, serve refuses too: a handler that
     // cannot run would acknowledge every delivery and then let it go dead. First: a ledger
     // directory this user cannot write is said in its words, not as a lock file it cannot open.
-    check::check(&config, check::Unreadable::Error).refuse_errors()?;
+    let findings = check::check(&config, check::Unreadable::Error);
+    findings.refuse_errors()?;
+    for weak in &findings.weak_tokens {
+        tracing::warn!("{weak}");
+    }
     // Several receivers may share a PostgreSQL ledger; a SQLite file has one owner.
     let _instance = match config.database.sqlite_path() {
         Some(path) => Some(InstanceLock::acquire(path)?),
@@ -128,15 +135,23 @@ pub async fn run_on(
             let reconciler = Reconciler::new(ledger.clone(), api.clone(), queue.clone())
                 .context("cannot start reconciliation")?;
             tasks.spawn(reconciler.run(stop.clone()));
-            tracing::info!(base_url = %api.base_url, "reconciliation on: expected jobs without a webhook are polled");
+            tracing::info!(base_url = %crate::config::redact_url(&api.base_url), "reconciliation on: expected jobs without a webhook are polled");
         }
         None => tracing::warn!("no [sume_api] configured: reconciliation is off (a job whose webhook never arrives is not polled)"),
     }
     let refusals = Arc::new(Refusals::default());
     let duplicates = Arc::new(DuplicateTally::default());
     tasks.spawn(duplicates.clone().run(ledger.clone(), stop.clone()));
+    let tls = start_tls(
+        config.server.tls.as_ref(),
+        ("webhook", &config.server),
+        &mut tasks,
+        &stop,
+    )
+    .await?;
     let seen_by_admin = (ledger.clone(), queue.clone(), refusals.clone());
-    if let Some(admin) = start_admin(&config, seen_by_admin, &stop).await? {
+    let admin = start_admin(&config, seen_by_admin, (&mut tasks, tls.clone()), &stop).await?;
+    if let Some(admin) = admin {
         tasks.spawn(admin);
     }
 
@@ -160,6 +175,7 @@ pub async fn run_on(
     ));
     tracing::info!(
         listen = %listener.local_addr()?,
+        https = config.server.tls.is_some(),
         webhook_path = %config.server.webhook_path,
         ledger = %ledger.location(),
         "sume-receiver listening"
@@ -167,7 +183,7 @@ pub async fn run_on(
     let server = tokio::spawn({
         let stop = stop.clone();
         let server_config = config.server.clone();
-        async move { server::serve(listener, app, &server_config, stop).await }
+        async move { server::serve(listener, app, &server_config, tls, stop).await }
     });
 
     tasks.spawn(notify::watchdog(ledger.clone(), stop.clone()));
@@ -249,22 +265,62 @@ async fn reload_secrets_on_hangup(config: Config, app: Arc<App>, stop: Cancellat
     }
 }
 
+/// A listener's TLS from its `[*.tls]` table, with the task that keeps its certificate
+/// current and, for ACME's http-01, the listener that answers the CA.
+async fn start_tls(
+    config: Option<&TlsConfig>,
+    (listener, server_config): (&'static str, &ServerConfig),
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<Arc<Tls>>> {
+    let Some(config) = config else {
+        return Ok(None);
+    };
+    let tls = Tls::from_config(config, listener)?;
+    if let Some((address, challenges)) = tls.http_challenges() {
+        let http = TcpListener::bind(address).await.with_context(|| {
+            format!("cannot listen on {address} (tls.acme.http_listen, for http-01)")
+        })?;
+        tracing::info!(listen = %address, "ACME http-01 listener on");
+        let (server_config, stop) = (server_config.clone(), stop.clone());
+        tasks.spawn(
+            async move { server::serve(http, challenges, &server_config, None, stop).await },
+        );
+    }
+    tasks.spawn(tls.clone().maintain(stop.clone()));
+    Ok(Some(tls))
+}
+
 /// Binds the admin listener when `[admin]` has a token; returns the server to spawn.
 async fn start_admin(
     config: &Config,
     (ledger, queue, refusals): (Arc<Ledger>, Option<worker::Queue>, Arc<Refusals>),
+    (tasks, webhook_tls): (&mut tokio::task::JoinSet<()>, Option<Arc<Tls>>),
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<impl Future<Output = ()> + use<>>> {
-    let Some(admin) = &config.admin else {
+    let Some(admin_config) = &config.admin else {
         return Ok(None);
     };
-    let Some(token) = admin.token()? else {
+    let Some(token) = admin_config.token()? else {
         return Ok(None);
     };
-    let address = admin.listen;
+    let tokens = Arc::new(Tokens {
+        operator: token,
+        read: admin_config.read_token()?,
+        named: admin_config.named_tokens()?,
+    });
+    let address = admin_config.listen;
     let listener = TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen on {address} (admin.listen)"))?;
+    let tls = start_tls(
+        admin_config.tls.as_ref().map(TlsConfig::from).as_ref(),
+        ("admin", &config.server),
+        tasks,
+        stop,
+    )
+    .await?;
+    let certificates = webhook_tls.into_iter().chain(tls.clone()).collect();
     let console = Console::new(
         config,
         (ledger.clone(), queue.clone(), refusals.clone()),
@@ -272,21 +328,20 @@ async fn start_admin(
             ledger: ledger.clone(),
             queue: queue.clone(),
         }),
-        token.clone(),
-        admin.read_token()?,
-        admin.named_tokens()?,
+        (tokens.clone(), certificates),
     );
     let admin = Arc::new(Admin {
         ledger,
-        token,
+        tokens,
+        api_auth: PeerThrottle::new("admin API bearer token"),
         reconcile_after: config.reconcile_after(),
         queue,
         refusals,
         console,
     });
-    tracing::info!(listen = %address, "admin listener on");
+    tracing::info!(listen = %address, https = tls.is_some(), "admin listener on");
     let (server_config, stop) = (config.server.clone(), stop.clone());
     Ok(Some(async move {
-        server::serve(listener, admin, &server_config, stop).await
+        server::serve(listener, admin, &server_config, tls, stop).await
     }))
 }

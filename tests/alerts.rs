@@ -17,6 +17,11 @@ const DASHBOARD: &str = include_str!("../packaging/alerts/sume-receiver.dashboar
 /// Metrics only a PostgreSQL ledger serves: the SQLite scrape leaves them out, the PostgreSQL
 /// test below checks them.
 const POSTGRES_ONLY: &[&str] = &["sume_work_side_writable"];
+/// Metrics only an HTTPS listener serves: tests/https.rs checks them.
+const TLS_ONLY: &[&str] = &[
+    "sume_tls_certificate_expiry_timestamp_seconds",
+    "sume_tls_certificate_failures_total",
+];
 
 #[test]
 fn promtool_checks_the_rules_and_each_alert_fires_and_stays_silent_as_tested() {
@@ -88,7 +93,7 @@ async fn every_metric_the_rules_and_the_dashboard_use_is_served_and_says_what_it
     for text in queries.iter().map(String::as_str).chain(rule_exprs(RULES)) {
         for (name, matchers) in selectors(text) {
             used.insert(name);
-            if POSTGRES_ONLY.contains(&name) {
+            if POSTGRES_ONLY.contains(&name) || TLS_ONLY.contains(&name) {
                 continue;
             }
             assert!(

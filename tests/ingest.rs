@@ -4,6 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::sqlite_shell::SqliteShell;
 use common::*;
 use hyper::Method;
 use sume_receiver::ingest::{SIGNATURE_HEADER, TIMESTAMP_HEADER};
@@ -442,17 +443,20 @@ async fn readyz_flips_while_commits_fail_and_back() {
     let get = |path: &'static str| server.request(Method::GET, path, &[], "");
     assert_eq!(get("/readyz").await.unwrap().status, 200);
 
-    let blocker = server.db();
-    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // Another process: readiness sees the lock where it can (tests/readiness.rs).
+    let blocker = SqliteShell::holding_the_write_lock(&server.db_path());
     assert_eq!(server.deliver(&job_body("job-blocked")).await.status, 503);
     let answer = get("/readyz").await.unwrap();
     assert_eq!(answer.status, 503);
-    assert_eq!(json(&answer)["reason"], "the last ledger commit failed");
+    assert_eq!(
+        json(&answer)["reason"],
+        "another process holds the ledger's write lock: the last commit waited busy_timeout for it"
+    );
     assert_eq!(get("/healthz").await.unwrap().status, 200, "still alive");
 
-    blocker.execute_batch("ROLLBACK").unwrap();
-    assert_eq!(server.deliver(&job_body("job-after")).await.status, 200);
+    blocker.let_go();
     assert_eq!(get("/readyz").await.unwrap().status, 200);
+    assert_eq!(server.deliver(&job_body("job-after")).await.status, 200);
 }
 
 on_both_ledgers! {

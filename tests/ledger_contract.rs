@@ -876,7 +876,11 @@ on_both_ledgers! {
         members.sort();
         assert_eq!(members, ["dl-1", "dl-2", "dl-3"]);
 
-        assert_eq!(ledger.retry_dead_group(downstream, "console:alice", 7_000).await.unwrap(), (3, 0));
+        // In batches: 2, then the last one.
+        let first = ledger.retry_dead_group(downstream, "console:alice", 7_000, 2).await.unwrap();
+        assert_eq!((first.retried, first.refused, first.left), (2, 0, 1));
+        let rest = ledger.retry_dead_group(downstream, "console:alice", 7_000, 2).await.unwrap();
+        assert_eq!((rest.retried, rest.refused, rest.left), (1, 0, 0));
         for (job_id, state) in [
             ("dl-1", State::Claimed),
             ("dl-3", State::Claimed),
@@ -888,7 +892,7 @@ on_both_ledgers! {
         let job = ledger.show_job("dl-2").await.unwrap().unwrap();
         let retry = job.actions.last().unwrap();
         assert_eq!((retry.action.as_str(), retry.actor.as_str()), ("retry", "console:alice"));
-        assert_eq!(ledger.retry_dead_group(downstream, "console:alice", 8_000).await.unwrap(), (0, 0));
+        assert_eq!(ledger.retry_dead_group(downstream, "console:alice", 8_000, 2).await.unwrap(), Default::default());
         ledger.close().await;
     }
 

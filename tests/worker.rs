@@ -174,6 +174,7 @@ async fn an_attempt_end_the_ledger_refused_is_recorded_once_it_takes_it() {
 fn sweeper_of(ledger: &Arc<ledger::Ledger>) -> (Worker, Queue, Sweeper) {
     let handler = HandlerConfig {
         kind: HandlerKind::Command(vec!["true".into()]),
+        ca_file: None,
         timeout: Duration::from_secs(1),
         concurrency: 1,
         max_attempts: 2,

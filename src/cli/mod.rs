@@ -175,7 +175,8 @@ pub enum JobsCommand {
     Replay {
         /// The job's id, as Sume sends it (`job_id` in the delivery).
         job_id: JobId,
-        /// An HTTP handler: POST the body to this http:// URL.
+        /// An HTTP handler: POST the body to this http:// or https:// URL (https trusts the
+        /// system's CAs and the configured `handler.ca_file`).
         #[arg(long)]
         url: Option<String>,
         /// A command handler, after `--`: the program and its arguments (the body on stdin).
@@ -232,7 +233,17 @@ pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
             } else {
                 sume_receiver::check::Unreadable::Warning
             };
-            let findings = sume_receiver::check::check(config, unreadable);
+            let mut findings = sume_receiver::check::check(config, unreadable);
+            // Weak admin tokens: what `--strict` (the unit's check before a start) refuses.
+            let weak = std::mem::take(&mut findings.weak_tokens);
+            if strict {
+                findings.errors.extend(weak);
+            } else {
+                findings.warnings.extend(weak);
+            }
+            for note in &findings.notes {
+                println!("{note}");
+            }
             for warning in &findings.warnings {
                 println!("warning: {warning}");
             }
@@ -460,7 +471,11 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
             url,
             command,
             timeout,
-        } => replay(ledger, &job_id, url, command, timeout).await?,
+        } => {
+            // The configured handler's CA, for a replay to the same https downstream.
+            let ca_file = config.handler.as_ref().and_then(|h| h.ca_file.as_deref());
+            replay(ledger, &job_id, (url, command), timeout, ca_file).await?
+        }
         JobsCommand::RunNow { job_id } => {
             if !ledger
                 .run_now(job_id.as_str(), &actor(), ledger::now_ms())
@@ -526,9 +541,9 @@ async fn refusal(ledger: &Ledger, job_id: &JobId, applies_to: &str) -> anyhow::E
 async fn replay(
     ledger: &Ledger,
     job_id: &JobId,
-    url: Option<String>,
-    command: Vec<String>,
+    (url, command): (Option<String>, Vec<String>),
     timeout: std::time::Duration,
+    ca_file: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     use sume_receiver::config::HandlerKind;
     use sume_receiver::handler::{AttemptError, Handler};
@@ -551,7 +566,7 @@ async fn replay(
         source: ledger::Source::parse(&job.summary.source),
         body,
     };
-    let handler = Handler::new(kind.clone())?;
+    let handler = Handler::new(kind.clone(), ca_file)?;
     let started = std::time::Instant::now();
     let result = handler
         .run(
@@ -638,7 +653,12 @@ async fn redeliver(job_id: &JobId, config: &Config) -> anyhow::Result<()> {
     )
     .await
     .map_err(anyhow::Error::msg)
-    .with_context(|| format!("cannot reach Sume at {}", api.base_url))?;
+    .with_context(|| {
+        format!(
+            "cannot reach Sume at {}",
+            sume_receiver::config::redact_url(&api.base_url)
+        )
+    })?;
     let text = String::from_utf8_lossy(&answer.body);
     if !answer.status.is_success() {
         bail!(

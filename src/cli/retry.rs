@@ -82,9 +82,27 @@ pub(super) async fn retry_group(ledger: &Ledger, signature: &str, yes: bool) -> 
         );
         return Ok(());
     }
-    let (retried, refused) = ledger
-        .retry_dead_group(signature, &actor(), ledger::now_ms())
-        .await?;
+    // In batches, as the console does: each a short run of transactions, with progress.
+    let (mut retried, mut refused) = (0, 0);
+    loop {
+        let batch = ledger
+            .retry_dead_group(
+                signature,
+                &actor(),
+                ledger::now_ms(),
+                ledger::GROUP_RETRY_BATCH,
+            )
+            .await?;
+        retried += batch.retried;
+        refused += batch.refused;
+        if batch.left > 0 {
+            println!("{retried} retried, {} left...", batch.left);
+        }
+        // A batch that retried nothing met only jobs that cannot be: the rest would be the same.
+        if batch.left == 0 || batch.retried == 0 {
+            break;
+        }
+    }
     let (jobs, are) = if retried == 1 {
         ("job", "is")
     } else {

@@ -34,9 +34,14 @@ pub struct SendTestArgs {
     /// real job: the handler runs it.
     #[arg(long)]
     pub job_id: Option<JobId>,
-    /// Where to send it (default: the configured listener and webhook path).
+    /// Where to send it (default: the configured listener and webhook path, https:// with
+    /// `[server.tls]`: the listen address must then be a name the certificate covers, or
+    /// give the URL with one).
     #[arg(long)]
     pub url: Option<String>,
+    /// CA certificates (PEM) to trust for an https URL besides the system's (a private CA's).
+    #[arg(long, value_name = "PATH")]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// Prints the two headers Sume would send with this body, and a ready `curl` line.
@@ -93,15 +98,11 @@ pub async fn send_test(args: &SendTestArgs, config: &Config) -> anyhow::Result<(
         .body(Full::new(Bytes::from(body)))
         .with_context(|| format!("invalid --url {url:?}"))?;
     let started = Instant::now();
-    let answer = sume_receiver::http_client::send(
-        &sume_receiver::http_client::new_client(),
-        request,
-        DEADLINE,
-        64 * 1024,
-    )
-    .await
-    .map_err(anyhow::Error::new)
-    .with_context(|| format!("cannot deliver to {url}"))?;
+    let client = sume_receiver::http_client::client_trusting(args.ca_file.as_deref())?;
+    let answer = sume_receiver::http_client::send(&client, request, DEADLINE, 64 * 1024)
+        .await
+        .map_err(anyhow::Error::new)
+        .with_context(|| format!("cannot deliver to {url}"))?;
     let elapsed = started.elapsed();
     println!(
         "{} in {:.1} ms from {url}: {}",
@@ -132,7 +133,12 @@ fn default_url(config: &Config) -> String {
             std::net::Ipv6Addr::LOCALHOST.into()
         });
     }
-    format!("http://{address}{}", config.server.webhook_path)
+    let scheme = if config.server.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    format!("{scheme}://{address}{}", config.server.webhook_path)
 }
 
 /// `text` as one POSIX shell word.

@@ -1,16 +1,20 @@
 //! `[handler]`: read as the file has it, resolved once into what runs a job and its limits.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::parsing::duration;
+use super::Secret;
 
 /// `[handler]`, resolved: what runs a job, and its limits.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(try_from = "RawHandlerConfig")]
 pub struct HandlerConfig {
     pub kind: HandlerKind,
+    /// CA certificates (PEM) an https handler URL may be signed by, besides the system's.
+    pub ca_file: Option<PathBuf>,
     pub timeout: Duration,
     pub concurrency: usize,
     pub max_attempts: u32,
@@ -57,8 +61,10 @@ impl Default for HoldConfig {
 struct RawHandlerConfig {
     /// Program and arguments, run directly (no shell) with the stored body on stdin.
     command: Option<Vec<String>>,
-    /// An `http://` URL the stored body is POSTed to.
+    /// An `http://` or `https://` URL the stored body is POSTed to.
     url: Option<String>,
+    /// CA certificates (PEM) an https `url` may be signed by, besides the system's.
+    ca_file: Option<PathBuf>,
     #[serde(default = "default_handler_timeout", deserialize_with = "duration")]
     timeout: Duration,
     #[serde(default = "default_concurrency")]
@@ -115,7 +121,7 @@ fn default_content_exit_statuses() -> Vec<i32> {
 }
 
 /// What a handler does with a job, once validated.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum HandlerKind {
     Command(Vec<String>),
     Url(String),
@@ -130,33 +136,86 @@ impl HandlerKind {
         Ok(HandlerKind::Command(argv))
     }
 
-    /// An HTTP handler: an http:// URL with a host.
+    /// An HTTP handler: an http:// or https:// URL with a host; a `user:password@` in it is
+    /// sent as Basic credentials (see [`HandlerUrl`]).
     pub fn url(url: String) -> Result<HandlerKind, String> {
-        let uri: hyper::Uri = url
-            .parse()
-            .map_err(|error| format!("handler.url: invalid URL {url:?}: {error}"))?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() {
-            return Err(format!(
-                "handler.url must be an http:// URL with a host, got {url:?}"
-            ));
-        }
+        HandlerUrl::parse(&url)?;
         Ok(HandlerKind::Url(url))
     }
 
-    /// For people: the program, or the URL without any user:password.
+    /// For people: the program, or the URL without any user:password or query.
     pub fn describe(&self) -> String {
         match self {
             HandlerKind::Command(argv) => format!("command {}", argv.join(" ")),
-            HandlerKind::Url(url) => match url.parse::<hyper::Uri>() {
-                Ok(uri) => format!(
-                    "url http://{}{}{}",
-                    uri.host().unwrap_or("?"),
-                    uri.port().map(|p| format!(":{p}")).unwrap_or_default(),
-                    uri.path()
+            HandlerKind::Url(url) => match HandlerUrl::parse(url) {
+                Ok(target) => format!(
+                    "url {}://{}{}",
+                    target.uri.scheme_str().unwrap_or("http"),
+                    target.uri.authority().map_or("?", |a| a.as_str()),
+                    target.uri.path()
                 ),
                 Err(_) => "url (unparsable)".into(),
             },
         }
+    }
+}
+
+/// As [`HandlerKind::describe`]: a URL's password never reaches a debug print.
+impl std::fmt::Debug for HandlerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// A handler URL as it is sent: the address without its userinfo, which becomes an
+/// `Authorization: Basic` header (a client would otherwise drop it without a word).
+pub struct HandlerUrl {
+    pub uri: hyper::Uri,
+    /// User and password, percent-decoded.
+    pub basic_auth: Option<(String, Secret)>,
+}
+
+impl HandlerUrl {
+    pub fn parse(url: &str) -> Result<HandlerUrl, String> {
+        // Never the URL itself in a message: it may hold a password.
+        let uri: hyper::Uri = url
+            .parse()
+            .map_err(|error| format!("handler.url: not a valid URL: {error}"))?;
+        let (Some(scheme @ ("http" | "https")), Some(authority)) =
+            (uri.scheme_str(), uri.authority())
+        else {
+            return Err("handler.url must be an http:// or https:// URL with a host".to_owned());
+        };
+        let Some((userinfo, host)) = authority.as_str().rsplit_once('@') else {
+            return Ok(HandlerUrl {
+                uri,
+                basic_auth: None,
+            });
+        };
+        let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+        let decode = |part: &str| {
+            percent_encoding::percent_decode_str(part)
+                .decode_utf8()
+                .map(|text| text.into_owned())
+                .map_err(|_| {
+                    "handler.url: its user:password@ is not UTF-8 once percent-decoded".to_owned()
+                })
+        };
+        let (user, password) = (decode(user)?, decode(password)?);
+        if user.contains(':') {
+            return Err(
+                "handler.url: a user name may not hold ':' (Basic credentials cannot carry it)"
+                    .to_owned(),
+            );
+        }
+        let path = uri.path_and_query().map_or("/", |path| path.as_str());
+        let uri = format!("{scheme}://{host}{path}")
+            .parse()
+            .map_err(|error| format!("handler.url: not a valid URL: {error}"))?;
+        Ok(HandlerUrl {
+            uri,
+            basic_auth: Some((user, Secret::new(password))),
+        })
     }
 }
 
@@ -172,8 +231,14 @@ impl TryFrom<RawHandlerConfig> for HandlerConfig {
             (Some(command), None) => HandlerKind::command(command)?,
             (None, Some(url)) => HandlerKind::url(url)?,
         };
+        if raw.ca_file.is_some()
+            && !matches!(&kind, HandlerKind::Url(url) if url.starts_with("https:"))
+        {
+            return Err("handler.ca_file is for an https:// handler.url only".into());
+        }
         Ok(HandlerConfig {
             kind,
+            ca_file: raw.ca_file,
             timeout: raw.timeout,
             concurrency: raw.concurrency,
             max_attempts: raw.max_attempts,

@@ -13,15 +13,19 @@ mod handler;
 mod parsing;
 mod secret;
 mod sume_api;
+mod tls;
 
 pub use database::{
     CheckAtStart, LedgerConfig, PostgresConfig, PostgresUrl, PostgresUrlSource, SqliteConfig,
     Synchronous,
 };
-pub use handler::{HandlerConfig, HandlerKind, HoldConfig};
+pub use handler::{HandlerConfig, HandlerKind, HandlerUrl, HoldConfig};
 use parsing::{describe_toml_error, duration, DAY_SECS};
-pub use secret::Secret;
+pub use secret::{redact_url, Secret};
 pub use sume_api::{AdminConfig, NamedToken, SumeApiConfig, TokenRole, DEFAULT_DUE_JOB_LIMIT};
+pub use tls::{
+    AcmeChallenge, AcmeConfig, AdminTlsConfig, CertificateSource, TlsConfig, LETS_ENCRYPT,
+};
 
 pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
 /// The secret of the example config and the README's quick start: public, so never live on a
@@ -83,6 +87,8 @@ pub struct ServerConfig {
     pub max_inflight_body_bytes: usize,
     /// Serve `/metrics` on this (public) listener too; the admin listener always serves it.
     pub expose_metrics: bool,
+    /// `[server.tls]`: HTTPS instead of plain HTTP.
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +106,7 @@ impl Default for ServerConfig {
             max_connections: 1024,
             max_inflight_body_bytes: 64 * 1024 * 1024,
             expose_metrics: true,
+            tls: None,
         }
     }
 }
@@ -311,12 +318,32 @@ impl Config {
                  README: fine for a try on loopback, refused on any other address"
             ));
         }
+        if !self.server.listen.ip().is_loopback() && self.server.tls.is_none() {
+            warnings.push(format!(
+                "server.listen {} is not a loopback address and [server.tls] is not set: \
+                 deliveries cross the network in clear unless a TLS proxy is in front",
+                self.server.listen
+            ));
+        }
+        if let Some(HandlerKind::Url(url)) = self.handler.as_ref().map(|handler| &handler.kind) {
+            let basic = HandlerUrl::parse(url).is_ok_and(|target| target.basic_auth.is_some());
+            if basic && url.starts_with("http:") {
+                warnings.push(
+                    "handler.url: its user:password@ is sent as Basic credentials over plain \
+                     http, readable on the way: use https"
+                        .to_owned(),
+                );
+            }
+        }
         if let Some(admin) = &self.admin {
             if admin.token_file.is_none() {
                 warnings.push("[admin] has no token_file: the admin listener is off".into());
-            } else if !admin.listen.ip().is_loopback() {
+            } else if !admin.listen.ip().is_loopback() && !admin.has_tls() {
+                // Refused without `allow_plain_http` (see `validate`): allowed, still said.
                 warnings.push(format!(
-                    "admin.listen {} is not a loopback address",
+                    "admin.listen {} is not a loopback address and speaks plain HTTP \
+                     (admin.allow_plain_http): tokens and the console's cookie cross the \
+                     network readable",
                     admin.listen
                 ));
             }
@@ -326,6 +353,13 @@ impl Config {
 
     fn resolve_paths(&mut self, base_dir: &Path) {
         self.database.resolve_paths(base_dir);
+        if let Some(tls) = self.server.tls.as_mut() {
+            tls.resolve_paths(base_dir);
+        }
+        if let Some(tls) = self.admin.as_mut().and_then(|admin| admin.tls.as_mut()) {
+            tls.cert_file = base_dir.join(&tls.cert_file);
+            tls.key_file = base_dir.join(&tls.key_file);
+        }
         let (admin_token, admin_read_token) = match self.admin.as_mut() {
             Some(admin) => (admin.token_file.as_mut(), admin.read_token_file.as_mut()),
             None => (None, None),
@@ -339,14 +373,33 @@ impl Config {
         for file in files.into_iter().flatten() {
             *file = base_dir.join(&*file);
         }
+        if let Some(ca_file) = self.handler.as_mut().and_then(|h| h.ca_file.as_mut()) {
+            *ca_file = base_dir.join(&*ca_file);
+        }
         for token in self.admin.iter_mut().flat_map(|admin| &mut admin.tokens) {
             token.file = base_dir.join(&token.file);
         }
     }
 
     fn validate(&self, problems: &mut Vec<String>) {
+        if let Some(tls) = &self.server.tls {
+            tls.validate("server.tls", problems);
+        }
+        if let Some(tls) = self.admin.as_ref().and_then(|admin| admin.tls.as_ref()) {
+            TlsConfig::from(tls).validate("admin.tls", problems);
+        }
         if let Some(admin) = &self.admin {
             problems.extend(admin.token_problems());
+            let exposed = !admin.listen.ip().is_loopback() && admin.token_file.is_some();
+            if exposed && !admin.has_tls() && !admin.allow_plain_http {
+                problems.push(format!(
+                    "admin.listen {} is not a loopback address, and the admin listener speaks \
+                     plain HTTP: its tokens and the console's cookie would cross the network \
+                     readable. Listen on loopback (behind a TLS proxy), or set \
+                     admin.allow_plain_http = true for a network you trust",
+                    admin.listen
+                ));
+            }
             if admin.due_job_limit.is_zero() {
                 problems.push(
                     "admin.due_job_limit must be greater than zero (the console's verdict would \

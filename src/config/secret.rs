@@ -47,6 +47,21 @@ pub(super) fn read_secret_file(key: &str, path: &Path) -> anyhow::Result<Secret>
     Ok(Secret::new(value))
 }
 
+/// `url` as it may be shown or logged: without a user, a password, a query or a fragment
+/// (any may hold a credential), e.g. `https://api.example/v1`.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    format!("{scheme}{host}{path}")
+}
+
 impl AsRef<[u8]> for Secret {
     fn as_ref(&self) -> &[u8] {
         self.0.as_bytes()
@@ -62,6 +77,21 @@ impl fmt::Debug for Secret {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_is_shown_without_its_credentials() {
+        for (url, shown) in [
+            (
+                "https://u:p@api.example:8443/v1?key=k#f",
+                "https://api.example:8443/v1",
+            ),
+            ("https://api.example", "https://api.example"),
+            ("http://user@[::1]:80/a/b?x", "http://[::1]:80/a/b"),
+            ("api.example/p?key=k", "api.example/p"),
+        ] {
+            assert_eq!(redact_url(url), shown);
+        }
+    }
 
     #[test]
     fn a_secret_matches_only_itself() {

@@ -92,6 +92,14 @@ pub struct AdminConfig {
     /// this to start (the shipped alert `SumeDueJobsWaiting` has its own threshold).
     #[serde(default = "default_due_job_limit", deserialize_with = "duration")]
     pub due_job_limit: Duration,
+    /// `[admin.tls]`: the console and the admin API over HTTPS (and the console's cookie
+    /// `Secure`).
+    pub tls: Option<super::AdminTlsConfig>,
+    /// Serve the admin listener in clear on an address that is not loopback (a network of
+    /// its own, a VPN). Off: such a listener is refused, as its tokens and cookie would cross
+    /// the network readable.
+    #[serde(default)]
+    pub allow_plain_http: bool,
 }
 
 /// One `[[admin.tokens]]` entry.
@@ -114,6 +122,12 @@ pub enum TokenRole {
 }
 
 impl AdminConfig {
+    /// Whether the admin listener speaks TLS itself (`[admin.tls]`): its cookies are then
+    /// `Secure`, and it may listen off loopback.
+    pub fn has_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// The token from `token_file`, if one is configured.
     pub fn token(&self) -> anyhow::Result<Option<Secret>> {
         self.token_file

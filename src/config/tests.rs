@@ -187,13 +187,44 @@ fn handler_needs_exactly_one_target() {
     assert!(error(&format!("{MINIMAL}[handler]\n")).contains("handler: set one of"));
     let both = format!("{MINIMAL}[handler]\ncommand = [\"true\"]\nurl = \"http://127.0.0.1:1/\"\n");
     assert!(error(&both).contains("not both"));
+    let ftp = format!("{MINIMAL}[handler]\nurl = \"ftp://example.com/\"\n");
+    assert!(error(&ftp).contains("http:// or https:// URL"));
     let https = format!("{MINIMAL}[handler]\nurl = \"https://example.com/\"\n");
-    assert!(error(&https).contains("http:// URL"));
+    assert!(parse(&https).is_ok());
     let ok = parse(&format!("{MINIMAL}[handler]\ncommand = [\"true\"]\n")).unwrap();
     assert_eq!(
         ok.handler.unwrap().kind,
         HandlerKind::Command(vec!["true".into()])
     );
+}
+
+/// A handler URL's userinfo becomes Basic credentials, taken off the address; it never shows
+/// in a debug print or the description; a CA file goes with https only.
+#[test]
+fn a_handler_urls_password_is_sent_as_basic_and_shown_nowhere() {
+    let text = format!(
+        "{MINIMAL}[handler]\nurl = \"https://hook%40user:s3cr%3At@example.com:8443/in?x=1\"\n"
+    );
+    let config = parse(&text).unwrap();
+    let handler = config.handler.clone().unwrap();
+    let HandlerKind::Url(url) = &handler.kind else {
+        panic!("a url handler")
+    };
+    let target = HandlerUrl::parse(url).unwrap();
+    assert_eq!(target.uri.to_string(), "https://example.com:8443/in?x=1");
+    let (user, password) = target.basic_auth.unwrap();
+    assert_eq!((user.as_str(), password.expose()), ("hook@user", "s3cr:t"));
+    assert_eq!(handler.kind.describe(), "url https://example.com:8443/in");
+    assert!(!format!("{config:?}").contains("s3cr"), "{config:?}");
+    let plain = format!("{MINIMAL}[handler]\nurl = \"http://u:p@example.com/\"\n");
+    assert!(parse(&plain)
+        .unwrap()
+        .warnings()
+        .iter()
+        .any(|w| w.contains("plain")));
+    let ca_with_command =
+        format!("{MINIMAL}[handler]\ncommand = [\"true\"]\nca_file = \"ca.pem\"\n");
+    assert!(error(&ca_with_command).contains("https:// handler.url only"));
 }
 
 #[test]
@@ -312,4 +343,30 @@ fn the_due_job_limit_defaults_to_ten_minutes_and_is_never_zero() {
     );
     let nonsense = error(&admin("due_job_limit = \"soon\"\n"));
     assert!(nonsense.contains("due_job_limit"), "{nonsense}");
+}
+
+#[test]
+fn a_plain_admin_listener_off_loopback_needs_an_explicit_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |extra: &str| {
+        format!(
+            "[signature]\nsecrets = [\"whsec_a\"]\n[admin]\nlisten = \"0.0.0.0:8081\"\n\
+             token_file = \"t\"\n{extra}"
+        )
+    };
+    let refused = Config::parse(&text(""), dir.path())
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("admin.allow_plain_http"), "{refused}");
+    let allowed = Config::parse(&text("allow_plain_http = true\n"), dir.path()).unwrap();
+    assert!(
+        allowed.warnings().iter().any(|w| w.contains("plain HTTP")),
+        "{:?}",
+        allowed.warnings()
+    );
+    let loopback = Config::parse(
+        "[signature]\nsecrets = [\"whsec_a\"]\n[admin]\ntoken_file = \"t\"\n",
+        dir.path(),
+    );
+    assert!(loopback.is_ok());
 }

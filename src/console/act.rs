@@ -9,7 +9,7 @@ use super::pages::{self, Viewer};
 use super::verdict::plural;
 use super::Console;
 use crate::actions::{Actions, JobAction, Refused};
-use crate::ledger::now_ms;
+use crate::ledger::{now_ms, GROUP_RETRY_BATCH};
 use crate::logging::Escaped;
 
 impl Console {
@@ -44,7 +44,8 @@ impl Console {
                         .to_owned(),
                         "/console/".to_owned(),
                     ),
-                    Err(error) => return unavailable(&error),
+                    Err(Refused::Storage(error)) => return unavailable(&error),
+                    Err(refused) => return text(refused.status(), &refused.to_string()),
                 }
             }
             (["jobs", id, _], Some(action)) => {
@@ -63,24 +64,35 @@ impl Console {
             }
             (["dead", "retry"], _) => {
                 let signature = form_value(form, "signature").unwrap_or_default();
-                let (retried, refused) =
-                    match self.ledger.retry_dead_group(&signature, by, now_ms()).await {
-                        Ok(counts) => counts,
-                        Err(error) => return unavailable(&error),
-                    };
+                let batch = match self
+                    .ledger
+                    .retry_dead_group(&signature, by, now_ms(), GROUP_RETRY_BATCH)
+                    .await
+                {
+                    Ok(batch) => batch,
+                    Err(error) => return unavailable(&error),
+                };
                 if let Some(queue) = &self.queue {
                     queue.look_in_ledger();
                 }
                 self.groups.forget().await;
-                tracing::info!(retried, refused, %by, signature = %Escaped(&signature), "dead-letter group retried in the console");
+                tracing::info!(retried = batch.retried, refused = batch.refused, left = batch.left, %by, signature = %Escaped(&signature), "dead-letter group retried in the console");
                 let mut message = format!(
                     "{} of the group \"{signature}\" {} queued to run again.",
-                    plural(retried as u64, "job", "jobs"),
-                    if retried == 1 { "is" } else { "are" }
+                    plural(batch.retried as u64, "job", "jobs"),
+                    if batch.retried == 1 { "is" } else { "are" }
                 );
-                if refused > 0 {
+                if batch.refused > 0 {
                     message.push_str(&format!(
-                        " {refused} could not be: retention purged their body, or they left the group."
+                        " {} could not be: retention purged their body, or they left the group.",
+                        batch.refused
+                    ));
+                }
+                if batch.left > 0 {
+                    message.push_str(&format!(
+                        " {} more are left (a retry takes at most {GROUP_RETRY_BATCH} at a \
+                         time): retry the group again for the next ones.",
+                        batch.left
                     ));
                 }
                 (message, "/console/dead".to_owned())

@@ -38,15 +38,18 @@ pub(super) fn secure(headers: &mut HeaderMap) {
 }
 
 /// A POST from one of the console's own pages: the browser says so (`Sec-Fetch-Site`), or
-/// its `Origin` is this console's.
-pub(super) fn same_origin(headers: &HeaderMap, host: &str) -> bool {
+/// its `Origin` is this console's (`https://` where it is reached over TLS).
+pub(super) fn same_origin(headers: &HeaderMap, host: &str, tls: bool) -> bool {
     if let Some(site) = headers.get("sec-fetch-site") {
         return site == "same-origin";
     }
     headers
         .get(header::ORIGIN)
         .and_then(|origin| origin.to_str().ok())
-        .is_some_and(|origin| origin.eq_ignore_ascii_case(&format!("http://{host}")))
+        .is_some_and(|origin| {
+            let scheme = if tls { "https" } else { "http" };
+            origin.eq_ignore_ascii_case(&format!("{scheme}://{host}"))
+        })
 }
 
 pub(super) fn cookie(headers: &HeaderMap) -> Option<String> {

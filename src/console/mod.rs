@@ -16,10 +16,11 @@ mod pages;
 mod session;
 mod settings;
 mod show;
+mod sign_in;
 mod verdict;
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,26 +31,37 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::Semaphore;
 
-use crate::config::{Config, Secret, TokenRole, DEFAULT_DUE_JOB_LIMIT};
+pub use crate::access::Role;
+use crate::access::Tokens;
+use crate::config::{Config, DEFAULT_DUE_JOB_LIMIT};
 use crate::ledger::{DeadGroup, Ledger};
+use crate::peer_throttle::PeerThrottle;
 use crate::refusals::Refusals;
+use crate::throttle::Throttled;
 use crate::worker::Queue;
 use fresh::Fresh;
 pub use health::{HealthSource, ReceiverHealth};
 pub use http::form_value;
 use http::{cookie, page, read_form, redirect, same_origin, secure, text};
 use pages::Viewer;
-pub use session::Role;
 use session::Sessions;
 
-/// Console requests served at once; more wait their turn briefly, then get 503.
+/// Console requests doing ledger work at once; more wait their turn briefly, then get 503.
+/// A slot is taken only once the request is signed in and its form read: a stranger's slow
+/// connection never holds one.
 pub const CONCURRENT_REQUESTS: usize = 4;
 /// A form's body is small: a token, a reason.
 const FORM_BYTES: usize = 8 * 1024;
-const FORM_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A form is read before any slot is taken, under this deadline (a browser sends 8 KiB at
+/// once); the connections that may be reading one are bounded by `server.max_connections`.
+const FORM_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a request waits for a slot before its 503.
+const SLOT_WAIT: Duration = Duration::from_secs(2);
 const COOKIE: &str = "sume_console";
-/// CSP reports kept for `GET /console/api/csp-reports`.
+/// CSP reports kept for `GET /console/api/csp-reports`, and how many of them one peer may
+/// hold (a stranger cannot push out everyone else's).
 const CSP_REPORTS_KEPT: usize = 64;
+const CSP_REPORTS_PER_PEER: usize = 8;
 const PAGE_LIMIT: usize = 50;
 const MAX_PAGE_LIMIT: usize = 500;
 const GROUPS_SHOWN: usize = 100;
@@ -68,17 +80,28 @@ pub struct Console {
     pub ledger: Arc<Ledger>,
     pub refusals: Arc<Refusals>,
     pub queue: Option<Queue>,
-    operator_token: Secret,
-    read_token: Option<Secret>,
-    /// `[[admin.tokens]]`: name, role, token.
-    named_tokens: Vec<(String, TokenRole, Secret)>,
+    tokens: Arc<Tokens>,
     actions: bool,
     /// Host header values the console answers to (lowercase).
     hosts: Vec<String>,
+    /// Those of [`Console::hosts`] reached over TLS at a proxy (`https://` in
+    /// `allowed_hosts`): their cookies are `Secure`, their forms come from `https://`.
+    tls_hosts: Vec<String>,
+    /// The admin listener itself speaks TLS ([`crate::config::AdminConfig::has_tls`]): every
+    /// cookie is `Secure`, every form's origin `https://`.
+    served_over_tls: bool,
     sessions: Sessions,
-    csp_reports: Mutex<VecDeque<String>>,
+    sign_ins: PeerThrottle,
+    /// The reports kept, each with the peer that posted it.
+    csp_reports: Mutex<VecDeque<(IpAddr, String)>>,
     busy: Semaphore,
+    /// 503s for want of a slot, summed up in the log.
+    busy_log: Mutex<Throttled>,
+    /// The Config page's rows: for operators, and for readers (no handler arguments).
     settings: Vec<(String, String)>,
+    reader_settings: Vec<(String, String)>,
+    /// The HTTPS listeners, whose certificates the Config page shows as they are now.
+    certificates: Vec<Arc<crate::tls::Tls>>,
     /// The dead-letter groups read every dead job: computed at most every [`GROUPS_FRESH`].
     groups: Fresh<Vec<DeadGroup>>,
     ledger_facts: Fresh<health::LedgerFacts>,
@@ -95,9 +118,7 @@ impl Console {
         config: &Config,
         (ledger, queue, refusals): (Arc<Ledger>, Option<Queue>, Arc<Refusals>),
         health: Arc<dyn HealthSource>,
-        operator_token: Secret,
-        read_token: Option<Secret>,
-        named_tokens: Vec<(String, TokenRole, Secret)>,
+        (tokens, certificates): (Arc<Tokens>, Vec<Arc<crate::tls::Tls>>),
     ) -> Console {
         let admin = config.admin.as_ref();
         let listen = admin.map_or_else(
@@ -111,29 +132,41 @@ impl Console {
             format!("127.0.0.1:{port}"),
             format!("[::1]:{port}"),
         ];
+        let mut tls_hosts = Vec::new();
         for host in admin
             .map(|a| a.allowed_hosts.as_slice())
             .unwrap_or_default()
         {
             let host = host.to_ascii_lowercase();
+            // `https://name`: a TLS proxy in front answers to that name (its Host is the bare
+            // name, or the name and the proxy's port).
+            if let Some(name) = host.strip_prefix("https://") {
+                tls_hosts.push(name.to_owned());
+                hosts.push(name.to_owned());
+                continue;
+            }
             if !host.contains(':') || host.ends_with(']') {
                 hosts.push(format!("{host}:{port}"));
             }
             hosts.push(host);
         }
         Console {
-            settings: settings::settings(config, &ledger),
+            settings: settings::settings(config, &ledger, Role::Operator),
+            reader_settings: settings::settings(config, &ledger, Role::Reader),
+            certificates,
             ledger: ledger.clone(),
             refusals,
             queue,
-            operator_token,
-            read_token,
-            named_tokens,
+            tokens,
             actions: admin.is_some_and(|a| a.console_actions),
             hosts,
+            tls_hosts,
+            served_over_tls: admin.is_some_and(crate::config::AdminConfig::has_tls),
             sessions: Sessions::default(),
+            sign_ins: PeerThrottle::new("console sign-in"),
             csp_reports: Mutex::new(VecDeque::new()),
             busy: Semaphore::new(CONCURRENT_REQUESTS),
+            busy_log: Mutex::new(Throttled::new("the console is busy: a request got 503")),
             groups: Fresh::new(GROUPS_FRESH),
             ledger_facts: Fresh::new(SNAPSHOT_FRESH),
             health,
@@ -158,6 +191,18 @@ impl Console {
         response
     }
 
+    /// Whether `host` is one this console answers to (DNS rebinding: another name pointing
+    /// at this listener is not ours to answer).
+    pub fn answers_to(&self, host: &str) -> bool {
+        self.hosts.iter().any(|ours| ours == host)
+    }
+
+    /// Whether this request reached the console over TLS (here, or at a proxy named `https://`
+    /// in `allowed_hosts`): its cookie is `Secure`, its forms come from an `https://` origin.
+    fn over_tls(&self, host: &str) -> bool {
+        self.served_over_tls || self.tls_hosts.iter().any(|ours| ours == host)
+    }
+
     async fn answer(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
         let host = request
             .headers()
@@ -165,8 +210,7 @@ impl Console {
             .and_then(|value| value.to_str().ok())
             .map(str::to_ascii_lowercase)
             .unwrap_or_default();
-        if !self.hosts.contains(&host) {
-            // Another name pointing at this listener (DNS rebinding): not ours to answer.
+        if !self.answers_to(&host) {
             return text(
                 StatusCode::MISDIRECTED_REQUEST,
                 "this console does not answer to that Host name",
@@ -191,160 +235,95 @@ impl Console {
             return response;
         }
         let method = request.method().clone();
-        if method == Method::POST && !same_origin(request.headers(), &host) {
+        let tls = self.over_tls(&host);
+        if method == Method::POST && !same_origin(request.headers(), &host, tls) {
             return text(StatusCode::FORBIDDEN, "a form from another site: refused");
         }
-        let Ok(_turn) = tokio::time::timeout(Duration::from_secs(2), self.busy.acquire()).await
-        else {
-            return text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the console is busy; try again",
-            );
-        };
         let session = cookie(request.headers());
         let signed_in = session.as_deref().and_then(|id| self.sessions.session(id));
-        let (parts, body) = request.into_parts();
-        let form = if method == Method::POST {
-            match read_form(body).await {
-                Ok(form) => form,
-                Err(response) => return *response,
+        // The doors open to strangers: none takes a slot, and the sign-in's throttle is
+        // looked at before its form is read.
+        match (&method, path.as_str()) {
+            (&Method::POST, "/console/csp-report") => {
+                return self.csp_report(request.into_body(), peer).await
             }
-        } else {
-            String::new()
-        };
-        let query = parts.uri.query().unwrap_or("").to_owned();
-        match (method.clone(), path.as_str()) {
-            (Method::POST, "/console/csp-report") => return self.csp_report(&form),
-            (Method::GET, "/console/sign-in") => {
+            (&Method::GET, "/console/sign-in") => {
                 return page(
                     StatusCode::OK,
                     pages::layout("Sign in", None, false, pages::sign_in(None)),
                 )
             }
-            (Method::POST, "/console/sign-in") => return self.sign_in(&form, peer),
-            (Method::POST, "/console/sign-out") => {
-                if let Some(id) = &session {
-                    self.sessions.end(id);
-                }
-                let mut response = redirect("/console/sign-in");
-                response.headers_mut().insert(
-                    header::SET_COOKIE,
-                    HeaderValue::from_static(
-                        "sume_console=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0",
-                    ),
-                );
-                return response;
+            (&Method::POST, "/console/sign-in") => {
+                return self.sign_in(request.into_body(), peer, tls).await
             }
+            (&Method::POST, "/console/sign-out") => return self.sign_out(session.as_deref()),
             _ => {}
         }
-        let Some((role, name)) = signed_in else {
+        let Some(who) = signed_in else {
             return if method == Method::GET || method == Method::HEAD {
                 redirect("/console/sign-in")
             } else {
                 text(StatusCode::UNAUTHORIZED, "sign in first")
             };
         };
+        let viewer = Viewer {
+            role: who.role,
+            name: who.name.clone(),
+            may_act: self.actions && who.role == Role::Operator,
+        };
+        if (&method, path.as_str()) == (&Method::POST, "/console/sign-out-everywhere") {
+            return self.sign_out_everywhere(&who, &viewer);
+        }
         // Who acts: a named token's name; the shared tokens know only where the request came
         // from.
-        let by = match &name {
+        let by = match &who.name {
             Some(name) => format!("console:{name}"),
             None => format!("console:{}", peer.ip()),
         };
-        let viewer = Viewer {
-            role,
-            name,
-            may_act: self.actions && role == Role::Operator,
-        };
+        let query = request.uri().query().unwrap_or("").to_owned();
         match method {
-            Method::GET | Method::HEAD => self.show(viewer, &path, &query).await,
+            Method::GET | Method::HEAD => {
+                let Some(_slot) = self.slot().await else {
+                    return self.busy();
+                };
+                self.show(viewer, &path, &query).await
+            }
             Method::POST if !viewer.may_act => text(
                 StatusCode::FORBIDDEN,
                 "read-only: actions need [admin] console_actions = true and the operator token",
             ),
-            Method::POST => self.act(viewer, &path, &form, &by).await,
+            Method::POST => {
+                let form = match read_form(request.into_body()).await {
+                    Ok(form) => form,
+                    Err(response) => return *response,
+                };
+                let Some(_slot) = self.slot().await else {
+                    return self.busy();
+                };
+                self.act(viewer, &path, &form, &by).await
+            }
             _ => text(StatusCode::METHOD_NOT_ALLOWED, "GET or POST"),
         }
     }
 
-    fn sign_in(&self, form: &str, peer: SocketAddr) -> Response<Full<Bytes>> {
-        if !self.sessions.may_try() {
-            return page(
-                StatusCode::TOO_MANY_REQUESTS,
-                pages::layout(
-                    "Sign in",
-                    None,
-                    false,
-                    pages::sign_in(Some("Too many failed sign-ins: wait a minute.")),
-                ),
-            );
-        }
-        let token = form_value(form, "token").unwrap_or_default();
-        let token = token.trim();
-        let named = self
-            .named_tokens
-            .iter()
-            .find(|(_, _, secret)| secret.matches(token))
-            .map(|(name, role, _)| {
-                let role = match role {
-                    TokenRole::Operator => Role::Operator,
-                    TokenRole::Reader => Role::Reader,
-                };
-                (role, Some(name.as_str()))
-            });
-        let signed_in = named.or_else(|| {
-            if self.operator_token.matches(token) {
-                Some((Role::Operator, None))
-            } else if self
-                .read_token
-                .as_ref()
-                .is_some_and(|read| read.matches(token))
-            {
-                Some((Role::Reader, None))
-            } else {
-                None
-            }
-        });
-        let Some((role, name)) = signed_in else {
-            self.sessions.failed();
-            tracing::warn!(%peer, "console sign-in refused: wrong token");
-            return page(
-                StatusCode::UNAUTHORIZED,
-                pages::layout(
-                    "Sign in",
-                    None,
-                    false,
-                    pages::sign_in(Some("That token is not one of this receiver's.")),
-                ),
-            );
-        };
-        let id = match self.sessions.start(role, name) {
-            Ok(id) => id,
-            Err(error) => {
-                tracing::error!(%error, "cannot start a console session");
-                return text(StatusCode::INTERNAL_SERVER_ERROR, "cannot start a session");
-            }
-        };
-        tracing::info!(%peer, role = role.label(), name = name.unwrap_or("-"), "console sign-in");
-        let mut response = redirect("/console/");
-        let cookie = format!(
-            "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}",
-            session::SESSION_LIFETIME.as_secs()
-        );
-        response.headers_mut().insert(
-            header::SET_COOKIE,
-            HeaderValue::from_str(&cookie).expect("hex and ASCII"),
-        );
-        response
+    /// A turn at the ledger work, waiting up to [`SLOT_WAIT`]; `None`: busy.
+    async fn slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        tokio::time::timeout(SLOT_WAIT, self.busy.acquire())
+            .await
+            .ok()
+            .map(|permit| permit.expect("never closed"))
     }
 
-    fn csp_report(&self, body: &str) -> Response<Full<Bytes>> {
-        let mut reports = self.csp_reports.lock().expect("not poisoned");
-        if reports.len() == CSP_REPORTS_KEPT {
-            reports.pop_front();
-        }
-        reports.push_back(body.chars().take(2048).collect());
-        tracing::debug!("console: a Content-Security-Policy violation was reported");
-        text(StatusCode::NO_CONTENT, "")
+    /// The 503 for want of a slot, summed up in the log (one line, then one a minute).
+    fn busy(&self) -> Response<Full<Bytes>> {
+        self.busy_log
+            .lock()
+            .expect("not poisoned")
+            .warn("every console slot stayed taken for 2 s");
+        text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the console is busy; try again",
+        )
     }
 }
 

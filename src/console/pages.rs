@@ -5,10 +5,11 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
-use super::session::Role;
 use super::verdict::{plural, Level, Verdict};
+use super::Role;
 use super::{assets, charts};
 use crate::ledger::{DeadGroup, Dispatch, DispatchStop, Expectation, JobDetail, JobPage, State};
+use crate::logging::Escaped;
 use crate::metrics::Snapshot;
 use crate::refusals::Refusal;
 use crate::rollup::LastHour;
@@ -73,6 +74,10 @@ pub fn layout(title: &str, viewer: Option<&Viewer>, refresh: bool, main: Markup)
                             " "
                             form.inline method="post" action="/console/sign-out" {
                                 button type="submit" { "Sign out" }
+                            }
+                            " "
+                            form.inline method="post" action="/console/sign-out-everywhere" {
+                                button type="submit" title="End every session of this token, on every browser" { "Sign out everywhere" }
                             }
                         }
                     }
@@ -298,7 +303,7 @@ pub fn jobs(list: &ListQuery, page: &JobPage) -> Markup {
                 tbody {
                     @for job in &page.jobs {
                         tr {
-                            td.mono { a href=(job_href(&job.job_id)) { (job.job_id) } }
+                            td.mono { a href=(job_href(&job.job_id)) { (Escaped(&job.job_id)) } }
                             td { (job.state) }
                             td.num { (job.attempts) }
                             td { (job.event_type.as_deref().unwrap_or("-")) }
@@ -411,7 +416,7 @@ pub fn job(viewer: &Viewer, job: &JobDetail, stops: &[DispatchStop]) -> Markup {
     }
     events.sort_by_key(|(at, _)| *at);
     html! {
-        h1 { "Job " code { (summary.job_id) } }
+        h1 { "Job " code { (Escaped(&summary.job_id)) } }
         table {
             tr { th { "state" } td { strong { (summary.state) } @if waiting { " · next attempt " (time(summary.next_attempt_at)) " (" (job.next_attempt_cause) ")" } } }
             tr { th { "event" } td { (summary.event_type.as_deref().unwrap_or("-")) } }
@@ -483,7 +488,7 @@ pub fn dead(viewer: &Viewer, groups: &[DeadGroup]) -> Markup {
                             td.num { (group.jobs) }
                             td.mono { (group.signature) }
                             td { (time(group.last_finished_at)) }
-                            td.mono { a href=(job_href(&group.example_job_id)) { (group.example_job_id) } }
+                            td.mono { a href=(job_href(&group.example_job_id)) { (Escaped(&group.example_job_id)) } }
                             @if viewer.may_act {
                                 td {
                                     form.inline method="get" action="/console/dead/retry" {
@@ -517,7 +522,7 @@ pub fn retry_group(signature: &str, count: usize) -> Markup {
 pub fn unknown_job(job_id: &str) -> Markup {
     html! {
         h1 { "No such job" }
-        p { "The ledger has no job " code { (job_id) } ": it never arrived, or retention forgot it (after " code { "retention.dedupe_ttl" } ")." }
+        p { "The ledger has no job " code { (Escaped(job_id)) } ": it never arrived, or retention forgot it (after " code { "retention.dedupe_ttl" } ")." }
         form.filters method="get" action="/console/jobs" {
             label { "job_id" input type="search" name="job_id" placeholder="exact id" maxlength="1024" value=(job_id); }
             button type="submit" { "Open" }
@@ -591,7 +596,7 @@ pub fn expected(rows: &[Expectation]) -> Markup {
                 tbody {
                     @for row in rows {
                         tr {
-                            td.mono { a href=(job_href(&row.job_id)) { (row.job_id) } }
+                            td.mono { a href=(job_href(&row.job_id)) { (Escaped(&row.job_id)) } }
                             td { (row.state) }
                             td { (time(Some(row.expected_at))) }
                             td { (if row.state == "waiting" { time(Some(row.next_poll_at)) } else { "-".into() }) }

@@ -1,5 +1,6 @@
 //! Console sessions: a token typed once becomes an HttpOnly cookie naming a session held here,
-//! in a bounded map, each for [`SESSION_LIFETIME`]; sign-in attempts are rate-limited.
+//! each for [`SESSION_LIFETIME`], at most [`SESSIONS_PER_TOKEN`] per token: a sign-in pushes
+//! out its own token's oldest session, never another token's.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -8,41 +9,21 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
+use crate::access::Identity;
+
 /// How long a sign-in lasts.
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
-/// Sessions held at once; a new one past this pushes out the one that ends first.
-pub const MAX_SESSIONS: usize = 256;
-/// Failed sign-ins allowed per [`SIGN_IN_WINDOW`], from everyone together: a guesser gets a
-/// handful of tries a minute, against a token of 128 bits or more.
-pub const SIGN_IN_FAILURES: usize = 10;
-pub const SIGN_IN_WINDOW: Duration = Duration::from_secs(60);
+/// Sessions one token holds at once (browsers, machines); the sessions held together are at
+/// most this times the number of tokens, which the config bounds.
+pub const SESSIONS_PER_TOKEN: usize = 32;
 
-/// What a session may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Signed in with the read token: looks only.
-    Reader,
-    /// Signed in with the operator token: may act where `console_actions` is on.
-    Operator,
-}
-
-impl Role {
-    pub fn label(self) -> &'static str {
-        match self {
-            Role::Reader => "reader",
-            Role::Operator => "operator",
-        }
-    }
-}
-
-/// A live session: its role, the name it signed in as (a named token's), when it ends.
-type Live = (Role, Option<String>, Instant);
+/// A live session: who signed in, when it ends.
+type Live = (Identity, Instant);
 
 #[derive(Default)]
 pub struct Sessions {
     /// By the SHA-256 of the cookie's value: the map holds no usable secret.
     live: Mutex<HashMap<[u8; 32], Live>>,
-    failures: Mutex<Vec<Instant>>,
 }
 
 fn key(id: &str) -> [u8; 32] {
@@ -57,90 +38,87 @@ fn new_id() -> std::io::Result<String> {
 }
 
 impl Sessions {
-    /// Starts a session of `role`, signed in as `name` where the token has one; its id, for
-    /// the cookie.
-    pub fn start(&self, role: Role, name: Option<&str>) -> std::io::Result<String> {
+    /// Starts a session for `who`; its id, for the cookie. Past [`SESSIONS_PER_TOKEN`], the
+    /// same token's session that ends first is ended.
+    pub fn start(&self, who: Identity) -> std::io::Result<String> {
         let id = new_id()?;
         let now = Instant::now();
+        let token = who.token_key();
         let mut live = self.live.lock().expect("not poisoned");
-        live.retain(|_, (_, _, ends)| *ends > now);
-        if live.len() >= MAX_SESSIONS {
-            if let Some(first_to_end) = live
-                .iter()
-                .min_by_key(|(_, (_, _, ends))| *ends)
-                .map(|(k, _)| *k)
-            {
+        live.retain(|_, (_, ends)| *ends > now);
+        let same_token = || {
+            live.iter()
+                .filter(|(_, (held, _))| held.token_key() == token)
+        };
+        if same_token().count() >= SESSIONS_PER_TOKEN {
+            if let Some(first_to_end) = same_token().min_by_key(|(_, (_, ends))| *ends) {
+                let first_to_end = *first_to_end.0;
                 live.remove(&first_to_end);
             }
         }
-        live.insert(
-            key(&id),
-            (role, name.map(str::to_owned), now + SESSION_LIFETIME),
-        );
+        live.insert(key(&id), (who, now + SESSION_LIFETIME));
         Ok(id)
     }
 
-    /// The role of a live session, and the name it signed in as.
-    pub fn session(&self, id: &str) -> Option<(Role, Option<String>)> {
+    /// Who a live session signed in as.
+    pub fn session(&self, id: &str) -> Option<Identity> {
         let live = self.live.lock().expect("not poisoned");
         live.get(&key(id))
-            .filter(|(_, _, ends)| *ends > Instant::now())
-            .map(|(role, name, _)| (*role, name.clone()))
+            .filter(|(_, ends)| *ends > Instant::now())
+            .map(|(who, _)| who.clone())
     }
 
     pub fn end(&self, id: &str) {
         self.live.lock().expect("not poisoned").remove(&key(id));
     }
 
+    /// Ends every session of `who`'s token (signed in elsewhere, a lost laptop); how many.
+    pub fn end_everywhere(&self, who: &Identity) -> usize {
+        let token = who.token_key();
+        let mut live = self.live.lock().expect("not poisoned");
+        let before = live.len();
+        live.retain(|_, (held, _)| held.token_key() != token);
+        before - live.len()
+    }
+
     #[cfg(test)]
     pub fn count(&self) -> usize {
         self.live.lock().expect("not poisoned").len()
-    }
-
-    /// Whether a sign-in may be tried now (fewer than [`SIGN_IN_FAILURES`] failed lately).
-    pub fn may_try(&self) -> bool {
-        let mut failures = self.failures.lock().expect("not poisoned");
-        failures.retain(|at| at.elapsed() < SIGN_IN_WINDOW);
-        failures.len() < SIGN_IN_FAILURES
-    }
-
-    pub fn failed(&self) {
-        let mut failures = self.failures.lock().expect("not poisoned");
-        if failures.len() < SIGN_IN_FAILURES {
-            failures.push(Instant::now());
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::access::Role;
+
+    fn named(role: Role, name: &str) -> Identity {
+        Identity {
+            role,
+            name: Some(name.to_owned()),
+        }
+    }
 
     #[test]
-    fn sessions_are_bounded_and_sign_ins_limited() {
+    fn a_token_pushes_out_only_its_own_sessions() {
         let sessions = Sessions::default();
-        let first = sessions.start(Role::Reader, Some("alice")).unwrap();
-        assert_eq!(
-            sessions.session(&first),
-            Some((Role::Reader, Some("alice".to_owned())))
-        );
+        let alice = sessions.start(named(Role::Operator, "alice")).unwrap();
+        let first = sessions.start(named(Role::Reader, "bob")).unwrap();
+        assert_eq!(sessions.session(&first), Some(named(Role::Reader, "bob")));
         assert_eq!(sessions.session("forged"), None);
-        for _ in 0..MAX_SESSIONS + 10 {
-            sessions.start(Role::Operator, None).unwrap();
+        for _ in 0..SESSIONS_PER_TOKEN + 10 {
+            sessions.start(named(Role::Reader, "bob")).unwrap();
         }
-        assert_eq!(sessions.count(), MAX_SESSIONS);
-        assert_eq!(
-            sessions.session(&first),
-            None,
-            "the first to end was pushed out"
-        );
-        let last = sessions.start(Role::Operator, None).unwrap();
+        assert_eq!(sessions.count(), SESSIONS_PER_TOKEN + 1);
+        assert_eq!(sessions.session(&first), None, "bob's first was pushed out");
+        assert!(sessions.session(&alice).is_some(), "alice's stays");
+        let last = sessions.start(named(Role::Reader, "bob")).unwrap();
         sessions.end(&last);
         assert_eq!(sessions.session(&last), None);
-        for _ in 0..SIGN_IN_FAILURES {
-            assert!(sessions.may_try());
-            sessions.failed();
-        }
-        assert!(!sessions.may_try());
+        assert_eq!(
+            sessions.end_everywhere(&named(Role::Reader, "bob")),
+            SESSIONS_PER_TOKEN - 1
+        );
+        assert!(sessions.session(&alice).is_some(), "alice's stays");
     }
 }

@@ -1,12 +1,16 @@
 //! The Config page's rows: the settings in effect, without any credential.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{Config, HandlerKind};
+use super::Role;
+use crate::config::{redact_url, Config, HandlerKind};
 use crate::ledger::Ledger;
+use crate::tls::{Obtained, Tls};
 
-/// What the config page shows: the settings in effect, without any credential.
-pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)> {
+/// What the config page shows `role`: the settings in effect, without any credential (URLs
+/// without user, password or query); a reader sees no handler argument, which may hold one.
+pub(super) fn settings(config: &Config, ledger: &Ledger, role: Role) -> Vec<(String, String)> {
     let mut rows = vec![
         ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
         ("server.listen".into(), config.server.listen.to_string()),
@@ -32,7 +36,14 @@ pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)
     ];
     match &config.handler {
         Some(handler) => {
-            let kind = handler.kind.describe();
+            let kind = match (&handler.kind, role) {
+                (HandlerKind::Command(argv), Role::Reader) if argv.len() > 1 => format!(
+                    "command {} ({} arguments, shown to operators only)",
+                    argv[0],
+                    argv.len() - 1
+                ),
+                (kind, _) => kind.describe(),
+            };
             rows.push(("handler".into(), kind));
             rows.push((
                 "handler.max_attempts".into(),
@@ -93,7 +104,7 @@ pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)
         config
             .sume_api
             .as_ref()
-            .map_or("off".into(), |api| api.base_url.clone()),
+            .map_or("off".into(), |api| redact_url(&api.base_url)),
     ));
     if let Some(admin) = &config.admin {
         rows.push(("admin.listen".into(), admin.listen.to_string()));
@@ -107,6 +118,31 @@ pub(super) fn settings(config: &Config, ledger: &Ledger) -> Vec<(String, String)
         ));
     }
     rows
+}
+
+/// A row per HTTPS listener: the certificate it serves now (read at each view: a reload or a
+/// renewal changes it), and how it was obtained.
+pub(super) fn certificate_rows(listeners: &[Arc<Tls>]) -> Vec<(String, String)> {
+    listeners
+        .iter()
+        .map(|tls| {
+            let (about, obtained) = tls.about();
+            let obtained = match obtained {
+                Obtained::Files => "from certificate files".to_owned(),
+                Obtained::Acme(directory) => format!("from ACME, {}", redact_url(&directory)),
+            };
+            let value = match about {
+                Some(about) => format!(
+                    "{}; issued by {}; valid until {}; {obtained}",
+                    about.names.join(", "),
+                    about.issuer,
+                    humantime::format_rfc3339_seconds(about.not_after)
+                ),
+                None => format!("none yet ({obtained}: ordering)"),
+            };
+            (format!("tls certificate ({})", tls.listener()), value)
+        })
+        .collect()
 }
 
 /// A duration as the config file would say it, in the largest unit that holds it whole

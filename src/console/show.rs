@@ -11,7 +11,7 @@ use maud::Markup;
 use super::http::{decode, form_value, page, refuse, text, unavailable, Refused};
 use super::pages::{self, Viewer};
 use super::{health, verdict};
-use super::{Console, GROUPS_SHOWN, MAX_PAGE_LIMIT, PAGE_LIMIT};
+use super::{Console, Role, GROUPS_SHOWN, MAX_PAGE_LIMIT, PAGE_LIMIT};
 use crate::ingest::json_response;
 use crate::ledger::{duration_ms, now_ms, Cursor, DeadGroup, JobFilter, State, StopKind};
 use crate::metrics::FilesystemSpace;
@@ -102,13 +102,19 @@ impl Console {
             },
             ["config"] => match self.ledger.running_by_receiver().await {
                 Ok(receivers) => {
-                    let settings: std::collections::BTreeMap<_, _> =
-                        self.settings.iter().cloned().collect();
+                    // A reader sees no handler argument (a password may be one).
+                    let mut rows = match viewer.role {
+                        Role::Operator => self.settings.clone(),
+                        Role::Reader => self.reader_settings.clone(),
+                    };
+                    rows.extend(super::settings::certificate_rows(&self.certificates));
+                    let rows = &rows;
+                    let settings: std::collections::BTreeMap<_, _> = rows.iter().cloned().collect();
                     let json = serde_json::json!({
                         "settings": settings,
                         "running_by_receiver": receivers,
                     });
-                    let main = pages::config(&self.settings, &receivers);
+                    let main = pages::config(rows, &receivers);
                     Ok(("Config".into(), main, json, false))
                 }
                 Err(error) => Err(Box::new(unavailable(&error))),
@@ -125,7 +131,7 @@ impl Console {
                     .lock()
                     .expect("not poisoned")
                     .iter()
-                    .cloned()
+                    .map(|(_, report)| report.clone())
                     .collect();
                 Ok((
                     "CSP reports".into(),

@@ -137,6 +137,10 @@ macro_rules! operations {
         /// Jobs waiting to run whose time has come, oldest first, at most `limit`.
         fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError>;
 
+        /// When the earliest waiting job is due (the scrape's gauge), read as reads are: a
+        /// ledger that cannot be written still answers it.
+        fn next_due_at(&self) -> Result<Option<i64>, StorageError>;
+
         /// Makes a waiting job `dead` with `error` and no attempt (its stored id can never
         /// run), recorded as the receiver's action; `false` if it was not waiting.
         fn give_up(&self, job_id: &str, error: &str, now: i64) -> Result<bool, StorageError>;
@@ -195,6 +199,11 @@ macro_rules! operations {
         /// A change that commits nothing, through the same path as claims: proves that the
         /// ledger takes claims now (the watchdog's probe).
         fn probe(&self) -> Result<(), StorageError>;
+
+        /// Brings [`readiness`](Backend::readiness) up to date with no claim to prove it, for
+        /// those who ask (`/readyz`, a scrape): a backend whose readiness is only learnt from a
+        /// round trip makes one (at most once a second); one that knows it at once does nothing.
+        fn prove_readiness(&self) -> () = {};
 
         /// Resolves if the ledger can never commit again: the service must exit.
         fn failed(&self) -> ();

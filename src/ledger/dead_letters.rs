@@ -76,6 +76,21 @@ pub fn signature(error: Option<&str>) -> String {
     normalise(&line)
 }
 
+/// Dead jobs one group retry takes (the console's button, each batch of `jobs retry
+/// --group`): a few hundred milliseconds of ledger work, so a group of any size never holds a
+/// console slot for seconds.
+pub const GROUP_RETRY_BATCH: usize = 500;
+
+/// One batch of a dead-letter group's retry.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GroupRetry {
+    pub retried: usize,
+    /// Not retried: retention purged their body, or they left the group.
+    pub refused: usize,
+    /// Jobs of the group this batch did not reach.
+    pub left: usize,
+}
+
 impl Ledger {
     /// Calls `each` with every dead job's id, finish time and signature, newest first, at
     /// most [`DEAD_READ`]; how many it read.
@@ -140,24 +155,31 @@ impl Ledger {
         Ok(jobs)
     }
 
-    /// Retries every dead job of the group `signature`, each recorded as `by`'s retry; how
-    /// many were retried, and how many could not be (retention purged their body, or they
-    /// are no longer dead).
+    /// Retries up to `batch` dead jobs of the group `signature`, each recorded as `by`'s
+    /// retry: a batch at a time, so no request holds the ledger (or the console) for long.
+    /// What happened: how many were retried, how many could not be (retention purged their
+    /// body, or they are no longer dead), and how many of the group were left for the next
+    /// batch.
     pub async fn retry_dead_group(
         &self,
         signature: &str,
         by: &str,
         now: i64,
-    ) -> Result<(usize, usize), StorageError> {
-        let (mut retried, mut refused) = (0, 0);
-        for job_id in self.dead_group_jobs(signature).await? {
+        batch: usize,
+    ) -> Result<GroupRetry, StorageError> {
+        let jobs = self.dead_group_jobs(signature).await?;
+        let mut done = GroupRetry {
+            left: jobs.len().saturating_sub(batch),
+            ..GroupRetry::default()
+        };
+        for job_id in jobs.into_iter().take(batch) {
             match self.retry_job(&job_id, by, now).await {
-                Ok(()) => retried += 1,
+                Ok(()) => done.retried += 1,
                 Err(RetryError::Storage(error)) => return Err(error),
-                Err(_) => refused += 1,
+                Err(_) => done.refused += 1,
             }
         }
-        Ok((retried, refused))
+        Ok(done)
     }
 }
 

@@ -26,6 +26,7 @@ use crate::metrics::{AttemptResult, METRICS};
 
 use contract::forwarding_method;
 pub use contract::Backend;
+pub use dead_letters::{GroupRetry, GROUP_RETRY_BATCH};
 pub use error::{Cause, StorageError, StorageLost, STORAGE_LOST_EXIT_STATUS};
 pub use model::{
     duration_ms, now_ms, ActionRecord, Attempt, AttemptEnd, AttemptRecord, ClaimOutcome, Cursor,

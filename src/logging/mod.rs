@@ -59,10 +59,28 @@ fn resolve(format: LogFormat) -> LogFormat {
     }
 }
 
-/// A value with every control character escaped (`\n`, `\u{1b}`) and nothing else changed: a
-/// handler's output, an error or an id from the ledger can neither split a log line nor drive
-/// the terminal that shows it, and no Debug quotes end up in a journal or JSON field.
+/// A value with every control character escaped (`\n`, `\u{1b}`), and every invisible format
+/// or bidi character (`\u{202e}`, which reverses the text after it), and nothing else
+/// changed: a handler's output, an error or an id from the ledger can neither split a log
+/// line, drive the terminal that shows it, nor show itself as another id, and no Debug quotes
+/// end up in a journal or JSON field.
 pub struct Escaped<T>(pub T);
+
+/// Unicode's format characters that change how text around them looks without showing
+/// themselves: the bidi marks, embeddings, overrides and isolates, zero-width ones, the BOM.
+fn is_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{ad}'
+            | '\u{61c}'
+            | '\u{180e}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{feff}'
+            | '\u{fff9}'..='\u{fffb}'
+    )
+}
 
 impl<T: fmt::Display> fmt::Display for Escaped<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -70,7 +88,7 @@ impl<T: fmt::Display> fmt::Display for Escaped<T> {
         impl fmt::Write for EscapeControls<'_, '_> {
             fn write_str(&mut self, text: &str) -> fmt::Result {
                 for c in text.chars() {
-                    if c.is_control() {
+                    if c.is_control() || is_format(c) {
                         write!(self.0, "{}", c.escape_default())?;
                     } else {
                         self.0.write_char(c)?;
@@ -96,6 +114,10 @@ mod tests {
         assert_eq!(
             Escaped("line\nforged \u{1b}[31m\"x\"").to_string(),
             "line\\nforged \\u{1b}[31m\"x\""
+        );
+        assert_eq!(
+            Escaped("job\u{202e}gpj.exe\u{200b}").to_string(),
+            "job\\u{202e}gpj.exe\\u{200b}"
         );
     }
 }

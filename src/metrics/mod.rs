@@ -6,9 +6,11 @@
 //! labels, not the types of the modules that record into it.
 
 mod host;
+mod tls;
 
 pub use host::FilesystemSpace;
 use host::ProcessStats;
+pub use tls::TlsMetrics;
 
 use crate::rollup::{Series, Timing, ROLLUP};
 use std::sync::{LazyLock, Mutex};
@@ -158,6 +160,7 @@ pub struct Metrics {
     recovered: Counter,
     given_up: Counter,
     connections_shed: Counter,
+    csp_reports: Counter,
     expected: Family<Labels, Gauge>,
     bodies_purged: Counter,
     jobs_forgotten: Counter,
@@ -165,6 +168,7 @@ pub struct Metrics {
     process_memory: Gauge,
     process_fds: Gauge,
     process_cpu: Counter<f64, std::sync::atomic::AtomicU64>,
+    pub tls: TlsMetrics,
     /// Scrapes set the snapshot gauges, then encode: one at a time.
     scrape: Mutex<()>,
 }
@@ -207,6 +211,7 @@ impl Metrics {
             recovered: Counter::default(),
             given_up: Counter::default(),
             connections_shed: Counter::default(),
+            csp_reports: Counter::default(),
             expected: Family::default(),
             bodies_purged: Counter::default(),
             jobs_forgotten: Counter::default(),
@@ -214,10 +219,12 @@ impl Metrics {
             process_memory: Gauge::default(),
             process_fds: Gauge::default(),
             process_cpu: Counter::default(),
+            tls: TlsMetrics::default(),
             scrape: Mutex::new(()),
             registry: Registry::default(),
         };
         let m = &metrics;
+        m.tls.register(&mut registry);
         registry.register(
             "sume_deliveries",
             "Webhook deliveries by the answer they got (outcome)",
@@ -288,17 +295,17 @@ impl Metrics {
         );
         registry.register(
             "sume_ready",
-            "1 while a delivery sent now would be claimed (what /readyz answers), read at each scrape",
+            "1 while a delivery sent now would be claimed (what /readyz answers), proved at each scrape with no delivery needed",
             m.ready.clone(),
         );
         registry.register(
             "sume_ledger_reachable",
-            "1 when this scrape read the ledger, 0 when it could not within 5s (PostgreSQL unreachable, SQLite unreadable): the ledger's gauges then keep their last values",
+            "1 when this scrape read the ledger (reads only: a read-only PostgreSQL primary is reachable), 0 when it could not within 5s (PostgreSQL unreachable, SQLite unreadable): the ledger's gauges then keep their last values",
             m.ledger_reachable.clone(),
         );
         registry.register_with_unit(
             "sume_oldest_due_job_wait",
-            "How long the job due the longest (claimed, or retrying past its backoff) has waited for a worker (0 when none is due)",
+            "How long the job due the longest (claimed, or retrying past its backoff) has waited since it became due (0 when none is due): through a pause too; through a hold it follows the probe rotation (a failed probe makes its job due later), not the hold",
             Unit::Seconds,
             m.oldest_due_wait.clone(),
         );
@@ -378,6 +385,11 @@ impl Metrics {
             "sume_connections_shed",
             "Connections closed at the connection limit while they waited for a request head, to let a new one in",
             m.connections_shed.clone(),
+        );
+        registry.register(
+            "sume_console_csp_reports",
+            "Content-Security-Policy violation reports posted to the console (kept or not)",
+            m.csp_reports.clone(),
         );
         registry.register(
             "sume_reconcile_given_up",
@@ -591,6 +603,10 @@ impl Metrics {
 
     pub fn record_connection_shed(&self) {
         self.connections_shed.inc();
+    }
+
+    pub fn record_csp_report(&self) {
+        self.csp_reports.inc();
     }
 
     /// The Prometheus text exposition, with the scrape-time values of `scrape`.

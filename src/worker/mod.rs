@@ -166,7 +166,10 @@ impl Worker {
         config: HandlerConfig,
         lease_slack: Duration,
     ) -> anyhow::Result<(Worker, Queue)> {
-        let handler = Arc::new(Handler::new(config.kind.clone())?);
+        let handler = Arc::new(Handler::new(
+            config.kind.clone(),
+            config.ca_file.as_deref(),
+        )?);
         let breaker = Breaker::new(&config, lease_slack);
         let (queue, receiver) = Queue::new(breaker.clone());
         let worker = Worker {

@@ -5,6 +5,7 @@ use crate::config::HandlerKind;
 
 fn config() -> HandlerConfig {
     HandlerConfig {
+        ca_file: None,
         kind: HandlerKind::Command(vec!["true".into()]),
         timeout: Duration::from_secs(1),
         concurrency: 1,
@@ -52,7 +53,7 @@ async fn a_failed_start_is_left_to_the_sweeper_once_its_job_is_no_longer_held() 
     assert!(queue.enqueue(&job_id));
     let run = JobRun {
         ledger,
-        handler: Arc::new(Handler::new(config.kind.clone()).unwrap()),
+        handler: Arc::new(Handler::new(config.kind.clone(), None).unwrap()),
         config,
         lease_slack: Duration::ZERO,
         queue: queue.clone(),

@@ -1,9 +1,14 @@
 //! Shared test helpers: start the real server on 127.0.0.1:0 with a temp ledger, sign deliveries.
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
 
+pub mod pebble;
+pub mod peers;
 pub mod powercut;
+pub mod relay;
 pub mod service;
+pub mod sqlite_shell;
 pub mod sume;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -29,6 +34,8 @@ pub struct TestServer {
     pub addr: SocketAddr,
     pub dir: TempDir,
     pub config: Config,
+    /// `https` with `[server.tls]`: the client then trusts the CA at `<dir>/ca.pem`.
+    scheme: &'static str,
     client: HttpClient,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
@@ -267,11 +274,18 @@ impl TestServer {
         let task = tokio::spawn(sume_receiver::run(config.clone(), listener, async {
             let _ = stopped.await;
         }));
+        let (scheme, client) = if config.server.tls.is_some() {
+            let ca = dir.path().join("ca.pem");
+            ("https", http_client::client_trusting(Some(&ca)).unwrap())
+        } else {
+            ("http", http_client::new_client())
+        };
         let server = TestServer {
             addr,
             dir,
             config,
-            client: http_client::new_client(),
+            scheme,
+            client,
             stop: Some(stop),
             task: Some(task),
         };
@@ -335,7 +349,7 @@ impl TestServer {
     }
 
     pub fn webhook_url(&self) -> String {
-        format!("http://{}{WEBHOOK_PATH}", self.addr)
+        format!("{}://{}{WEBHOOK_PATH}", self.scheme, self.addr)
     }
 
     pub fn state_of(&self, job_id: &str) -> Option<String> {
@@ -353,7 +367,7 @@ impl TestServer {
     ) -> Result<Answer, String> {
         let mut builder = Request::builder()
             .method(method)
-            .uri(format!("http://{}{path}", self.addr));
+            .uri(format!("{}://{}{path}", self.scheme, self.addr));
         for (name, value) in headers {
             builder = builder.header(*name, value);
         }
@@ -390,15 +404,7 @@ impl TestServer {
     }
 
     pub async fn deliver_signed(&self, body: &str, timestamp: i64, secrets: &[&str]) -> Answer {
-        let timestamp = timestamp.to_string();
-        let headers = [
-            (TIMESTAMP_HEADER, timestamp.clone()),
-            (
-                SIGNATURE_HEADER,
-                signature::sign(secrets, &timestamp, body.as_bytes()),
-            ),
-            ("content-type", "application/json".to_owned()),
-        ];
+        let headers = signed_headers(body, timestamp, secrets);
         self.request(Method::POST, WEBHOOK_PATH, &headers, body)
             .await
             .unwrap()
@@ -410,6 +416,33 @@ impl TestServer {
         let result = self.task.take().unwrap().await.unwrap();
         (result, self.dir)
     }
+}
+
+/// The headers Sume sends with `body`, signed at `timestamp` with `secrets`.
+pub fn signed_headers(body: &str, timestamp: i64, secrets: &[&str]) -> [(&'static str, String); 3] {
+    let timestamp = timestamp.to_string();
+    [
+        (TIMESTAMP_HEADER, timestamp.clone()),
+        (
+            SIGNATURE_HEADER,
+            signature::sign(secrets, &timestamp, body.as_bytes()),
+        ),
+        ("content-type", "application/json".to_owned()),
+    ]
+}
+
+/// A delivery of `body`, signed now with the test secret, to `url` through `client`.
+pub async fn deliver_with(client: &HttpClient, url: &str, body: &str) -> Answer {
+    let mut builder = Request::builder().method(Method::POST).uri(url);
+    for (name, value) in signed_headers(body, unix_now(), &[SECRET]) {
+        builder = builder.header(name, value);
+    }
+    let request = builder
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    http_client::send(client, request, Duration::from_secs(15), 1 << 20)
+        .await
+        .unwrap()
 }
 
 /// One request with an empty body to any `url` (another listener than the server's own).

@@ -1,11 +1,11 @@
 //! Claims on PostgreSQL: batched into one multi-row `INSERT` per commit, answered after it.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -32,6 +32,58 @@ pub(super) type ClaimRequest = (
 const CLAIM_BATCHES_IN_FLIGHT: usize = 2;
 /// After a failed commit, how often the database is probed until it answers again (readiness).
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a probe on request may take before the ledger counts as not ready: a claim that
+/// waited longer would find Sume's request timed out.
+const PROBE_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Whether the last claim batch (or probe) went through, and the batcher's wake-up when one
+/// fails: the batcher then probes every [`PROBE_INTERVAL`] until one goes through, with no
+/// claim needed.
+#[derive(Default)]
+pub(super) struct CommitHealth {
+    failed: AtomicBool,
+    failure: Notify,
+    /// When readiness was last proved on request (ms since the epoch): once a second at most.
+    asked_at: AtomicI64,
+}
+
+impl CommitHealth {
+    /// Proves readiness on request (`/readyz`, a scrape), once a [`PROBE_INTERVAL`] at most,
+    /// with the watchdog's probe through the batcher: a stopped or unreachable server is then
+    /// not ready with no claim to fail, and an idle receiver nobody asks probes nothing.
+    pub(super) async fn prove(&self, claims: &mpsc::Sender<ClaimRequest>) {
+        let now = now_ms();
+        let asked_at = self.asked_at.load(Ordering::Relaxed);
+        let interval = PROBE_INTERVAL.as_millis() as i64;
+        if now - asked_at < interval
+            || self
+                .asked_at
+                .compare_exchange(asked_at, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return; // proved a moment ago, or being proved by another request
+        }
+        // The batch records its own outcome; one that does not end in time is a failure too.
+        if tokio::time::timeout(PROBE_PATIENCE, through_batcher(claims, None))
+            .await
+            .is_err()
+        {
+            self.record(false);
+        }
+    }
+
+    pub(super) fn is_ok(&self) -> bool {
+        !self.failed.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn record(&self, ok: bool) {
+        self.failed.store(!ok, Ordering::Relaxed);
+        if !ok {
+            // A stored permit: the batcher wakes even if it is not waiting yet.
+            self.failure.notify_one();
+        }
+    }
+}
 
 /// Queues a claim (or the probe) for the batcher and waits for its batch; refused at once when
 /// the queue is full.
@@ -56,17 +108,20 @@ pub(super) async fn run_batcher(
     mut inbox: mpsc::Receiver<ClaimRequest>,
     max_batch: usize,
     stopping: CancellationToken,
-    last_commit_ok: Arc<AtomicBool>,
+    health: Arc<CommitHealth>,
 ) {
     let in_flight = Arc::new(Semaphore::new(CLAIM_BATCHES_IN_FLIGHT));
     let mut batches = JoinSet::new();
     let failures = Arc::new(Mutex::new(Throttled::new("claims failed")));
     loop {
+        // The guard is read when the select starts: a batch that fails meanwhile (on its own
+        // task) wakes the loop through `failure`, so that the next round probes.
         let first = tokio::select! {
             item = inbox.recv() => item,
             () = stopping.cancelled() => None,
-            () = tokio::time::sleep(PROBE_INTERVAL), if !last_commit_ok.load(Ordering::Relaxed) => {
-                probe(&pool, &last_commit_ok).await;
+            () = health.failure.notified() => continue,
+            () = tokio::time::sleep(PROBE_INTERVAL), if !health.is_ok() => {
+                probe(&pool, &health).await;
                 continue;
             }
         };
@@ -87,7 +142,7 @@ pub(super) async fn run_batcher(
         let (pool, warnings, ok, failures) = (
             pool.clone(),
             warnings.clone(),
-            last_commit_ok.clone(),
+            health.clone(),
             failures.clone(),
         );
         batches.spawn(async move {
@@ -104,17 +159,17 @@ pub(super) async fn run_batcher(
     }
     while !rest.is_empty() {
         let batch: Vec<ClaimRequest> = rest.drain(..rest.len().min(max_batch.max(1))).collect();
-        commit_batch(&pool, &warnings, batch, &last_commit_ok, &failures).await;
+        commit_batch(&pool, &warnings, batch, &health, &failures).await;
     }
     while batches.join_next().await.is_some() {}
     tracing::debug!("claim batcher stopped");
 }
 
 /// Once the database answers again, readiness says so (no claim may arrive while not ready).
-async fn probe(pool: &Pooled, last_commit_ok: &AtomicBool) {
+async fn probe(pool: &Pooled, health: &CommitHealth) {
     if select_one(pool).await.is_ok() {
         tracing::info!("PostgreSQL answers again");
-        last_commit_ok.store(true, Ordering::Relaxed);
+        health.record(true);
     }
 }
 
@@ -122,7 +177,7 @@ async fn commit_batch(
     pool: &Pooled,
     warnings: &StandbyWarnings,
     batch: Vec<ClaimRequest>,
-    last_commit_ok: &AtomicBool,
+    health: &CommitHealth,
     failures: &Mutex<Throttled>,
 ) {
     let mut ordered: Vec<&NewClaim> = batch
@@ -157,11 +212,11 @@ async fn commit_batch(
     let result = result.map_err(ClaimsError::into_storage);
     match &result {
         Ok(_) => {
-            last_commit_ok.store(true, Ordering::Relaxed);
+            health.record(true);
             failures.lock().expect("not poisoned").recovered();
         }
         Err(error) => {
-            last_commit_ok.store(false, Ordering::Relaxed);
+            health.record(false);
             failures
                 .lock()
                 .expect("not poisoned")

@@ -19,7 +19,6 @@
 //! - Migrations run in one transaction under an advisory lock; a schema newer than this binary
 //!   knows is refused.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -53,7 +52,7 @@ use super::rollups::{delete_old_sql, MinuteRollup};
 use super::work_side::WorkSide;
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
-use claims::{insert_claims, through_batcher, ClaimRequest, ClaimsError};
+use claims::{insert_claims, through_batcher, ClaimRequest, ClaimsError, CommitHealth};
 use connection::{StandbyWarnings, CHANNEL};
 use pooled::Pooled;
 use statements::{
@@ -77,7 +76,8 @@ pub struct PostgresLedger {
     /// The claim batcher and the LISTEN task; awaited at close.
     tasks: Mutex<Option<JoinSet<()>>>,
     stopping: CancellationToken,
-    last_commit_ok: Arc<AtomicBool>,
+    /// Whether the last claim batch or probe went through.
+    health: Arc<CommitHealth>,
     /// Cancelled if the claim batcher died of a panic: nothing can be claimed any more.
     failed: CancellationToken,
     work_added: Arc<Notify>,
@@ -394,6 +394,18 @@ impl Backend for PostgresLedger {
         self.execute(sql::FOLD_COUNTS_SQL, &[]).await.map(drop)
     }
 
+    async fn prove_readiness(&self) {
+        if let Some(claims) = &self.claims {
+            self.health.prove(claims).await;
+        }
+    }
+
+    /// On the readers' pool: a server that turned read-only still answers it.
+    async fn next_due_at(&self) -> Result<Option<i64>, StorageError> {
+        let rows = self.read(sql::NEXT_DUE_SQL, &[]).await?;
+        Ok(rows.first().and_then(|row| row.get(0)))
+    }
+
     /// Through the claim batcher, so that a wedged batcher fails the probe too.
     async fn probe(&self) -> Result<(), StorageError> {
         match &self.claims {
@@ -708,7 +720,7 @@ impl Backend for PostgresLedger {
         if self.failed.is_cancelled() {
             return Err("the ledger's claim batcher has stopped");
         }
-        if !self.last_commit_ok.load(Ordering::Relaxed) {
+        if !self.health.is_ok() {
             return Err("PostgreSQL did not take the last claims (probed every second)");
         }
         if self.claim_queue_depth() * 10 >= CLAIM_QUEUE_CAPACITY * 9 {

@@ -1,7 +1,6 @@
 //! Opening a PostgreSQL ledger: for the service (pools, claim batcher, LISTEN), or for the
 //! command line (one connection, the schema checked).
 
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
@@ -9,7 +8,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::claims::run_batcher;
+use super::claims::{run_batcher, CommitHealth};
 use super::connection::{listen, settings, StandbyWarnings, Tls};
 use super::pooled::Pooled;
 use super::role::{error_text, RoleWatch, CONNECT_TIMEOUT};
@@ -66,7 +65,7 @@ impl PostgresLedger {
 
         let (claims, inbox) = mpsc::channel(CLAIM_QUEUE_CAPACITY);
         let stopping = CancellationToken::new();
-        let last_commit_ok = Arc::new(AtomicBool::new(true));
+        let health = Arc::new(CommitHealth::default());
         let failed = CancellationToken::new();
         let work_added = Arc::new(Notify::new());
         let mut tasks = JoinSet::new();
@@ -76,7 +75,7 @@ impl PostgresLedger {
             inbox,
             config.max_batch,
             stopping.clone(),
-            last_commit_ok.clone(),
+            health.clone(),
         ));
         tasks.spawn({
             let failed = failed.clone();
@@ -104,7 +103,7 @@ impl PostgresLedger {
             claims: Some(claims),
             tasks: Mutex::new(Some(tasks)),
             stopping,
-            last_commit_ok,
+            health,
             failed,
             work_added,
             work_side: Some(WorkSide::started()),
@@ -148,7 +147,7 @@ impl PostgresLedger {
             claims: None,
             tasks: Mutex::new(None),
             stopping: CancellationToken::new(),
-            last_commit_ok: Arc::new(AtomicBool::new(true)),
+            health: Arc::default(),
             failed: CancellationToken::new(),
             work_added: Arc::new(Notify::new()),
             work_side: None,

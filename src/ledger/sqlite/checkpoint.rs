@@ -6,6 +6,11 @@
 //! automatic checkpoint, which then finds almost nothing left to copy and lets the next commit
 //! rewind the WAL to its start, so the file stays bounded under any load.
 //!
+//! A reader's snapshot (a `sqlite3` session, a backup) keeps frames from being copied back and
+//! the WAL grows meanwhile: the thread then looks again every [`READER_RETRY`], with no commit
+//! needed, and once every frame is copied it truncates a WAL longer than the writer's size
+//! limit, so that the file shrinks within a second or two of the reader going, at rest too.
+//!
 //! An I/O error while checkpointing is final, like a failed WAL sync (failure.rs says why): a
 //! later WAL restart could overwrite frames whose pages never reached the database file.
 
@@ -17,6 +22,7 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 
 use super::failure::{self, Cause, Failure};
+use super::open::WAL_SIZE_LIMIT_BYTES;
 use crate::throttle::Throttled;
 
 /// The writer's own checkpoint threshold, in pages (128 MiB of WAL). The checkpointer thread
@@ -29,6 +35,9 @@ pub(super) const WRITER_AUTOCHECKPOINT_PAGES: u32 = 32768;
 /// How long after a commit its frames are copied back: the commits of that time are copied
 /// together, and it is frequent enough to keep up.
 const INTERVAL: Duration = Duration::from_millis(50);
+
+/// How often a checkpoint a reader kept from finishing is tried again, commits or not.
+const READER_RETRY: Duration = Duration::from_secs(1);
 
 pub(super) struct Checkpointer {
     signals: Arc<Signals>,
@@ -60,7 +69,10 @@ impl CheckpointWake {
 }
 
 impl Checkpointer {
-    pub(super) fn start(conn: Connection, failure: Arc<Failure>) -> std::io::Result<Checkpointer> {
+    pub(super) fn start(conn: Connection, failure: Arc<Failure>) -> anyhow::Result<Checkpointer> {
+        // A truncating checkpoint must not wait for the writer or a reader (and hold the
+        // write lock meanwhile): it is tried again later instead.
+        conn.busy_timeout(Duration::ZERO)?;
         let signals = Arc::new(Signals::default());
         let thread = std::thread::Builder::new()
             .name("ledger-checkpoint".into())
@@ -70,8 +82,9 @@ impl Checkpointer {
                     // On a full disk this fails at every commit: one line, then one a minute.
                     let mut failures = Throttled::new("WAL checkpoint failed; retrying");
                     while signals.wait_for_commits() {
-                        match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                            Ok(()) => failures.recovered(),
+                        match copy_back(&conn) {
+                            Ok(true) => failures.recovered(),
+                            Ok(false) => signals.retry_later(),
                             Err(error) if failure::is_storage_lost(&error) => {
                                 failure.fail(
                                     Cause::StorageLost,
@@ -126,6 +139,50 @@ impl Signals {
         }
         self.committed.store(false, Ordering::Release);
         !self.stopping.load(Ordering::Acquire)
+    }
+
+    /// After a checkpoint a reader kept from finishing: [`READER_RETRY`] later, as after a
+    /// commit (at once if a commit comes first: under load the cadence stays the commits').
+    fn retry_later(&self) {
+        let until = Instant::now() + READER_RETRY;
+        while let Some(left) = until.checked_duration_since(Instant::now()) {
+            if self.stopping.load(Ordering::Acquire) || self.committed.load(Ordering::Acquire) {
+                return;
+            }
+            std::thread::park_timeout(left);
+        }
+        self.committed.store(true, Ordering::Release);
+    }
+}
+
+/// Copies committed frames back (`PASSIVE`: never waits, never blocks the writer); `false`
+/// while some are left for a reader's snapshot, or the WAL file is still longer than
+/// [`WAL_SIZE_LIMIT_BYTES`] (the writer's limit cuts it back only when a commit rewinds it: at
+/// rest, never). A long WAL with every frame copied is truncated, if no writer or reader is in
+/// it at that instant (busy otherwise, and tried again).
+fn copy_back(conn: &Connection) -> rusqlite::Result<bool> {
+    let (log, copied): (i64, i64) =
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+            Ok((row.get(1)?, row.get(2)?))
+        })?;
+    if copied < log {
+        return Ok(false);
+    }
+    let wal = conn.path().map(|path| format!("{path}-wal"));
+    let long = wal
+        .and_then(|wal| std::fs::metadata(wal).ok())
+        .is_some_and(|wal| wal.len() > WAL_SIZE_LIMIT_BYTES);
+    if !long {
+        return Ok(true);
+    }
+    match conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
+        row.get::<_, i64>(0)
+    }) {
+        Ok(busy) => Ok(busy == 0),
+        Err(error) if error.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {
+            Ok(false)
+        }
+        Err(error) => Err(error),
     }
 }
 

@@ -301,13 +301,14 @@ pub fn give_up(
 pub fn due_jobs(conn: &Connection, now: i64, limit: usize) -> rusqlite::Result<DueJobs> {
     let mut statement = conn.prepare_cached(DUE_JOBS_SQL)?;
     let rows = statement.query_map(params![now, limit as i64], |row| row.get::<_, String>(0))?;
-    let next_at = conn
-        .prepare_cached(NEXT_DUE_SQL)?
-        .query_row([], |row| row.get(0))?;
-    Ok(DueJobs::sort(
-        rows.collect::<rusqlite::Result<_>>()?,
-        next_at,
-    ))
+    let due = rows.collect::<rusqlite::Result<_>>()?;
+    Ok(DueJobs::sort(due, next_due_at(conn)?))
+}
+
+/// When the earliest waiting job is due.
+pub fn next_due_at(conn: &Connection) -> rusqlite::Result<Option<i64>> {
+    conn.prepare_cached(NEXT_DUE_SQL)?
+        .query_row([], |row| row.get(0))
 }
 
 fn summary_from_row(row: &Row<'_>) -> rusqlite::Result<JobSummary> {

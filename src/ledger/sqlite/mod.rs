@@ -15,6 +15,7 @@ mod rollups;
 mod testing;
 mod wal_sync;
 mod wal_watch;
+mod write_lock;
 mod writer;
 #[cfg(feature = "bench")]
 mod writer_alone;
@@ -365,6 +366,10 @@ impl Backend for SqliteLedger {
             .await
     }
 
+    async fn next_due_at(&self) -> Result<Option<i64>, StorageError> {
+        self.read(jobs::next_due_at).await
+    }
+
     async fn give_up(&self, job_id: &str, error: &str, now: i64) -> Result<bool, StorageError> {
         let (job_id, error) = (job_id.to_owned(), error.to_owned());
         self.write(move |conn| {
@@ -694,7 +699,7 @@ impl Backend for SqliteLedger {
                 return Some("the ledger failed (see the log): it acknowledges nothing any more")
             }
         }
-        (!writer.last_commit_ok()).then_some("the last ledger commit failed")
+        writer.commits().fault()
     }
 
     fn is_storage_lost(&self) -> bool {

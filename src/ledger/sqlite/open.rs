@@ -28,7 +28,7 @@ const MIGRATIONS: &[&str] = &[
 /// already has: a limit below it made every cycle append to newly allocated space, which cost
 /// ~20 % of the claim throughput (`loadgen --sqlite-alone`). Only a WAL that a long read
 /// transaction made grow past it is cut back.
-const WAL_SIZE_LIMIT_BYTES: u64 = 2 * WRITER_AUTOCHECKPOINT_PAGES as u64 * 4096;
+pub(super) const WAL_SIZE_LIMIT_BYTES: u64 = 2 * WRITER_AUTOCHECKPOINT_PAGES as u64 * 4096;
 
 /// The writer's connection: the file created if needed, checked to be ours (and whole, when the
 /// whole check runs before serving: integrity.rs), migrated, and tuned for the writer; and how

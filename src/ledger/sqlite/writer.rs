@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::failure::{self, Cause, Failure};
 use super::jobs::insert_claim;
 use super::wal_sync::{Answerer, ClaimReply, Completion, SyncWal, WalSyncer};
+use super::write_lock::{is_busy, CommitState};
 use crate::ledger::error::StorageError;
 use crate::ledger::model::{now_ms, ClaimOutcome, NewClaim};
 use crate::throttle::Throttled;
@@ -65,8 +66,8 @@ impl BatchItem {
 pub(super) struct Writer {
     queue: mpsc::Sender<BatchItem>,
     stopping: Arc<AtomicBool>,
-    /// Whether the last batch that changed anything (or failed) committed.
-    last_commit_ok: Arc<AtomicBool>,
+    /// Whether the last batch that changed anything (or failed) committed, and the lock.
+    commits: Arc<CommitState>,
     /// Set when the thread died of a panic or the disk failed: nothing will ever be
     /// acknowledged again.
     failure: Arc<Failure>,
@@ -92,17 +93,17 @@ impl Writer {
     ) -> anyhow::Result<(Writer, std::thread::JoinHandle<()>)> {
         let (queue, inbox) = mpsc::channel(QUEUE_CAPACITY);
         let stopping = Arc::new(AtomicBool::new(false));
-        let last_commit_ok = Arc::new(AtomicBool::new(true));
+        let commits = Arc::new(CommitState::of(&conn)?);
         let syncer = Answering::start(durability, failure.clone(), Answerer::on_current_runtime())?;
         let thread = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn({
-                let (stopping, last_commit_ok, failure) =
-                    (stopping.clone(), last_commit_ok.clone(), failure.clone());
+                let (stopping, commits, failure) =
+                    (stopping.clone(), commits.clone(), failure.clone());
                 move || {
                     let state = Shared {
                         stopping: &stopping,
-                        last_commit_ok: &last_commit_ok,
+                        commits: &commits,
                         after_write: &after_write,
                     };
                     let run = AssertUnwindSafe(|| run(conn, inbox, max_batch, state, syncer));
@@ -115,7 +116,7 @@ impl Writer {
             Writer {
                 queue,
                 stopping,
-                last_commit_ok,
+                commits,
                 failure,
             },
             thread,
@@ -155,8 +156,8 @@ impl Writer {
         &self.failure
     }
 
-    pub(super) fn last_commit_ok(&self) -> bool {
-        self.last_commit_ok.load(Ordering::Relaxed)
+    pub(super) fn commits(&self) -> &CommitState {
+        &self.commits
     }
 
     /// Asks the thread to stop once everything queued so far is committed.
@@ -321,7 +322,7 @@ pub(super) fn commit_claims(
 #[derive(Clone, Copy)]
 struct Shared<'a> {
     stopping: &'a AtomicBool,
-    last_commit_ok: &'a AtomicBool,
+    commits: &'a CommitState,
     after_write: &'a dyn Fn(),
 }
 
@@ -341,7 +342,7 @@ fn run(
         let committed = settled.outcome.is_ok();
         // A batch that changed nothing (the watchdog's probe) says nothing about the disk.
         if !committed || settled.wrote {
-            shared.last_commit_ok.store(committed, Ordering::Relaxed);
+            shared.commits.record(committed, settled.busy);
         }
         if committed && settled.wrote {
             (shared.after_write)();
@@ -384,6 +385,8 @@ struct Settled {
     outcome: Result<(), StorageError>,
     /// Whether it changed any row.
     wrote: bool,
+    /// Whether it failed for want of the write lock.
+    busy: bool,
 }
 
 /// Runs and commits one batch. A COMMIT that fails with an I/O error (writing the WAL, or the
@@ -399,6 +402,7 @@ fn commit_batch(
     let begin = conn
         .prepare_cached("BEGIN IMMEDIATE")
         .and_then(|mut s| s.execute([]));
+    let busy = is_busy(&begin);
     let (completions, committed) = match begin {
         Ok(_) => {
             let mut completions: Vec<Completion> = Vec::with_capacity(size);
@@ -447,6 +451,7 @@ fn commit_batch(
         completions,
         outcome: committed,
         wrote: conn.total_changes() != changes_before,
+        busy,
     }
 }
 
