@@ -423,6 +423,94 @@ mod tests {
         }
     }
 
+    /// A certificate for `names` from a CA made here, valid from `from` to `until` seconds
+    /// from now, written as `<name>.crt` and `<name>.key` in `dir`.
+    fn certificate_files(dir: &Path, name: &str, names: &[&str], (from, until): (i64, i64)) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let mut params = rcgen::CertificateParams::new(
+            names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let now = std::time::SystemTime::now();
+        let at = |seconds: i64| {
+            let offset = Duration::from_secs(seconds.unsigned_abs());
+            let when = if seconds < 0 {
+                now - offset
+            } else {
+                now + offset
+            };
+            when.into()
+        };
+        params.not_before = at(from);
+        params.not_after = at(until);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let certificate = params.signed_by(&key, &issuer).unwrap();
+        std::fs::write(dir.join(format!("{name}.crt")), certificate.pem()).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+    }
+
+    fn tls(cert: &str, key: &str) -> String {
+        format!("[server.tls]\ncert_file = \"{cert}\"\nkey_file = \"{key}\"\n")
+    }
+
+    #[test]
+    fn check_config_reads_each_certificate_as_the_service_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let day = 86_400;
+        certificate_files(dir.path(), "good", &["hooks.example.com"], (-day, 60 * day));
+        certificate_files(dir.path(), "soon", &["hooks.example.com"], (-day, 5 * day));
+        certificate_files(
+            dir.path(),
+            "expired",
+            &["hooks.example.com"],
+            (-3 * day, -day),
+        );
+        let check_of = |extra: &str| check(&config(dir.path(), extra), Unreadable::Error);
+
+        let good = check_of(&tls("good.crt", "good.key"));
+        assert!(
+            good.errors.is_empty() && good.warnings.is_empty(),
+            "{good:?}"
+        );
+        assert!(
+            good.notes[0].starts_with("server.tls: a certificate for hooks.example.com issued by")
+                && good.notes[0].contains("(59 days left)"),
+            "{good:?}"
+        );
+        let soon = check_of(&tls("soon.crt", "soon.key"));
+        assert!(soon.warnings[0].contains("expires in 4 days"), "{soon:?}");
+        let expired = check_of(&tls("expired.crt", "expired.key"));
+        assert!(expired.errors[0].contains("it expired at"), "{expired:?}");
+        let mismatched = check_of(&tls("good.crt", "soon.key"));
+        assert!(
+            mismatched.errors[0].contains("do not make a pair"),
+            "{mismatched:?}"
+        );
+        let missing = check_of(&tls("none.crt", "none.key"));
+        assert!(missing.errors[0].contains("cannot read"), "{missing:?}");
+        // The admin listener's certificate must cover the names the console answers to.
+        let admin = check_of(
+            "[admin]\nallowed_hosts = [\"console.example.com\"]\n\
+             [admin.tls]\ncert_file = \"good.crt\"\nkey_file = \"good.key\"\n",
+        );
+        assert!(
+            admin
+                .warnings
+                .iter()
+                .any(|w| w.contains("does not cover \"console.example.com\"")),
+            "{admin:?}"
+        );
+        // Off loopback without TLS, the webhook's deliveries cross the network in clear.
+        let clear = check_of("[server]\nlisten = \"0.0.0.0:8080\"\n");
+        assert!(
+            clear.warnings.iter().any(|w| w.contains("in clear")),
+            "{clear:?}"
+        );
+    }
+
     #[test]
     fn weak_or_exposed_admin_tokens_are_found() {
         let dir = tempfile::tempdir().unwrap();

@@ -286,29 +286,70 @@ fn own_usage() -> Usage {
 
 /// The HTTP floor of the benchmark: a bare hyper 1 server on the same runtime as the service
 /// that reads each request's body and answers a fixed JSON, with no signature check and no
-/// ledger. What any receiver built on hyper pays per request.
-pub async fn serve_http_floor(listener: tokio::net::TcpListener) -> anyhow::Result<()> {
-    use hyper::body::Incoming;
-    use hyper::server::conn::http1 as server;
-    use hyper::service::service_fn;
+/// ledger. What any receiver built on hyper pays per request. With `[server.tls]` files, the
+/// same behind a bare rustls acceptor (TLS 1.2 and 1.3, ALPN http/1.1, session tickets, as
+/// the receiver's): the HTTPS floor.
+pub async fn serve_http_floor(
+    listener: tokio::net::TcpListener,
+    tls: Option<&crate::config::TlsConfig>,
+) -> anyhow::Result<()> {
+    let tls = tls.map(floor_acceptor).transpose()?;
     loop {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let service = service_fn(|request: Request<Incoming>| async move {
-                let body = request.into_body().collect().await?.to_bytes();
-                let answer = if body.is_empty() {
-                    Bytes::from_static(b"ok\n")
-                } else {
-                    Bytes::from_static(b"{\"job_id\":\"floor\",\"duplicate\":false}")
-                };
-                Ok::<_, hyper::Error>(hyper::Response::new(Full::new(answer)))
-            });
-            let _ = server::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            match tls {
+                None => serve_floor_connection(stream).await,
+                Some(tls) => {
+                    if let Ok(stream) = tls.accept(stream).await {
+                        serve_floor_connection(stream).await;
+                    }
+                }
+            }
         });
     }
+}
+
+/// A rustls acceptor for the certificate files of `tls`, with nothing of the receiver's own.
+fn floor_acceptor(tls: &crate::config::TlsConfig) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let crate::config::CertificateSource::Files { cert, key } = tls.source() else {
+        anyhow::bail!("the HTTPS floor takes certificate files, not ACME");
+    };
+    let chain = CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(key)?;
+    let mut config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.ticketer = rustls::crypto::ring::Ticketer::new()?;
+    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
+}
+
+async fn serve_floor_connection<S>(stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use hyper::body::Incoming;
+    use hyper::server::conn::http1 as server;
+    use hyper::service::service_fn;
+    let service = service_fn(|request: Request<Incoming>| async move {
+        let body = request.into_body().collect().await?.to_bytes();
+        let answer = if body.is_empty() {
+            Bytes::from_static(b"ok\n")
+        } else {
+            Bytes::from_static(b"{\"job_id\":\"floor\",\"duplicate\":false}")
+        };
+        Ok::<_, hyper::Error>(hyper::Response::new(Full::new(answer)))
+    });
+    let _ = server::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
 }
 
 fn seed_of(tag: &str) -> u64 {

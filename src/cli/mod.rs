@@ -309,7 +309,7 @@ pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
         #[cfg(feature = "bench")]
         Command::HttpFloor => {
             let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
-            sume_receiver::loadgen::serve_http_floor(listener).await
+            sume_receiver::loadgen::serve_http_floor(listener, config.server.tls.as_ref()).await
         }
         #[cfg(feature = "bench")]
         Command::Loadgen(args) => {

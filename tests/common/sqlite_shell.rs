@@ -3,7 +3,6 @@
 use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// The shell, inside the transaction its first statements opened, until [`SqliteShell::let_go`].
 pub struct SqliteShell(Child);
@@ -23,17 +22,28 @@ impl SqliteShell {
         SqliteShell(shell)
     }
 
-    /// The shell holding the write lock (`BEGIN IMMEDIATE`), once this process cannot take it.
+    /// The shell holding the write lock (`BEGIN IMMEDIATE`), once it says it is inside. It
+    /// waits for a commit of the receiver's in progress (`.timeout`) instead of failing: a
+    /// probe from here that merely found the lock taken could have met the receiver's own.
     pub fn holding_the_write_lock(db: &Path) -> SqliteShell {
-        let shell = SqliteShell::run(db, "BEGIN IMMEDIATE;\n");
-        let probe = rusqlite::Connection::open(db).unwrap();
-        probe.busy_timeout(Duration::ZERO).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while probe.execute_batch("BEGIN IMMEDIATE; ROLLBACK;").is_ok() {
-            assert!(Instant::now() < deadline, "the shell never took the lock");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        shell
+        use std::io::{BufRead, BufReader};
+        let mut shell = Command::new("sqlite3")
+            .arg(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the sqlite3 shell (apt-get install sqlite3)");
+        let stdin = shell.stdin.as_mut().unwrap();
+        stdin
+            .write_all(b".timeout 5000\nBEGIN IMMEDIATE;\nSELECT 'inside';\n")
+            .unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        BufReader::new(shell.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "inside", "the shell never took the lock");
+        SqliteShell(shell)
     }
 
     /// Ends its transaction and quits.

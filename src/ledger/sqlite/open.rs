@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use rusqlite::{Connection, OpenFlags};
 
-use super::checkpoint::{self, WRITER_AUTOCHECKPOINT_PAGES};
+use super::checkpoint::{self, WAL_SIZE_LIMIT_BYTES};
 use super::integrity;
 use super::wal_sync::WalFile;
 use super::writer::Durability;
@@ -22,13 +22,6 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0007_dispatch_stops.sql"),
     include_str!("../../../migrations/sqlite/0008_minute_rollups.sql"),
 ];
-
-/// The WAL file is truncated back to this size when it rewinds. Above the size it reaches in
-/// normal operation (the checkpoint threshold), so that each cycle overwrites space the file
-/// already has: a limit below it made every cycle append to newly allocated space, which cost
-/// ~20 % of the claim throughput (`loadgen --sqlite-alone`). Only a WAL that a long read
-/// transaction made grow past it is cut back.
-pub(super) const WAL_SIZE_LIMIT_BYTES: u64 = 2 * WRITER_AUTOCHECKPOINT_PAGES as u64 * 4096;
 
 /// The writer's connection: the file created if needed, checked to be ours (and whole, when the
 /// whole check runs before serving: integrity.rs), migrated, and tuned for the writer; and how
