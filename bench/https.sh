@@ -6,6 +6,8 @@
 # thread, from /proc): the receiver, plus Caddy in the Caddy cases.
 #
 #   bench/https.sh     ROUNDS (3) of DURATION (5s) per case, CONNECTIONS (64), DUP_RATIO (0.3)
+#   PLAIN_ONLY=1 BIN=old/sume-receiver bench/https.sh   the plain cases alone, for a build
+#                      from before HTTPS (a before/after of the plain path)
 #
 # Cases, each with keep-alive (-ka) and a new connection per delivery (-new):
 #   native     the receiver with [server.tls] (a P-256 certificate of a CA made here)
@@ -100,6 +102,7 @@ stop() { kill "$@" 2>/dev/null || true; for pid in "$@"; do wait "$pid" 2>/dev/n
 for round in $(seq "$ROUNDS"); do
   echo "round $round" >&2
   for connection in keep close; do
+    [ -n "${PLAIN_ONLY:-}" ] && break
     tag=$([ $connection = keep ] && echo ka || echo new)
     sign_deliveries
     receiver "$work/r$round-native-$tag" "$tls_keys"; pid=$receiver_pid
@@ -112,7 +115,6 @@ for round in $(seq "$ROUNDS"); do
 {
 	admin off
 	auto_https off
-	persist_config off
 }
 https://127.0.0.1:$caddy_port {
 	tls $work/cert.pem $work/key.pem
@@ -154,24 +156,28 @@ for line in open(sys.argv[1]):
 rounds = len(rows["sqlite"])
 med = {name: statistics.median(values) for name, values in rows.items()}
 print("\nCPU per delivery (us, median of %d interleaved rounds; the server side only):" % rounds)
-for name in ["native-ka", "caddy-ka", "tls-floor-ka", "native-new", "caddy-new", "tls-floor-new", "plain-ka", "http-floor-ka", "sqlite"]:
+names = ["native-ka", "caddy-ka", "tls-floor-ka", "native-new", "caddy-new", "tls-floor-new", "plain-ka", "http-floor-ka", "sqlite"]
+for name in [name for name in names if name in rows]:
     print("  %-14s %7.1f   (rounds: %s)" % (name, med[name], ", ".join("%.1f" % v for v in rows[name])))
 # The floors move with the machine's state: a spread over 25 % between rounds says something
 # else ran, and ratios across such rounds mean little.
-spread = {name: max(rows[name]) / min(rows[name]) for name in ("tls-floor-ka", "http-floor-ka", "sqlite")}
+spread = {name: max(rows[name]) / min(rows[name]) for name in ("tls-floor-ka", "http-floor-ka", "sqlite") if name in rows}
 busy = [name for name, value in spread.items() if value > 1.25]
 def ratio(full, floor, r):
     return rows[full][r] / (rows[floor][r] + rows["sqlite"][r])
 for full, floor, what in (("native-ka", "tls-floor-ka", "HTTPS keep-alive"),
                           ("native-new", "tls-floor-new", "HTTPS, a new connection per delivery"),
                           ("plain-ka", "http-floor-ka", "plain HTTP keep-alive")):
+    if full not in rows:
+        continue
     per_round = [ratio(full, floor, r) for r in range(rounds)]
     print("%s: receiver / (floor + SQLite alone) per round %s, median %.2f" % (
         what, ", ".join("%.2f" % v for v in per_round), statistics.median(per_round)))
-for tag in ("ka", "new"):
+for tag in ("ka", "new") if "native-ka" in rows else ():
     print("Caddy + plain receiver / native, %s: %.2f" % (
         {"ka": "keep-alive", "new": "a new connection per delivery"}[tag], med["caddy-" + tag] / med["native-" + tag]))
-print("a handshake (native-new - native-ka): %.1f us of CPU" % (med["native-new"] - med["native-ka"]))
+if "native-ka" in rows:
+    print("a handshake (native-new - native-ka): %.1f us of CPU" % (med["native-new"] - med["native-ka"]))
 if busy:
     print("NOT A MEASURE: the floors moved between rounds (%s): the machine was busy" % ", ".join("%s x%.2f" % (n, spread[n]) for n in busy))
     sys.exit(2)

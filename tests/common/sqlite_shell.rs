@@ -10,16 +10,20 @@ pub struct SqliteShell(Child);
 impl SqliteShell {
     /// The shell on `db`, having been sent `sql`.
     pub fn run(db: &Path, sql: &str) -> SqliteShell {
+        SqliteShell(Self::spawn(db, sql, Stdio::null()))
+    }
+
+    fn spawn(db: &Path, sql: &str, stdout: Stdio) -> Child {
         let mut shell = Command::new("sqlite3")
             .arg(db)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .spawn()
             .expect("the sqlite3 shell (apt-get install sqlite3)");
         let stdin = shell.stdin.as_mut().unwrap();
         stdin.write_all(sql.as_bytes()).unwrap();
         stdin.flush().unwrap();
-        SqliteShell(shell)
+        shell
     }
 
     /// The shell holding the write lock (`BEGIN IMMEDIATE`), once it says it is inside. It
@@ -27,17 +31,8 @@ impl SqliteShell {
     /// probe from here that merely found the lock taken could have met the receiver's own.
     pub fn holding_the_write_lock(db: &Path) -> SqliteShell {
         use std::io::{BufRead, BufReader};
-        let mut shell = Command::new("sqlite3")
-            .arg(db)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("the sqlite3 shell (apt-get install sqlite3)");
-        let stdin = shell.stdin.as_mut().unwrap();
-        stdin
-            .write_all(b".timeout 5000\nBEGIN IMMEDIATE;\nSELECT 'inside';\n")
-            .unwrap();
-        stdin.flush().unwrap();
+        let sql = ".timeout 5000\nBEGIN IMMEDIATE;\nSELECT 'inside';\n";
+        let mut shell = Self::spawn(db, sql, Stdio::piped());
         let mut line = String::new();
         BufReader::new(shell.stdout.take().unwrap())
             .read_line(&mut line)
