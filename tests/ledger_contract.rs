@@ -11,7 +11,8 @@ use common::*;
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{
     self, Attempt, AttemptEnd, ClaimOutcome, Failure, LeasedAttempt, Leases, Ledger, MinuteRollup,
-    NewClaim, PollResult, Release, RetentionStep, RetryError, Source, State, StorageError,
+    NewClaim, PollResult, ProbeMove, Release, RetentionStep, RetryError, Source, State,
+    StorageError,
 };
 
 fn new_claim(job_id: &str) -> NewClaim {
@@ -21,6 +22,11 @@ fn new_claim(job_id: &str) -> NewClaim {
         body: job_body(job_id).into(),
         source: Source::Webhook,
     }
+}
+
+/// A job id the test knows to be valid.
+fn id(text: &str) -> JobId {
+    JobId::parse(text).unwrap()
 }
 
 fn ledger_event_type() -> sume_receiver::event_type::EventType {
@@ -51,7 +57,7 @@ async fn started(ledger: &Ledger, job_id: &str, lease_expires_at: i64) -> Attemp
 }
 
 async fn state_of(ledger: &Ledger, job_id: &str) -> Option<State> {
-    let job = ledger.show_job(job_id).await.unwrap()?;
+    let job = ledger.show_job(&id(job_id)).await.unwrap()?;
     Some(job.summary.state.parse().unwrap())
 }
 
@@ -75,13 +81,13 @@ on_both_ledgers! {
             ledger.claim(new_claim("once")).await.unwrap(),
             ClaimOutcome::Duplicate
         );
-        let job = ledger.show_job("once").await.unwrap().unwrap();
+        let job = ledger.show_job(&id("once")).await.unwrap().unwrap();
         assert_eq!(job.summary.state, "claimed");
         assert_eq!(job.summary.source, "webhook");
         assert_eq!(job.summary.event_type.as_deref(), Some("job.completed"));
         assert_eq!(job.summary.attempts, 0);
         assert_eq!(job.body.as_deref(), Some(job_body("once").as_str()));
-        assert_eq!(ledger.show_job("never").await.unwrap().map(|j| j.summary.job_id), None);
+        assert_eq!(ledger.show_job(&id("never")).await.unwrap().map(|j| j.summary.job_id), None);
         ledger.close().await;
     }
 
@@ -116,12 +122,12 @@ on_both_ledgers! {
             claimed(&ledger, job_id).await;
             let attempt = started(&ledger, job_id, i64::MAX).await;
             assert_eq!(ledger.finish_attempt(&attempt, &end, now).await.unwrap(), Some(state));
-            let job = ledger.show_job(job_id).await.unwrap().unwrap();
+            let job = ledger.show_job(&id(job_id)).await.unwrap().unwrap();
             assert_eq!(job.summary.state, state.as_str());
             assert_eq!(job.summary.finished_at.is_some(), state.is_finished(), "{job_id}");
             assert_eq!(job.summary.last_error.is_some(), state != State::Done, "{job_id}");
         }
-        let retrying = ledger.show_job("ends-retrying").await.unwrap().unwrap();
+        let retrying = ledger.show_job(&id("ends-retrying")).await.unwrap().unwrap();
         assert_eq!(retrying.summary.next_attempt_at, Some(now + 60_000));
         // Not due before its retry time; due at it.
         let due = ledger.due_jobs(now, 10).await.unwrap();
@@ -172,11 +178,11 @@ on_both_ledgers! {
         let lease = LeasedAttempt { job_id: c.job_id.to_string(), number: c.number.into() };
         ledger.take_back_lease(&lease, 200, now, 1, "lease expired").await.unwrap();
         agree("done, retrying, taken back dead").await;
-        ledger.cancel_job("count-e", "test", "not wanted", now).await.unwrap();
+        ledger.cancel_job(&id("count-e"), "test", "not wanted", now).await.unwrap();
         ledger.give_up("count-b", "given up", now).await.unwrap();
         agree("cancelled, given up").await;
-        ledger.retry_job("count-c", "test", now).await.unwrap();
-        ledger.run_now("count-c", "test", now).await.unwrap();
+        ledger.retry_job(&id("count-c"), "test", now).await.unwrap();
+        ledger.run_now(&id("count-c"), "test", now).await.unwrap();
         agree("retried").await;
         ledger.fold_counts().await.unwrap();
         let forgotten = ledger.retention_step(RetentionStep::DeleteFinished, i64::MAX, 10);
@@ -225,7 +231,7 @@ on_both_ledgers! {
         assert!(third.jobs.is_empty() && third.next.is_none(), "{third:?}");
         let received = |job_id: &'static str| {
             let ledger = ledger.clone();
-            async move { ledger.show_job(job_id).await.unwrap().unwrap().summary.received_at }
+            async move { ledger.show_job(&id(job_id)).await.unwrap().unwrap().summary.received_at }
         };
         let since = ledger::JobFilter {
             since: Some(received("find-3").await),
@@ -307,7 +313,7 @@ on_both_ledgers! {
         let refused = Failure { http_status: Some(503), ..Failure::new("HTTP 503") };
         let release = Release::Held(refused);
         assert!(ledger.release_attempt(&attempt, &release, now).await.unwrap());
-        let job = ledger.show_job("released").await.unwrap().unwrap();
+        let job = ledger.show_job(&id("released")).await.unwrap().unwrap();
         // Its history says why, and the next attempt's cause is the hold, not a restart.
         let released = &job.history[0];
         assert_eq!(released.outcome.as_deref(), Some("released"));
@@ -322,7 +328,7 @@ on_both_ledgers! {
         assert_eq!((job.summary.state.as_str(), job.summary.attempts), ("claimed", 0));
         assert_eq!(job.summary.next_attempt_at, Some(now));
         assert_eq!(started(&ledger, "released", i64::MAX).await.number, 1);
-        let job = ledger.show_job("released").await.unwrap().unwrap();
+        let job = ledger.show_job(&id("released")).await.unwrap().unwrap();
         assert_eq!(job.history[1].cause, "hold");
         ledger.close().await;
     }
@@ -367,7 +373,7 @@ on_both_ledgers! {
             .unwrap();
         assert_eq!(taken, 2);
         assert_eq!(state_of(&ledger, "lease-held").await, Some(State::Retrying));
-        let held = ledger.show_job("lease-held").await.unwrap().unwrap();
+        let held = ledger.show_job(&id("lease-held")).await.unwrap().unwrap();
         assert_eq!(held.summary.last_error.as_deref(), Some("interrupted"));
         ledger.close().await;
     }
@@ -394,7 +400,7 @@ on_both_ledgers! {
         let now = ledger::now_ms();
         assert!(ledger.give_up("given-up", "cannot run", now).await.unwrap());
         assert!(!ledger.give_up("given-up", "cannot run", now).await.unwrap());
-        let job = ledger.show_job("given-up").await.unwrap().unwrap();
+        let job = ledger.show_job(&id("given-up")).await.unwrap().unwrap();
         assert_eq!(job.summary.state, "dead");
         assert_eq!(job.summary.last_error.as_deref(), Some("cannot run"));
         assert_eq!(job.summary.attempts, 0);
@@ -415,14 +421,14 @@ on_both_ledgers! {
         assert_eq!(purge(1).await.unwrap(), 1, "at most the limit");
         assert_eq!(purge(10).await.unwrap(), 1);
         assert_eq!(purge(10).await.unwrap(), 0);
-        assert_eq!(ledger.show_job("old-1").await.unwrap().unwrap().body, None);
+        assert_eq!(ledger.show_job(&id("old-1")).await.unwrap().unwrap().body, None);
         let forget = ledger.retention_step(RetentionStep::DeleteFinished, 2_000, 10);
         assert_eq!(forget.await.unwrap(), 2);
-        assert!(ledger.show_job("old-1").await.unwrap().is_none());
+        assert!(ledger.show_job(&id("old-1")).await.unwrap().is_none());
         // A forgotten job_id is a new job.
         claimed(&ledger, "old-1").await;
         assert_eq!(state_of(&ledger, "waiting").await, Some(State::Claimed));
-        assert!(ledger.show_job("waiting").await.unwrap().unwrap().body.is_some());
+        assert!(ledger.show_job(&id("waiting")).await.unwrap().unwrap().body.is_some());
         // Nothing resolved to forget yet.
         let resolved = ledger.retention_step(RetentionStep::DeleteResolvedExpectations, i64::MAX, 10);
         assert_eq!(resolved.await.unwrap(), 0);
@@ -557,26 +563,26 @@ on_both_ledgers! {
             ledger.finish_attempt(&attempt, &failed(None), 1_000).await.unwrap();
         }
         ledger.retention_step(RetentionStep::PurgeBodies, 2_000, 1).await.unwrap();
-        let purged = ledger.show_job("retry-dead").await.unwrap().unwrap().body.is_none();
+        let purged = ledger.show_job(&id("retry-dead")).await.unwrap().unwrap().body.is_none();
         let (purged, kept) = if purged {
             ("retry-dead", "retry-purged")
         } else {
             ("retry-purged", "retry-dead")
         };
         let now = ledger::now_ms();
-        ledger.retry_job(kept, "test", now).await.unwrap();
-        let job = ledger.show_job(kept).await.unwrap().unwrap();
+        ledger.retry_job(&id(kept), "test", now).await.unwrap();
+        let job = ledger.show_job(&id(kept)).await.unwrap().unwrap();
         assert_eq!((job.summary.state.as_str(), job.summary.attempts), ("claimed", 0));
         assert!(matches!(
-            ledger.retry_job(purged, "test", now).await,
+            ledger.retry_job(&id(purged), "test", now).await,
             Err(RetryError::BodyPurged(_))
         ));
         assert!(matches!(
-            ledger.retry_job("retry-waiting", "test", now).await,
+            ledger.retry_job(&id("retry-waiting"), "test", now).await,
             Err(RetryError::NotFinished { .. })
         ));
         assert!(matches!(
-            ledger.retry_job("retry-unknown", "test", now).await,
+            ledger.retry_job(&id("retry-unknown"), "test", now).await,
             Err(RetryError::Unknown(_))
         ));
         ledger.close().await;
@@ -590,18 +596,18 @@ on_both_ledgers! {
         let attempt = started(&ledger, "backoff", i64::MAX).await;
         ledger.finish_attempt(&attempt, &failed(Some(now + 3_600_000)), now).await.unwrap();
         assert!(ledger.due_jobs(now, 10).await.unwrap().runnable.is_empty());
-        assert!(ledger.run_now("backoff", "test", now).await.unwrap());
+        assert!(ledger.run_now(&id("backoff"), "test", now).await.unwrap());
         let due = ledger.due_jobs(now, 10).await.unwrap();
         assert_eq!(due.runnable, [JobId::parse("backoff").unwrap()]);
-        let job = ledger.show_job("backoff").await.unwrap().unwrap();
+        let job = ledger.show_job(&id("backoff")).await.unwrap().unwrap();
         assert_eq!((job.summary.state.as_str(), job.summary.attempts), ("retrying", 1));
         // Only a job waiting for its retry: not a claimed, running, finished or unknown one.
         claimed(&ledger, "waiting").await;
         for job_id in ["waiting", "unknown"] {
-            assert!(!ledger.run_now(job_id, "test", now).await.unwrap(), "{job_id}");
+            assert!(!ledger.run_now(&id(job_id), "test", now).await.unwrap(), "{job_id}");
         }
         started(&ledger, "backoff", i64::MAX).await;
-        assert!(!ledger.run_now("backoff", "test", now).await.unwrap(), "a running job");
+        assert!(!ledger.run_now(&id("backoff"), "test", now).await.unwrap(), "a running job");
         ledger.close().await;
     }
 
@@ -616,7 +622,7 @@ on_both_ledgers! {
         service.finish_attempt(&attempt, &AttemptEnd::Done, ledger::now_ms()).await.unwrap();
         let cli = Ledger::open_existing(&config.database).await.unwrap();
         assert_eq!(state_of(&cli, "shared").await, Some(State::Done));
-        cli.retry_job("shared", "test", ledger::now_ms()).await.unwrap();
+        cli.retry_job(&id("shared"), "test", ledger::now_ms()).await.unwrap();
         assert_eq!(cli.claim(new_claim("shared")).await.unwrap(), ClaimOutcome::Duplicate);
         assert_eq!(cli.claim(new_claim("from-cli")).await.unwrap(), ClaimOutcome::Claimed);
         cli.close().await;
@@ -644,12 +650,12 @@ on_both_ledgers! {
             retry_at: None,
         };
         ledger.finish_attempt(&second, &http_failure, now + 9).await.unwrap();
-        ledger.retry_job("told", "cli:alice", now + 10).await.unwrap();
+        ledger.retry_job(&id("told"), "cli:alice", now + 10).await.unwrap();
         let third = started(&ledger, "told", i64::MAX).await;
         assert_eq!(third.number, 1, "a retry starts a new set of attempts");
         ledger.finish_attempt(&third, &AttemptEnd::Done, now + 20).await.unwrap();
 
-        let job = ledger.show_job("told").await.unwrap().unwrap();
+        let job = ledger.show_job(&id("told")).await.unwrap().unwrap();
         let summary: Vec<_> = job
             .history
             .iter()
@@ -690,7 +696,7 @@ on_both_ledgers! {
         let second = started(&ledger, "interrupted", i64::MAX).await;
         assert!(ledger.release_attempt(&second, &Release::Shutdown, now + 1).await.unwrap());
         started(&ledger, "interrupted", i64::MAX).await;
-        let job = ledger.show_job("interrupted").await.unwrap().unwrap();
+        let job = ledger.show_job(&id("interrupted")).await.unwrap().unwrap();
         let summary: Vec<_> = job
             .history
             .iter()
@@ -721,9 +727,9 @@ on_both_ledgers! {
         for _ in 0..rounds {
             let attempt = started(&ledger, "restless", i64::MAX).await;
             ledger.finish_attempt(&attempt, &failed(None), 1_000).await.unwrap();
-            ledger.retry_job("restless", "test", 1_000).await.unwrap();
+            ledger.retry_job(&id("restless"), "test", 1_000).await.unwrap();
         }
-        let job = ledger.show_job("restless").await.unwrap().unwrap();
+        let job = ledger.show_job(&id("restless")).await.unwrap().unwrap();
         assert_eq!(job.history.len(), ledger::HISTORY_PER_JOB as usize);
         assert_eq!(job.actions.len(), ledger::HISTORY_PER_JOB as usize);
         ledger.close().await;
@@ -737,18 +743,18 @@ on_both_ledgers! {
         claimed(&ledger, "forgotten").await;
         let attempt = started(&ledger, "forgotten", i64::MAX).await;
         ledger.finish_attempt(&attempt, &failed(None), 1_000).await.unwrap();
-        ledger.retry_job("forgotten", "test", 1_000).await.unwrap();
+        ledger.retry_job(&id("forgotten"), "test", 1_000).await.unwrap();
         let attempt = started(&ledger, "forgotten", i64::MAX).await;
         ledger.finish_attempt(&attempt, &AttemptEnd::Done, 1_000).await.unwrap();
         ledger.record_duplicates(&[(JobId::parse("forgotten").unwrap(), 2, 1_500)]).await.unwrap();
         let purged = ledger.retention_step(RetentionStep::PurgeBodies, 2_000, 10).await.unwrap();
         assert_eq!(purged, 1);
-        let tombstone = ledger.show_job("forgotten").await.unwrap().unwrap();
+        let tombstone = ledger.show_job(&id("forgotten")).await.unwrap().unwrap();
         let purged_at = tombstone.body_purged_at.expect("the tombstone says when");
         assert!((ledger::now_ms() - purged_at).abs() < 60_000, "{purged_at}");
         assert_eq!(ledger.retention_step(RetentionStep::DeleteFinished, 2_000, 10).await.unwrap(), 1);
         claimed(&ledger, "forgotten").await;
-        let job = ledger.show_job("forgotten").await.unwrap().unwrap();
+        let job = ledger.show_job(&id("forgotten")).await.unwrap().unwrap();
         assert!(job.history.is_empty() && job.actions.is_empty(), "{job:?}");
         assert_eq!((job.duplicates, job.last_duplicate_at), (0, None));
         assert_eq!(job.body_purged_at, None);
@@ -762,8 +768,8 @@ on_both_ledgers! {
         let (_dir, ledger) = fresh().await;
         let now = ledger::now_ms();
         claimed(&ledger, "unwanted").await;
-        assert!(ledger.cancel_job("unwanted", "cli:bob", "duplicate order", now).await.unwrap());
-        let job = ledger.show_job("unwanted").await.unwrap().unwrap();
+        assert!(ledger.cancel_job(&id("unwanted"), "cli:bob", "duplicate order", now).await.unwrap());
+        let job = ledger.show_job(&id("unwanted")).await.unwrap().unwrap();
         assert_eq!(job.summary.state, "dead");
         assert_eq!(job.summary.last_error.as_deref(), Some("cancelled by cli:bob: duplicate order"));
         assert_eq!(job.actions[0].action, "cancel");
@@ -773,7 +779,7 @@ on_both_ledgers! {
         claimed(&ledger, "busy").await;
         started(&ledger, "busy", i64::MAX).await;
         for job_id in ["unwanted", "busy", "unknown"] {
-            assert!(!ledger.cancel_job(job_id, "cli:bob", "no", now).await.unwrap(), "{job_id}");
+            assert!(!ledger.cancel_job(&id(job_id), "cli:bob", "no", now).await.unwrap(), "{job_id}");
         }
         ledger.close().await;
     }
@@ -825,7 +831,7 @@ on_both_ledgers! {
         ] {
             assert_eq!(state_of(&ledger, job_id).await, Some(state), "{job_id}");
         }
-        let job = ledger.show_job("bulk-2").await.unwrap().unwrap();
+        let job = ledger.show_job(&id("bulk-2")).await.unwrap().unwrap();
         assert_eq!(job.actions[0].reason.as_deref(), Some("bulk"));
         assert_eq!(job.next_attempt_cause, "manual_retry");
         let all_dead = ledger::RetryFilter { finished_since: None, error_contains: None, ..filter };
@@ -856,7 +862,7 @@ on_both_ledgers! {
         }
         for (job_id, by) in [("dl-cancel-1", "cli:bob"), ("dl-cancel-2", "console:alice")] {
             claimed(&ledger, job_id).await;
-            assert!(ledger.cancel_job(job_id, by, &format!("{job_id} is a test"), 6_000).await.unwrap());
+            assert!(ledger.cancel_job(&id(job_id), by, &format!("{job_id} is a test"), 6_000).await.unwrap());
         }
         let groups = ledger.dead_groups(10).await.unwrap();
         let found: Vec<(&str, u64)> =
@@ -889,7 +895,7 @@ on_both_ledgers! {
         ] {
             assert_eq!(state_of(&ledger, job_id).await, Some(state), "{job_id}");
         }
-        let job = ledger.show_job("dl-2").await.unwrap().unwrap();
+        let job = ledger.show_job(&id("dl-2")).await.unwrap().unwrap();
         let retry = job.actions.last().unwrap();
         assert_eq!((retry.action.as_str(), retry.actor.as_str()), ("retry", "console:alice"));
         assert_eq!(ledger.retry_dead_group(downstream, "console:alice", 8_000, 2).await.unwrap(), Default::default());
@@ -905,9 +911,9 @@ on_both_ledgers! {
         let seen = |count, at| vec![(id("gone"), 1, 5), (id("popular"), count, at)];
         ledger.record_duplicates(&seen(2, 1_000)).await.unwrap();
         ledger.record_duplicates(&seen(3, 900)).await.unwrap();
-        let job = ledger.show_job("popular").await.unwrap().unwrap();
+        let job = ledger.show_job(&id("popular")).await.unwrap().unwrap();
         assert_eq!((job.duplicates, job.last_duplicate_at), (5, Some(1_000)));
-        assert!(ledger.show_job("gone").await.unwrap().is_none());
+        assert!(ledger.show_job(&id("gone")).await.unwrap().is_none());
         ledger.close().await;
     }
 
@@ -1038,9 +1044,9 @@ on_both_ledgers! {
         assert!(!ledger.open_hold(&second).await.unwrap(), "a hold was open");
         assert_eq!(ledger.hold().await.unwrap().as_ref(), Some(&hold));
 
-        assert!(ledger.move_probe(1_000, 6_000, 20_000, 10_000).await.unwrap());
-        assert!(!ledger.move_probe(1_000, 6_000, 21_000, 10_000).await.unwrap(), "taken already");
-        assert!(!ledger.move_probe(1_500, 20_000, 21_000, 10_000).await.unwrap(), "not that hold");
+        assert!(ledger.move_probe(&ProbeMove { since: 1_000, from: 6_000, to: 20_000, interval_ms: 10_000 }).await.unwrap());
+        assert!(!ledger.move_probe(&ProbeMove { since: 1_000, from: 6_000, to: 21_000, interval_ms: 10_000 }).await.unwrap(), "taken already");
+        assert!(!ledger.move_probe(&ProbeMove { since: 1_500, from: 20_000, to: 21_000, interval_ms: 10_000 }).await.unwrap(), "not that hold");
         let moved = ledger.hold().await.unwrap().unwrap();
         assert_eq!((moved.next_probe_at, moved.probe_interval_ms), (20_000, 10_000));
 
