@@ -6,12 +6,13 @@
 //! back). It starts each through the ledger writer (`claimed`/`retrying` -> `running`, which also
 //! stops a second start), runs the handler, and records `done`, `retrying` or `dead`.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+mod queue;
+
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -20,15 +21,14 @@ use crate::handler::{AttemptError, Handler};
 use crate::hold::{Breaker, Outcome, Ticket, Turn};
 use crate::job_id::JobId;
 use crate::ledger::{
-    duration_ms, now_ms, Attempt, AttemptEnd, Dispatch, Hold, Ledger, Release, State, StorageError,
+    duration_ms, now_ms, Attempt, AttemptEnd, Dispatch, Failure, Ledger, Release, State,
+    StorageError,
 };
 use crate::logging::Escaped;
 use crate::metrics::{AttemptResult, METRICS};
 use crate::throttle::Throttled;
+pub use queue::Queue;
 
-/// Jobs waiting in memory for a free worker. Past this, new claims wait in the ledger until the
-/// worker takes them from there: memory stays bounded under any backlog.
-const QUEUE_CAPACITY: usize = 10_000;
 /// Most due jobs taken from the ledger at once when the in-memory queue runs dry.
 const PULL_BATCH: usize = 1_000;
 /// An idle worker looks in the ledger at least this often where the ledger cannot tell it of
@@ -37,108 +37,6 @@ const PULL_BATCH: usize = 1_000;
 pub const IDLE_LOOK: Duration = Duration::from_secs(1);
 /// When every due job found is already being started here: look again this soon.
 const STARTING_LOOK: Duration = Duration::from_millis(20);
-
-/// The in-process queue of job_ids to run. It refuses a job_id that is already queued or running,
-/// so the sweeper, the request path and retry timers can all offer the same job.
-#[derive(Clone)]
-pub struct Queue {
-    sender: mpsc::Sender<JobId>,
-    held: Arc<Mutex<HashSet<JobId>>>,
-    /// Wakes an idle worker to look in the ledger now.
-    ledger_changed: Arc<Notify>,
-    /// Set when dispatch was paused or resumed in this process: the worker reads it again
-    /// before its next start.
-    dispatch_changed: Arc<AtomicBool>,
-    /// Whether dispatch is paused, as this process last knew it (`/readyz` says so without a
-    /// ledger read).
-    paused: Arc<AtomicBool>,
-    /// The hold, as this process last knew it.
-    breaker: Arc<Breaker>,
-    /// Set when an attempt's start, end or release failed: its row may stay `running` until
-    /// the sweeper takes it back.
-    lease_left_behind: Arc<AtomicBool>,
-}
-
-impl Queue {
-    fn new(breaker: Arc<Breaker>) -> (Queue, mpsc::Receiver<JobId>) {
-        let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
-        (
-            Queue {
-                sender,
-                held: Arc::default(),
-                ledger_changed: Arc::default(),
-                dispatch_changed: Arc::default(),
-                paused: Arc::default(),
-                breaker,
-                lease_left_behind: Arc::default(),
-            },
-            receiver,
-        )
-    }
-
-    /// Tells the worker that the ledger has jobs due now or sooner than it thought (leases
-    /// taken back, a retry scheduled).
-    pub fn look_in_ledger(&self) {
-        self.ledger_changed.notify_one();
-    }
-
-    /// Tells the worker that dispatch was paused or resumed: it starts nothing more before it
-    /// has read the change.
-    pub fn dispatch_changed(&self, paused: bool) {
-        self.paused.store(paused, Ordering::SeqCst);
-        self.dispatch_changed.store(true, Ordering::SeqCst);
-        self.ledger_changed.notify_one();
-    }
-
-    /// Whether dispatch is paused, as this process last knew it.
-    pub fn dispatch_paused(&self) -> bool {
-        self.paused.load(Ordering::SeqCst)
-    }
-
-    /// The hold (`src/hold.rs`), as this process last read it from the ledger.
-    pub fn hold(&self) -> Option<Hold> {
-        self.breaker.hold()
-    }
-
-    /// Whether nothing is queued or running here.
-    pub fn is_idle(&self) -> bool {
-        self.held.lock().expect("not poisoned").is_empty()
-    }
-
-    /// An attempt's row may have been left `running` with no attempt of it here (its start's
-    /// outcome is unknown, or its end or release could not be recorded).
-    pub fn lease_left_behind(&self) {
-        self.lease_left_behind.store(true, Ordering::SeqCst);
-    }
-
-    /// Whether a lease was left behind since the last call.
-    pub fn take_lease_left_behind(&self) -> bool {
-        self.lease_left_behind.swap(false, Ordering::SeqCst)
-    }
-
-    /// Offers a job; `true` if it was queued now.
-    pub fn enqueue(&self, job_id: &JobId) -> bool {
-        let mut held = self.held.lock().expect("not poisoned");
-        if !held.insert(job_id.clone()) {
-            return false;
-        }
-        if self.sender.try_send(job_id.clone()).is_err() {
-            held.remove(job_id);
-            tracing::debug!(job_id = %job_id, "work queue full; the job waits in the ledger");
-            return false;
-        }
-        true
-    }
-
-    /// Whether the job is queued or running in this process.
-    pub fn holds(&self, job_id: &str) -> bool {
-        self.held.lock().expect("not poisoned").contains(job_id)
-    }
-
-    fn release(&self, job_id: &JobId) {
-        self.held.lock().expect("not poisoned").remove(job_id);
-    }
-}
 
 pub struct Worker {
     ledger: Arc<Ledger>,
@@ -544,46 +442,34 @@ impl JobRun {
                 .release(attempt, Release::Held(failure.unwrap_or_default()))
                 .await;
         }
-        let (end, retry_in) = match failure {
-            None => (AttemptEnd::Done, None),
-            Some(failure) if attempt.number < self.config.max_attempts => {
-                let delay = backoff(&self.config, attempt.number);
-                let retry_at = now_ms() + duration_ms(delay);
-                (
-                    AttemptEnd::Failed {
-                        failure,
-                        retry_at: Some(retry_at),
-                    },
-                    Some(delay),
-                )
-            }
-            Some(failure) => (
-                AttemptEnd::Failed {
-                    failure,
-                    retry_at: None,
-                },
-                None,
-            ),
+        let (end, retry_in) = self.end_of(&attempt, failure);
+        let recorded = self.record_end(&attempt, &end, lease_until).await;
+        after_end(&attempt, &end, recorded, at.elapsed(), retry_in)
+    }
+
+    /// How a counted attempt ends: done, failed with a retry after its backoff (and that
+    /// backoff), or failed for good after its last attempt.
+    fn end_of(
+        &self,
+        attempt: &Attempt,
+        failure: Option<Failure>,
+    ) -> (AttemptEnd, Option<Duration>) {
+        let Some(failure) = failure else {
+            return (AttemptEnd::Done, None);
         };
-        match self.record_end(&attempt, &end, lease_until).await {
-            Ok(Some(state)) => {
-                log_end(&attempt, &end, state, at.elapsed(), retry_in);
-                if state == State::Retrying {
-                    AfterAttempt::Retrying
-                } else {
-                    AfterAttempt::Settled
-                }
-            }
-            Ok(None) => {
-                tracing::warn!(job_id = %attempt.job_id, attempt = attempt.number, "the attempt no longer owned the job when it ended (lease taken back)");
-                AfterAttempt::Settled
-            }
-            Err(error) => {
-                // The row stays `running` until the sweeper takes it back.
-                tracing::error!(job_id = %attempt.job_id, %error, "could not record the attempt's end");
-                AfterAttempt::LeaseLeftBehind
-            }
+        if attempt.number >= self.config.max_attempts {
+            let end = AttemptEnd::Failed {
+                failure,
+                retry_at: None,
+            };
+            return (end, None);
         }
+        let delay = backoff(&self.config, attempt.number);
+        let end = AttemptEnd::Failed {
+            failure,
+            retry_at: Some(now_ms() + duration_ms(delay)),
+        };
+        (end, Some(delay))
     }
 
     /// Records the attempt's end, trying again every [`IDLE_LOOK`] while the ledger refuses it
@@ -635,6 +521,35 @@ impl JobRun {
                 tracing::error!(job_id = %job_id, %error, "could not give back an interrupted attempt");
                 AfterAttempt::LeaseLeftBehind
             }
+        }
+    }
+}
+
+/// What a recorded end (or its failure to be recorded) leaves to do for its job.
+fn after_end(
+    attempt: &Attempt,
+    end: &AttemptEnd,
+    recorded: Result<Option<State>, StorageError>,
+    elapsed: Duration,
+    retry_in: Option<Duration>,
+) -> AfterAttempt {
+    match recorded {
+        Ok(Some(state)) => {
+            log_end(attempt, end, state, elapsed, retry_in);
+            if state == State::Retrying {
+                AfterAttempt::Retrying
+            } else {
+                AfterAttempt::Settled
+            }
+        }
+        Ok(None) => {
+            tracing::warn!(job_id = %attempt.job_id, attempt = attempt.number, "the attempt no longer owned the job when it ended (lease taken back)");
+            AfterAttempt::Settled
+        }
+        Err(error) => {
+            // The row stays `running` until the sweeper takes it back.
+            tracing::error!(job_id = %attempt.job_id, %error, "could not record the attempt's end");
+            AfterAttempt::LeaseLeftBehind
         }
     }
 }
