@@ -683,18 +683,13 @@ impl Backend for SqliteLedger {
 
     fn write_failure(&self) -> Option<&'static str> {
         let writer = self.writer()?;
-        match writer.failure().cause() {
-            None => {}
+        Some(match writer.failure().cause() {
+            None => return writer.commits().fault(),
             Some(FailureCause::Damaged) => {
-                return Some(
-                    "the ledger check found damage (see the log): it acknowledges nothing any more",
-                )
+                "the ledger check found damage (see the log): it acknowledges nothing any more"
             }
-            Some(_) => {
-                return Some("the ledger failed (see the log): it acknowledges nothing any more")
-            }
-        }
-        writer.commits().fault()
+            Some(_) => "the ledger failed (see the log): it acknowledges nothing any more",
+        })
     }
 
     fn is_storage_lost(&self) -> bool {
