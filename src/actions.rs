@@ -104,7 +104,7 @@ impl Actions<'_> {
 
     /// Makes a `done` or `dead` job due again with a fresh set of attempts.
     pub async fn retry(&self, job_id: &JobId, by: &str) -> Result<(), Refused> {
-        match self.ledger.retry_job(job_id.as_str(), by, now_ms()).await {
+        match self.ledger.retry_job(job_id, by, now_ms()).await {
             Ok(()) => {
                 self.done(JobAction::Retry, job_id, by);
                 Ok(())
@@ -117,7 +117,7 @@ impl Actions<'_> {
 
     /// Makes a job waiting in backoff due now.
     pub async fn run_now(&self, job_id: &JobId, by: &str) -> Result<(), Refused> {
-        let changed = self.ledger.run_now(job_id.as_str(), by, now_ms()).await?;
+        let changed = self.ledger.run_now(job_id, by, now_ms()).await?;
         self.changed(changed, JobAction::RunNow, job_id, by, "a retrying job")
             .await
     }
@@ -130,10 +130,7 @@ impl Actions<'_> {
         reason: Option<&str>,
     ) -> Result<(), Refused> {
         let reason = said(reason)?.ok_or(Refused::NoReason)?;
-        let changed = self
-            .ledger
-            .cancel_job(job_id.as_str(), by, reason, now_ms())
-            .await?;
+        let changed = self.ledger.cancel_job(job_id, by, reason, now_ms()).await?;
         self.changed(
             changed,
             JobAction::Cancel,
@@ -177,7 +174,7 @@ impl Actions<'_> {
             self.done(action, job_id, by);
             return Ok(());
         }
-        match self.ledger.show_job(job_id.as_str()).await? {
+        match self.ledger.show_job(job_id).await? {
             None => Err(Refused::Unknown),
             Some(job) => Err(Refused::NotApplicable {
                 state: job.summary.state,

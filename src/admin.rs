@@ -212,7 +212,7 @@ impl Admin {
     }
 
     async fn show(&self, job_id: &JobId) -> Response<Full<Bytes>> {
-        let job = match self.ledger.show_job(job_id.as_str()).await {
+        let job = match self.ledger.show_job(job_id).await {
             Ok(Some(job)) => job,
             Ok(None) => return error_response(StatusCode::NOT_FOUND, "no such job in the ledger"),
             Err(error) => return storage_unavailable(&error),
@@ -250,7 +250,7 @@ impl Admin {
             .await
         {
             Ok(()) => {
-                let job = self.ledger.show_job(job_id.as_str()).await.ok().flatten();
+                let job = self.ledger.show_job(job_id).await.ok().flatten();
                 let state = job.map(|job| job.summary.state);
                 json_response(
                     StatusCode::OK,

@@ -150,7 +150,11 @@ mod tests {
         other.execute_batch("COMMIT").unwrap();
         tally.record(&job_id);
         assert_eq!(tally.flush_once(&ledger).await, 1);
-        let job = ledger.show_job("popular").await.unwrap().unwrap();
+        let job = ledger
+            .show_job(&JobId::parse("popular").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(job.duplicates, 3);
         ledger.close().await;
     }

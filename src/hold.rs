@@ -24,46 +24,73 @@ use tokio::sync::Notify;
 use crate::config::{HandlerConfig, HoldConfig};
 use crate::handler::Sign;
 use crate::job_id::JobId;
-use crate::ledger::{duration_ms, now_ms, Failure, Hold, Ledger};
+use crate::ledger::{duration_ms, now_ms, Failure, Hold, Ledger, ProbeMove, StorageError};
 use crate::logging::Escaped;
 use crate::metrics::METRICS;
 
 /// The longest sample error a hold keeps (the journal line and the console show it).
 const SAMPLE_ERROR_BYTES: usize = 512;
 
-/// What the worker may do with the job it has in hand.
+/// What the worker may do with the job it has in hand (see [`Breaker::take_turn`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Turn {
-    Start,
-    /// Held, and the next probe is due: take it in the ledger (this hold's `next_probe_at`).
-    ProbeDue(Hold),
+    /// Start it under this ticket, which goes back to the hold when the attempt is settled.
+    Start(Ticket),
     /// Not yet: wait at most this long (or until [`Breaker::changed`]); the worker bounds it by
     /// its own idle look.
     Wait(Duration),
 }
 
+/// A start the hold allowed: the worker hands it back with [`Breaker::settle`], or with
+/// [`Breaker::give_back`] if no attempt ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ticket {
+    /// An attempt like any other.
+    Attempt,
+    /// The hold's probe, taken in the ledger: the hold, and the next probe's time this process
+    /// set when it took it.
+    Probe { hold: Hold, taken_to: i64 },
+}
+
+impl Ticket {
+    pub fn is_probe(&self) -> bool {
+        matches!(self, Ticket::Probe { .. })
+    }
+}
+
+/// How an attempt's handler run ended, as the hold reads it.
+#[derive(Debug, Clone, Copy)]
+pub enum Outcome<'a> {
+    Succeeded,
+    Failed(&'a Failure, Sign),
+    /// Our own shutdown stopped it: it says nothing of the downstream.
+    Interrupted,
+}
+
+/// Whether the job in hand may start now, before the ledger is asked for a probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Next {
+    Start,
+    /// Held, and the next probe is due: take it in the ledger (this hold's `next_probe_at`).
+    ProbeDue(Hold),
+    Wait(Duration),
+}
+
 /// A change to the hold in the ledger, decided from an attempt's end.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HoldChange {
+enum HoldChange {
     None,
     Open(Hold),
-    End {
-        since: i64,
-    },
-    MoveProbe {
-        since: i64,
-        from: i64,
-        to: i64,
-        interval_ms: i64,
-    },
+    End { since: i64 },
+    MoveProbe(ProbeMove),
 }
 
 /// How to record an attempt's end.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
+struct Verdict {
     /// Whether the attempt uses up one of the job's `max_attempts` (else it is given back).
-    pub counts: bool,
-    pub change: HoldChange,
+    counts: bool,
+    change: HoldChange,
 }
 
 /// What a failure says about the downstream.
@@ -176,21 +203,91 @@ impl Breaker {
         self.changed.notify_waiters();
     }
 
-    /// Whether the job in hand may start now.
-    pub fn turn(&self) -> Turn {
+    /// Whether the job in hand may start now: at once, as the hold's probe (taken in the
+    /// ledger here, so that one receiver runs it), or not yet. A ledger that cannot take the
+    /// probe is the caller's to report and wait out.
+    pub async fn take_turn(&self, ledger: &Ledger) -> Result<Turn, StorageError> {
+        loop {
+            let hold = match self.next() {
+                Next::Start => {
+                    self.started(false);
+                    return Ok(Turn::Start(Ticket::Attempt));
+                }
+                Next::Wait(wait) => return Ok(Turn::Wait(wait)),
+                Next::ProbeDue(hold) => hold,
+            };
+            let to = self.probe_until(&hold);
+            let taken = ProbeMove {
+                since: hold.since,
+                from: hold.next_probe_at,
+                to,
+                interval_ms: hold.probe_interval_ms,
+            };
+            if ledger.move_probe(&taken).await? {
+                self.probe_taken(&hold, to);
+                return Ok(Turn::Start(Ticket::Probe { hold, taken_to: to }));
+            }
+            // Another receiver took it first.
+            self.reread(ledger).await;
+        }
+    }
+
+    /// A ticket whose attempt did not run (the job was no longer due, or its start failed):
+    /// a probe's lets the next probe start at once.
+    pub async fn give_back(&self, ledger: &Ledger, ticket: Ticket) {
+        let change = self.unused(&ticket);
+        self.apply(ledger, change).await;
+    }
+
+    /// Settles the attempt that ran under `ticket`: the hold learns from `outcome`, changes in
+    /// the ledger as it says, and answers whether the attempt counts (else the caller gives
+    /// it back uncounted).
+    pub async fn settle(
+        &self,
+        ledger: &Ledger,
+        job_id: &JobId,
+        ticket: Ticket,
+        outcome: Outcome<'_>,
+    ) -> bool {
+        let result = match outcome {
+            Outcome::Succeeded => Ok(()),
+            Outcome::Failed(failure, sign) => Err((failure, sign)),
+            Outcome::Interrupted => {
+                // A probe stopped by shutdown stays taken until its time: this process stops.
+                self.unused(&Ticket::Attempt);
+                return false;
+            }
+        };
+        if result.is_err() && ledger.is_shared() {
+            // Another receiver may have opened a hold that this one has not read yet (each
+            // reads it every second): a failure for an outage the ledger knows of costs the
+            // job no attempt, whichever receiver ran it.
+            self.reread(ledger).await;
+        }
+        let taken_to = match &ticket {
+            Ticket::Probe { taken_to, .. } => Some(*taken_to),
+            Ticket::Attempt => None,
+        };
+        let verdict = self.finished(job_id, taken_to, result);
+        self.apply(ledger, verdict.change).await;
+        verdict.counts
+    }
+
+    /// Whether the job in hand may start now, as this process knows the hold.
+    fn next(&self) -> Next {
         let mut local = self.local();
         let now = Instant::now();
         if let Some(hold) = &local.held {
             if local.probing {
                 // Until the probe ends (its end notifies `changed`); the worker looks again
                 // within its own idle bound anyway.
-                return Turn::Wait(Duration::MAX);
+                return Next::Wait(Duration::MAX);
             }
             let wait = hold.next_probe_at - now_ms();
             if wait > 0 {
-                return Turn::Wait(Duration::from_millis(wait.unsigned_abs()));
+                return Next::Wait(Duration::from_millis(wait.unsigned_abs()));
             }
-            return Turn::ProbeDue(hold.clone());
+            return Next::ProbeDue(hold.clone());
         }
         if let Some(since) = local.ramp_since {
             let ramp = self.config.ramp;
@@ -204,18 +301,18 @@ impl Breaker {
                 local.ramp_since = None;
             } else if local.running >= slots {
                 let next = ramp * (doublings + 1);
-                return Turn::Wait(next.saturating_sub(since.elapsed()));
+                return Next::Wait(next.saturating_sub(since.elapsed()));
             }
         }
         match local.next_start {
-            Some(at) if at > now => Turn::Wait(at - now),
-            _ => Turn::Start,
+            Some(at) if at > now => Next::Wait(at - now),
+            _ => Next::Start,
         }
     }
 
     /// Records a start (a probe's, or an attempt's): it takes a slot of the ramp and a place
     /// in the `max_per_second` spacing.
-    pub fn started(&self, probe: bool) {
+    fn started(&self, probe: bool) {
         let mut local = self.local();
         local.running += 1;
         local.probing |= probe;
@@ -228,32 +325,32 @@ impl Breaker {
 
     /// An attempt counted by [`Breaker::started`] did not run (the job was no longer due, or
     /// shutdown stopped it). A probe that did not run lets the next one start at once.
-    pub fn unused(&self, probe: Option<(&Hold, i64)>) -> HoldChange {
+    fn unused(&self, ticket: &Ticket) -> HoldChange {
         let mut local = self.local();
         local.running = local.running.saturating_sub(1);
-        let Some((hold, taken_to)) = probe else {
+        let Ticket::Probe { hold, taken_to } = ticket else {
             return HoldChange::None;
         };
         local.probing = false;
         drop(local);
         self.changed.notify_waiters();
-        HoldChange::MoveProbe {
+        HoldChange::MoveProbe(ProbeMove {
             since: hold.since,
-            from: taken_to,
+            from: *taken_to,
             to: now_ms(),
             interval_ms: hold.probe_interval_ms,
-        }
+        })
     }
 
     /// The next probe's time to set when this process takes the probe of `hold`: no sooner
     /// than this probe has surely ended.
-    pub fn probe_until(&self, hold: &Hold) -> i64 {
+    fn probe_until(&self, hold: &Hold) -> i64 {
         let wait = Duration::from_millis(hold.probe_interval_ms.unsigned_abs());
         now_ms() + duration_ms(wait.max(self.probe_lease))
     }
 
     /// This process took the probe of `hold` in the ledger, moving the next one to `to`.
-    pub fn probe_taken(&self, hold: &Hold, to: i64) {
+    fn probe_taken(&self, hold: &Hold, to: i64) {
         if let Some(held) = self
             .local()
             .held
@@ -267,7 +364,7 @@ impl Breaker {
 
     /// An attempt ended: whether it counts, and what it changes of the hold. `probe` is the
     /// next probe's time this process set when it took the probe.
-    pub fn finished(
+    fn finished(
         &self,
         job_id: &JobId,
         probe: Option<i64>,
@@ -320,12 +417,12 @@ impl Breaker {
             };
             return Verdict {
                 counts,
-                change: HoldChange::MoveProbe {
+                change: HoldChange::MoveProbe(ProbeMove {
                     since: hold.since,
                     from,
                     to: now_ms() + wait,
                     interval_ms: interval,
-                },
+                }),
             };
         }
         if blame == Blame::Job {
@@ -397,7 +494,7 @@ impl Breaker {
 
     /// Makes `change` in the ledger and in this process, with its journal line. A ledger that
     /// takes no change leaves the hold as it was; the next read of it sets this process right.
-    pub async fn apply(&self, ledger: &Ledger, change: HoldChange) {
+    async fn apply(&self, ledger: &Ledger, change: HoldChange) {
         match change {
             HoldChange::None => {}
             HoldChange::Open(hold) => {
@@ -436,16 +533,16 @@ impl Breaker {
                 Ok(None) => self.reread(ledger).await,
                 Err(error) => tracing::warn!(%error, "cannot end the handler hold in the ledger"),
             },
-            HoldChange::MoveProbe {
-                since,
-                from,
-                to,
-                interval_ms,
-            } => match ledger.move_probe(since, from, to, interval_ms).await {
+            HoldChange::MoveProbe(moved) => match ledger.move_probe(&moved).await {
                 Ok(true) => {
-                    if let Some(held) = self.local().held.as_mut().filter(|h| h.since == since) {
-                        held.next_probe_at = to;
-                        held.probe_interval_ms = interval_ms;
+                    if let Some(held) = self
+                        .local()
+                        .held
+                        .as_mut()
+                        .filter(|h| h.since == moved.since)
+                    {
+                        held.next_probe_at = moved.to;
+                        held.probe_interval_ms = moved.interval_ms;
                     }
                 }
                 Ok(false) => self.reread(ledger).await,
@@ -496,143 +593,4 @@ fn sample(error: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::HandlerKind;
-
-    fn breaker() -> Arc<Breaker> {
-        let config = HandlerConfig {
-            kind: HandlerKind::Command(vec!["true".into()]),
-            ca_file: None,
-            timeout: Duration::from_secs(1),
-            concurrency: 4,
-            max_attempts: 5,
-            backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(8),
-            hold: HoldConfig::default(),
-        };
-        Breaker::new(&config, Duration::ZERO)
-    }
-
-    fn failed(breaker: &Breaker, job_id: &str, failure: Failure, sign: Sign) -> Verdict {
-        breaker.started(false);
-        let job_id = JobId::parse(job_id).unwrap();
-        breaker.finished(&job_id, None, Err((&failure, sign)))
-    }
-
-    fn status(code: u16) -> Failure {
-        Failure {
-            http_status: Some(code),
-            ..Failure::new(format!("handler answered {code}"))
-        }
-    }
-
-    #[test]
-    fn content_failures_never_blame_the_downstream() {
-        let config = HoldConfig::default();
-        for code in [400, 404, 409, 422] {
-            assert_eq!(
-                blame(&config, &status(code), Sign::Failed),
-                Blame::Job,
-                "{code}"
-            );
-        }
-        for code in [408, 500, 502] {
-            assert_eq!(
-                blame(&config, &status(code), Sign::Failed),
-                Blame::Maybe,
-                "{code}"
-            );
-        }
-        let exit = |code| Failure {
-            exit_status: Some(code),
-            ..Failure::new("exited")
-        };
-        assert_eq!(blame(&config, &exit(65), Sign::Failed), Blame::Job);
-        assert_eq!(blame(&config, &exit(1), Sign::Failed), Blame::Maybe);
-        assert_eq!(
-            blame(&config, &exit(75), Sign::Failed),
-            Blame::Downstream(None)
-        );
-        let after = Some(Duration::from_secs(7));
-        assert_eq!(
-            blame(&config, &status(503), Sign::Busy(after)),
-            Blame::Downstream(after)
-        );
-    }
-
-    #[test]
-    fn one_job_failing_again_and_again_is_not_an_outage() {
-        let breaker = breaker();
-        for _ in 0..10 {
-            let verdict = failed(&breaker, "poison", status(500), Sign::Failed);
-            assert_eq!(verdict.change, HoldChange::None);
-            assert!(verdict.counts);
-        }
-        for i in 0..3 {
-            let verdict = failed(&breaker, &format!("job-{i}"), status(500), Sign::Failed);
-            assert_eq!(
-                verdict.change,
-                HoldChange::None,
-                "only {} different jobs",
-                i + 2
-            );
-        }
-        // A success between clears the streak.
-        breaker.started(false);
-        breaker.finished(&JobId::parse("fine").unwrap(), None, Ok(()));
-        for i in 0..4 {
-            let verdict = failed(&breaker, &format!("again-{i}"), status(502), Sign::Failed);
-            assert_eq!(verdict.change, HoldChange::None);
-        }
-        let verdict = failed(&breaker, "again-4", status(502), Sign::TimedOut);
-        assert!(verdict.counts, "the failure that reveals the outage counts");
-        let HoldChange::Open(hold) = verdict.change else {
-            panic!("5 different jobs in a row open a hold: {verdict:?}");
-        };
-        assert_eq!(hold.next_probe_at - hold.since, 5_000);
-        assert!(hold.reason.contains("5 different jobs"), "{}", hold.reason);
-    }
-
-    #[test]
-    fn once_held_outage_failures_are_given_back_and_a_failed_probe_doubles_the_wait() {
-        let breaker = breaker();
-        let verdict = failed(&breaker, "a", Failure::new("refused"), Sign::Unreachable);
-        let HoldChange::Open(hold) = verdict.change else {
-            panic!("an unreachable downstream opens a hold at once: {verdict:?}");
-        };
-        breaker.observe(Some(hold.clone()), Instant::now());
-        let during = failed(&breaker, "b", status(500), Sign::Failed);
-        assert_eq!((during.counts, during.change), (false, HoldChange::None));
-        let content = failed(&breaker, "c", status(422), Sign::Failed);
-        assert!(
-            content.counts,
-            "a content failure is the job's own, held or not"
-        );
-
-        let taken_to = breaker.probe_until(&hold);
-        breaker.probe_taken(&hold, taken_to);
-        let probe = breaker.finished(
-            &JobId::parse("d").unwrap(),
-            Some(taken_to),
-            Err((&status(503), Sign::Busy(Some(Duration::from_secs(3600))))),
-        );
-        assert!(!probe.counts, "a failed probe costs no attempt");
-        let HoldChange::MoveProbe {
-            from,
-            to,
-            interval_ms,
-            ..
-        } = probe.change
-        else {
-            panic!("{probe:?}");
-        };
-        assert_eq!((from, interval_ms), (taken_to, 10_000));
-        // A Retry-After of an hour is bounded by max_probe_interval (5 min).
-        assert!((to - now_ms() - 300_000).abs() < 1_000, "{}", to - now_ms());
-
-        breaker.started(false);
-        let success = breaker.finished(&JobId::parse("e").unwrap(), None, Ok(()));
-        assert_eq!(success.change, HoldChange::End { since: hold.since });
-    }
-}
+mod tests;

@@ -213,7 +213,11 @@ async fn outage_costs_no_job(receivers: usize) {
     // (the resume may have ended a hold that a first failure opened, and another opened).
     let ledger = Ledger::open_existing(&first.config.database).await.unwrap();
     for job_id in ["outage-000", "outage-199"] {
-        let job = ledger.show_job(job_id).await.unwrap().unwrap();
+        let job = ledger
+            .show_job(&sume_receiver::job_id::JobId::parse(job_id).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
         let stops = ledger.stops_delaying(&job, ledger::now_ms()).await.unwrap();
         assert_eq!(stops[0].kind, StopKind::Pause, "{stops:?}");
         let hold = stops.iter().rfind(|stop| stop.kind == StopKind::Hold);

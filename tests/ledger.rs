@@ -509,7 +509,11 @@ async fn a_schema_2_ledger_migrates_with_its_jobs() {
         ("old-polled", "poll"),
         ("old-done", "first"),
     ] {
-        let job = ledger.show_job(job_id).await.unwrap().unwrap();
+        let job = ledger
+            .show_job(&JobId::parse(job_id).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(job.next_attempt_cause, cause, "{job_id}");
         assert!(job.history.is_empty() && job.duplicates == 0, "{job_id}");
     }
@@ -521,7 +525,11 @@ async fn a_schema_2_ledger_migrates_with_its_jobs() {
         .unwrap()
         .unwrap();
     assert_eq!(attempt.number, 2);
-    let job = ledger.show_job("old-retrying").await.unwrap().unwrap();
+    let job = ledger
+        .show_job(&JobId::parse("old-retrying").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(job.history[0].cause, "backoff");
     let page = ledger.list_jobs(None, None, None, 10).await.unwrap();
     let ids: Vec<&str> = page.jobs.iter().map(|job| job.job_id.as_str()).collect();

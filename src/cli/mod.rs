@@ -374,7 +374,7 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
         }
         JobsCommand::Show { job_id, json } => {
             let job = ledger
-                .show_job(job_id.as_str())
+                .show_job(&job_id)
                 .await
                 .context("cannot read the job")?
                 .with_context(|| format!("no job {job_id:?} in the ledger"))?;
@@ -396,7 +396,7 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
             ..
         } => {
             ledger
-                .retry_job(job_id.as_str(), &actor(), ledger::now_ms())
+                .retry_job(&job_id, &actor(), ledger::now_ms())
                 .await?;
             println!(
                 "job {job_id} is queued to run again{}",
@@ -432,7 +432,7 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
         }
         JobsCommand::Cancel { job_id, reason } => {
             if !ledger
-                .cancel_job(job_id.as_str(), &actor(), &reason, ledger::now_ms())
+                .cancel_job(&job_id, &actor(), &reason, ledger::now_ms())
                 .await?
             {
                 return Err(refusal(
@@ -477,10 +477,7 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
             replay(ledger, &job_id, (url, command), timeout, ca_file).await?
         }
         JobsCommand::RunNow { job_id } => {
-            if !ledger
-                .run_now(job_id.as_str(), &actor(), ledger::now_ms())
-                .await?
-            {
+            if !ledger.run_now(&job_id, &actor(), ledger::now_ms()).await? {
                 return Err(refusal(ledger, &job_id, "only a retrying job can be run now (`jobs retry` runs a done or dead one again)").await);
             }
             println!(
@@ -530,7 +527,7 @@ async fn inspect(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyh
 
 /// Why an action changed nothing: the job is unknown, or in a state the action does not apply to.
 async fn refusal(ledger: &Ledger, job_id: &JobId, applies_to: &str) -> anyhow::Error {
-    match ledger.show_job(job_id.as_str()).await {
+    match ledger.show_job(job_id).await {
         Ok(None) => anyhow::anyhow!("no job {job_id:?} in the ledger"),
         Ok(Some(job)) => anyhow::anyhow!("job {job_id:?} is {}; {applies_to}", job.summary.state),
         Err(error) => anyhow::Error::new(error).context("cannot read the job"),
@@ -553,7 +550,7 @@ async fn replay(
     }
     .map_err(anyhow::Error::msg)?;
     let job = ledger
-        .show_job(job_id.as_str())
+        .show_job(job_id)
         .await?
         .with_context(|| format!("no job {job_id:?} in the ledger"))?;
     let body = job.body.with_context(|| {
@@ -586,10 +583,12 @@ async fn replay(
     let reason = format!("through {}: {outcome}", kind.describe());
     ledger
         .record_action(
-            job_id.as_str(),
-            "replay",
-            &actor(),
-            &reason,
+            job_id,
+            ledger::ActionTaken {
+                action: "replay",
+                by: &actor(),
+                reason: &reason,
+            },
             ledger::now_ms(),
         )
         .await

@@ -293,7 +293,7 @@ impl Console {
         json: bool,
     ) -> Result<(Markup, serde_json::Value), Refused> {
         let job_id = decode(id)?;
-        match self.ledger.show_job(job_id.as_str()).await {
+        match self.ledger.show_job(&job_id).await {
             Ok(Some(job)) => {
                 // The pauses and holds that delayed it, also those that ended.
                 let stops = self
@@ -326,7 +326,7 @@ impl Console {
             Ok(job_id) => job_id,
             Err(response) => return *response,
         };
-        match self.ledger.show_job(job_id.as_str()).await {
+        match self.ledger.show_job(&job_id).await {
             Ok(Some(job)) => match job.body {
                 Some(body) => {
                     let mut response = Response::new(Full::new(Bytes::from(body)));

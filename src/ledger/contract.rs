@@ -15,6 +15,7 @@ use super::model::{
     Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
     Release, RetentionStep, RetryCount, RetryError, RetryFilter, State,
 };
+use super::params::{ActionTaken, ProbeMove};
 use super::rollups::MinuteRollup;
 use super::work_side::WorkSide;
 
@@ -142,12 +143,13 @@ macro_rules! operations {
         fn next_due_at(&self) -> Result<Option<i64>, StorageError>;
 
         /// Makes a waiting job `dead` with `error` and no attempt (its stored id can never
-        /// run), recorded as the receiver's action; `false` if it was not waiting.
+        /// run), recorded as the receiver's action; `false` if it was not waiting. The id is
+        /// the stored text: it is one that [`JobId`](crate::job_id::JobId) refuses.
         fn give_up(&self, job_id: &str, error: &str, now: i64) -> Result<bool, StorageError>;
 
         /// An operator's cancel: makes a waiting job (`claimed` or `retrying`) `dead` without
         /// running it, recorded with who and why; `false` if it was not waiting.
-        fn cancel_job(&self, job_id: &str, by: &str, reason: &str, now: i64)
+        fn cancel_job(&self, job_id: &crate::job_id::JobId, by: &str, reason: &str, now: i64)
             -> Result<bool, StorageError>;
 
         /// Resolves once new work may be in the ledger that this process did not put there (a
@@ -183,7 +185,8 @@ macro_rules! operations {
         fn due_expectations(&self, now: i64, limit: usize, lease: std::time::Duration)
             -> Result<Vec<DueExpectation>, StorageError>;
 
-        /// Records what a poll of a waiting expectation found.
+        /// Records what a poll of a waiting expectation found. The id is the stored text: a
+        /// poll gives up on one that [`JobId`](crate::job_id::JobId) refuses.
         fn record_poll(&self, job_id: &str, result: &PollResult, now: i64)
             -> Result<(), StorageError>;
 
@@ -227,11 +230,11 @@ macro_rules! operations {
         ) -> Result<JobPage, StorageError>;
 
         /// One job with its history: every attempt and action kept.
-        fn show_job(&self, job_id: &str) -> Result<Option<JobDetail>, StorageError>;
+        fn show_job(&self, job_id: &crate::job_id::JobId) -> Result<Option<JobDetail>, StorageError>;
 
         /// Makes a `done` or `dead` job due again with a fresh set of attempts (and wakes the
         /// workers of every receiver), recorded as `by`'s action.
-        fn retry_job(&self, job_id: &str, by: &str, now: i64) -> Result<(), RetryError>;
+        fn retry_job(&self, job_id: &crate::job_id::JobId, by: &str, now: i64) -> Result<(), RetryError>;
 
         /// Retries up to `limit` of the finished jobs `filter` takes, in one transaction, each
         /// recorded as `by`'s action with `reason`; how many. A job retried leaves the filter,
@@ -246,11 +249,11 @@ macro_rules! operations {
         /// Makes a job waiting in backoff (`retrying`) due at `now`, skipping the rest of its
         /// backoff (and wakes the workers of every receiver), recorded as `by`'s action;
         /// `false` if it was not waiting for a retry.
-        fn run_now(&self, job_id: &str, by: &str, now: i64) -> Result<bool, StorageError>;
+        fn run_now(&self, job_id: &crate::job_id::JobId, by: &str, now: i64) -> Result<bool, StorageError>;
 
         /// Records an action on a job that changes nothing else (a replay through another
         /// handler); `false` if the job is not in the ledger.
-        fn record_action(&self, job_id: &str, action: &str, by: &str, reason: &str, now: i64)
+        fn record_action(&self, job_id: &crate::job_id::JobId, taken: ActionTaken<'_>, now: i64)
             -> Result<bool, StorageError>;
 
         /// The running jobs per receiver that holds them (its name: `leased_by`); empty where
@@ -274,11 +277,11 @@ macro_rules! operations {
         /// stays as it was).
         fn open_hold(&self, hold: &Hold) -> Result<bool, StorageError>;
 
-        /// Moves the next probe of the hold open since `since` from `from` to `to`, with
-        /// `interval_ms` as its new wait; `false` if that hold is not open or its next probe
-        /// is no longer at `from` (another receiver took the probe): one probe at a time.
-        fn move_probe(&self, since: i64, from: i64, to: i64, interval_ms: i64)
-            -> Result<bool, StorageError>;
+        /// Moves the next probe of the hold open since `moved.since` from `moved.from` to
+        /// `moved.to`, with `moved.interval_ms` as its new wait; `false` if that hold is not
+        /// open or its next probe is no longer at `from` (another receiver took the probe):
+        /// one probe at a time.
+        fn move_probe(&self, moved: &ProbeMove) -> Result<bool, StorageError>;
 
         /// Ends the hold open since `since` (its stop at `now`) and returns it; `None` if it was
         /// not open (ended already, by another receiver or `jobs resume`).
@@ -295,6 +298,7 @@ macro_rules! operations {
         fn job_stats(&self, now: i64) -> Result<JobStats, StorageError>;
 
         /// The job_ids matching a `LIKE` pattern (the load generator's check of its run).
+        #[cfg(feature = "bench")]
         fn job_ids_like(&self, pattern: &str) -> Result<Vec<String>, StorageError>;
 
         /// The most recently expected jobs.

@@ -172,7 +172,12 @@ impl Ledger {
             left: jobs.len().saturating_sub(batch),
             ..GroupRetry::default()
         };
-        for job_id in jobs.into_iter().take(batch) {
+        for stored in jobs.into_iter().take(batch) {
+            // A stored id that cannot run is refused, as it would only be given up again.
+            let Ok(job_id) = crate::job_id::JobId::parse(&stored) else {
+                done.refused += 1;
+                continue;
+            };
             match self.retry_job(&job_id, by, now).await {
                 Ok(()) => done.retried += 1,
                 Err(RetryError::Storage(error)) => return Err(error),

@@ -11,6 +11,7 @@ mod contract;
 mod dead_letters;
 mod error;
 mod model;
+mod params;
 mod portable_sql;
 pub mod postgres;
 mod rollups;
@@ -35,6 +36,7 @@ pub use model::{
     PollResult, Release, RetentionStep, RetryCount, RetryError, RetryFilter, Source, State,
     StopKind, HISTORY_PER_JOB,
 };
+pub use params::{ActionTaken, ProbeMove};
 pub use sqlite::{LedgerDamaged, DAMAGED_EXIT_STATUS};
 pub use stops::{waiting_spans, STOPS_PER_JOB};
 /// Rows of its list a page filtered by event type reads at most.

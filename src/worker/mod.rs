@@ -6,29 +6,29 @@
 //! back). It starts each through the ledger writer (`claimed`/`retrying` -> `running`, which also
 //! stops a second start), runs the handler, and records `done`, `retrying` or `dead`.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+mod queue;
+
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::HandlerConfig;
 use crate::handler::{AttemptError, Handler};
-use crate::hold::{Breaker, Turn};
+use crate::hold::{Breaker, Outcome, Ticket, Turn};
 use crate::job_id::JobId;
 use crate::ledger::{
-    duration_ms, now_ms, Attempt, AttemptEnd, Dispatch, Failure, Hold, Ledger, Release, State,
+    duration_ms, now_ms, Attempt, AttemptEnd, Dispatch, Failure, Ledger, Release, State,
+    StorageError,
 };
 use crate::logging::Escaped;
 use crate::metrics::{AttemptResult, METRICS};
 use crate::throttle::Throttled;
+pub use queue::Queue;
 
-/// Jobs waiting in memory for a free worker. Past this, new claims wait in the ledger until the
-/// worker takes them from there: memory stays bounded under any backlog.
-const QUEUE_CAPACITY: usize = 10_000;
 /// Most due jobs taken from the ledger at once when the in-memory queue runs dry.
 const PULL_BATCH: usize = 1_000;
 /// An idle worker looks in the ledger at least this often where the ledger cannot tell it of
@@ -37,108 +37,6 @@ const PULL_BATCH: usize = 1_000;
 pub const IDLE_LOOK: Duration = Duration::from_secs(1);
 /// When every due job found is already being started here: look again this soon.
 const STARTING_LOOK: Duration = Duration::from_millis(20);
-
-/// The in-process queue of job_ids to run. It refuses a job_id that is already queued or running,
-/// so the sweeper, the request path and retry timers can all offer the same job.
-#[derive(Clone)]
-pub struct Queue {
-    sender: mpsc::Sender<JobId>,
-    held: Arc<Mutex<HashSet<JobId>>>,
-    /// Wakes an idle worker to look in the ledger now.
-    ledger_changed: Arc<Notify>,
-    /// Set when dispatch was paused or resumed in this process: the worker reads it again
-    /// before its next start.
-    dispatch_changed: Arc<AtomicBool>,
-    /// Whether dispatch is paused, as this process last knew it (`/readyz` says so without a
-    /// ledger read).
-    paused: Arc<AtomicBool>,
-    /// The hold, as this process last knew it.
-    breaker: Arc<Breaker>,
-    /// Set when an attempt's start, end or release failed: its row may stay `running` until
-    /// the sweeper takes it back.
-    lease_left_behind: Arc<AtomicBool>,
-}
-
-impl Queue {
-    fn new(breaker: Arc<Breaker>) -> (Queue, mpsc::Receiver<JobId>) {
-        let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
-        (
-            Queue {
-                sender,
-                held: Arc::default(),
-                ledger_changed: Arc::default(),
-                dispatch_changed: Arc::default(),
-                paused: Arc::default(),
-                breaker,
-                lease_left_behind: Arc::default(),
-            },
-            receiver,
-        )
-    }
-
-    /// Tells the worker that the ledger has jobs due now or sooner than it thought (leases
-    /// taken back, a retry scheduled).
-    pub fn look_in_ledger(&self) {
-        self.ledger_changed.notify_one();
-    }
-
-    /// Tells the worker that dispatch was paused or resumed: it starts nothing more before it
-    /// has read the change.
-    pub fn dispatch_changed(&self, paused: bool) {
-        self.paused.store(paused, Ordering::SeqCst);
-        self.dispatch_changed.store(true, Ordering::SeqCst);
-        self.ledger_changed.notify_one();
-    }
-
-    /// Whether dispatch is paused, as this process last knew it.
-    pub fn dispatch_paused(&self) -> bool {
-        self.paused.load(Ordering::SeqCst)
-    }
-
-    /// The hold (`src/hold.rs`), as this process last read it from the ledger.
-    pub fn hold(&self) -> Option<Hold> {
-        self.breaker.hold()
-    }
-
-    /// Whether nothing is queued or running here.
-    pub fn is_idle(&self) -> bool {
-        self.held.lock().expect("not poisoned").is_empty()
-    }
-
-    /// An attempt's row may have been left `running` with no attempt of it here (its start's
-    /// outcome is unknown, or its end or release could not be recorded).
-    pub fn lease_left_behind(&self) {
-        self.lease_left_behind.store(true, Ordering::SeqCst);
-    }
-
-    /// Whether a lease was left behind since the last call.
-    pub fn take_lease_left_behind(&self) -> bool {
-        self.lease_left_behind.swap(false, Ordering::SeqCst)
-    }
-
-    /// Offers a job; `true` if it was queued now.
-    pub fn enqueue(&self, job_id: &JobId) -> bool {
-        let mut held = self.held.lock().expect("not poisoned");
-        if !held.insert(job_id.clone()) {
-            return false;
-        }
-        if self.sender.try_send(job_id.clone()).is_err() {
-            held.remove(job_id);
-            tracing::debug!(job_id = %job_id, "work queue full; the job waits in the ledger");
-            return false;
-        }
-        true
-    }
-
-    /// Whether the job is queued or running in this process.
-    pub fn holds(&self, job_id: &str) -> bool {
-        self.held.lock().expect("not poisoned").contains(job_id)
-    }
-
-    fn release(&self, job_id: &JobId) {
-        self.held.lock().expect("not poisoned").remove(job_id);
-    }
-}
 
 pub struct Worker {
     ledger: Arc<Ledger>,
@@ -206,7 +104,7 @@ impl Worker {
             };
             // A pause that came while it waited for this job, or a hold: the job waits (queued)
             // until dispatch resumes, or its turn comes.
-            let Some(probe) = self.wait_for_turn(&shutdown).await else {
+            let Some(ticket) = self.wait_for_turn(&shutdown).await else {
                 break;
             };
             let job = JobRun {
@@ -220,7 +118,7 @@ impl Worker {
                 breaker: self.breaker.clone(),
             };
             running.spawn(async move {
-                job.run(job_id, probe).await;
+                job.run(job_id, ticket).await;
                 drop(slot);
             });
             while running.try_join_next().is_some() {}
@@ -271,39 +169,18 @@ impl Worker {
     }
 
     /// Waits until the job in hand may start: dispatch not paused, and the hold's turn (see
-    /// `src/hold.rs`). `Some` with the probe this process took (the hold, and the next probe's
-    /// time it set) when the job is the hold's probe; `None` at shutdown.
-    async fn wait_for_turn(&mut self, shutdown: &CancellationToken) -> Option<Option<(Hold, i64)>> {
+    /// `src/hold.rs`); the ticket it starts under, `None` at shutdown.
+    async fn wait_for_turn(&mut self, shutdown: &CancellationToken) -> Option<Ticket> {
         loop {
             if !self.wait_while_paused(shutdown).await {
                 return None;
             }
-            let wait = match self.breaker.turn() {
-                Turn::Start => {
-                    self.breaker.started(false);
-                    return Some(None);
-                }
-                Turn::Wait(wait) => wait.min(IDLE_LOOK),
-                Turn::ProbeDue(hold) => {
-                    let to = self.breaker.probe_until(&hold);
-                    let taken = self
-                        .ledger
-                        .move_probe(hold.since, hold.next_probe_at, to, hold.probe_interval_ms)
-                        .await;
-                    match taken {
-                        Ok(true) => {
-                            self.breaker.probe_taken(&hold, to);
-                            return Some(Some((hold, to)));
-                        }
-                        Ok(false) => {
-                            self.breaker.reread(&self.ledger).await;
-                            continue;
-                        }
-                        Err(error) => {
-                            self.read_failures.warn(&error.to_string());
-                            IDLE_LOOK
-                        }
-                    }
+            let wait = match self.breaker.take_turn(&self.ledger).await {
+                Ok(Turn::Start(ticket)) => return Some(ticket),
+                Ok(Turn::Wait(wait)) => wait.min(IDLE_LOOK),
+                Err(error) => {
+                    self.read_failures.warn(&error.to_string());
+                    IDLE_LOOK
                 }
             };
             tokio::select! {
@@ -457,10 +334,18 @@ struct JobRun {
     breaker: Arc<Breaker>,
 }
 
+/// An attempt started under the hold's ticket: what its record needs.
+struct Started {
+    attempt: Attempt,
+    ticket: Ticket,
+    lease_until: i64,
+    at: std::time::Instant,
+}
+
 impl JobRun {
-    /// Runs the job's attempt; `probe` when it is the hold's probe (see [`Worker::wait_for_turn`]).
-    async fn run(self, job_id: JobId, probe: Option<(Hold, i64)>) {
-        let after = self.attempt(&job_id, probe.as_ref()).await;
+    /// Runs the job's attempt under the hold's `ticket` (see [`Worker::wait_for_turn`]).
+    async fn run(self, job_id: JobId, ticket: Ticket) {
+        let after = self.attempt(&job_id, ticket).await;
         self.queue.release(&job_id);
         match after {
             // The ledger holds the retry's due time; the worker may be waiting past it.
@@ -473,29 +358,47 @@ impl JobRun {
         }
     }
 
-    /// Runs one attempt; what it leaves to do for its job.
-    async fn attempt(&self, job_id: &JobId, probe: Option<&(Hold, i64)>) -> AfterAttempt {
-        let probe = probe.map(|(hold, taken_to)| (hold, *taken_to));
-        let timeout = self.config.timeout;
+    /// Runs one attempt: start, run the handler, record; what it leaves to do for its job.
+    async fn attempt(&self, job_id: &JobId, ticket: Ticket) -> AfterAttempt {
+        let started = match self.start(job_id, ticket).await {
+            Ok(started) => started,
+            Err(after) => return after,
+        };
+        tracing::info!(job_id = %job_id, attempt = started.attempt.number, probe = started.ticket.is_probe(), "running handler");
+        let outcome = self
+            .handler
+            .run(&started.attempt, self.config.timeout, &self.stop_handlers)
+            .await;
+        self.record(started, outcome).await
+    }
+
+    /// Moves the job to `running` under a lease; what is left to do if it did not start (the
+    /// ticket then goes back to the hold unused).
+    async fn start(&self, job_id: &JobId, ticket: Ticket) -> Result<Started, AfterAttempt> {
         let now = now_ms();
-        let lease_until = now + duration_ms(timeout + self.lease_slack);
-        let attempt = match self.ledger.start_attempt(job_id, now, lease_until).await {
+        let lease_until = now + duration_ms(self.config.timeout + self.lease_slack);
+        match self.ledger.start_attempt(job_id, now, lease_until).await {
             Ok(Some(attempt)) => {
                 self.start_failures
                     .lock()
                     .expect("not poisoned")
                     .recovered();
-                attempt
+                Ok(Started {
+                    attempt,
+                    ticket,
+                    lease_until,
+                    at: std::time::Instant::now(),
+                })
             }
             // Already started, finished, or purged: nothing to do.
             Ok(None) => {
-                self.unused(probe).await;
-                return AfterAttempt::Settled;
+                self.breaker.give_back(&self.ledger, ticket).await;
+                Err(AfterAttempt::Settled)
             }
             Err(error) => {
                 // The start may have committed unseen (its connection broke at the commit): the
                 // sweeper then takes the row back, since no attempt of it runs here.
-                self.unused(probe).await;
+                self.breaker.give_back(&self.ledger, ticket).await;
                 self.start_failures
                     .lock()
                     .expect("not poisoned")
@@ -503,111 +406,70 @@ impl JobRun {
                 // The job stays due, and would be taken again at once: holding its slot for a
                 // while keeps a ledger that refuses changes from being hammered in a loop.
                 tokio::time::sleep(IDLE_LOOK).await;
-                return AfterAttempt::LeaseLeftBehind;
+                Err(AfterAttempt::LeaseLeftBehind)
             }
-        };
-        let started = std::time::Instant::now();
-        tracing::info!(job_id = %job_id, attempt = attempt.number, probe = probe.is_some(), "running handler");
-        let outcome = match self
-            .handler
-            .run(&attempt, timeout, &self.stop_handlers)
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(AttemptError::Failed(failure, sign)) => Err((failure, sign)),
-            Err(AttemptError::Interrupted) => {
-                self.breaker.unused(None);
-                return self.release(attempt, Release::Shutdown).await;
-            }
-        };
-        if outcome.is_err() && self.ledger.is_shared() {
-            // Another receiver may have opened a hold that this one has not read yet (each
-            // reads it every second): a failure for an outage the ledger knows of costs the
-            // job no attempt, whichever receiver ran it.
-            self.breaker.reread(&self.ledger).await;
         }
-        let verdict = self.breaker.finished(
-            job_id,
-            probe.map(|(_, taken_to)| taken_to),
-            outcome
-                .as_ref()
-                .map(|_| ())
-                .map_err(|(failure, sign)| (failure, *sign)),
-        );
-        if !verdict.counts {
-            let failure = match outcome {
-                Err((failure, _)) => failure,
-                Ok(()) => Failure::default(),
-            };
-            let after = self.release(attempt, Release::Held(failure)).await;
-            self.breaker.apply(&self.ledger, verdict.change).await;
-            return after;
-        }
-        let (end, retry_in) = match outcome {
-            Ok(()) => (AttemptEnd::Done, None),
-            Err((failure, _)) if attempt.number < self.config.max_attempts => {
-                let delay = backoff(&self.config, attempt.number);
-                let retry_at = now_ms() + duration_ms(delay);
-                (
-                    AttemptEnd::Failed {
-                        failure,
-                        retry_at: Some(retry_at),
-                    },
-                    Some(delay),
-                )
-            }
-            Err((failure, _)) => (
-                AttemptEnd::Failed {
-                    failure,
-                    retry_at: None,
-                },
-                None,
-            ),
+    }
+
+    /// Settles the handler's outcome with the hold, then records the attempt's end: counted
+    /// (done, a retry, or dead), or given back uncounted.
+    async fn record(&self, started: Started, outcome: Result<(), AttemptError>) -> AfterAttempt {
+        let Started {
+            attempt,
+            ticket,
+            lease_until,
+            at,
+        } = started;
+        let read = match &outcome {
+            Ok(()) => Outcome::Succeeded,
+            Err(AttemptError::Failed(failure, sign)) => Outcome::Failed(failure, *sign),
+            Err(AttemptError::Interrupted) => Outcome::Interrupted,
         };
         // The hold first: other receivers stop starting attempts as soon as it can be.
-        self.breaker.apply(&self.ledger, verdict.change).await;
-        match self.record_end(&attempt, &end, lease_until).await {
-            Ok(Some(state)) => {
-                let result = match state {
-                    State::Done => AttemptResult::Done,
-                    State::Dead => AttemptResult::Dead,
-                    _ => AttemptResult::Failed,
-                };
-                METRICS.record_attempt_end(result, Some(started.elapsed().as_secs_f64()));
-                let elapsed_ms = started.elapsed().as_millis() as u64;
-                match (&end, state) {
-                    (_, State::Done) => {
-                        tracing::info!(job_id = %job_id, attempt = attempt.number, elapsed_ms, "job done")
-                    }
-                    (AttemptEnd::Failed { failure, .. }, State::Dead) => {
-                        tracing::error!(job_id = %job_id, attempt = attempt.number, error = %Escaped(&failure.error), "job dead: out of attempts")
-                    }
-                    (AttemptEnd::Failed { failure, .. }, _) => {
-                        // "8s 740ms", not Debug's "Some(8.74s)".
-                        let retry_in = retry_in.map_or_else(String::new, |delay| {
-                            let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-                            humantime::format_duration(Duration::from_millis(millis)).to_string()
-                        });
-                        tracing::warn!(job_id = %job_id, attempt = attempt.number, error = %Escaped(&failure.error), %retry_in, "attempt failed; will retry")
-                    }
-                    _ => {}
-                }
-                if state == State::Retrying {
-                    AfterAttempt::Retrying
-                } else {
-                    AfterAttempt::Settled
-                }
+        let counts = self
+            .breaker
+            .settle(&self.ledger, &attempt.job_id, ticket, read)
+            .await;
+        let failure = match outcome {
+            Err(AttemptError::Interrupted) => {
+                return self.release(attempt, Release::Shutdown).await
             }
-            Ok(None) => {
-                tracing::warn!(job_id = %job_id, attempt = attempt.number, "the attempt no longer owned the job when it ended (lease taken back)");
-                AfterAttempt::Settled
-            }
-            Err(error) => {
-                // The row stays `running` until the sweeper takes it back.
-                tracing::error!(job_id = %job_id, %error, "could not record the attempt's end");
-                AfterAttempt::LeaseLeftBehind
-            }
+            Err(AttemptError::Failed(failure, _)) => Some(failure),
+            Ok(()) => None,
+        };
+        if !counts {
+            return self
+                .release(attempt, Release::Held(failure.unwrap_or_default()))
+                .await;
         }
+        let (end, retry_in) = self.end_of(&attempt, failure);
+        let recorded = self.record_end(&attempt, &end, lease_until).await;
+        after_end(&attempt, &end, recorded, at.elapsed(), retry_in)
+    }
+
+    /// How a counted attempt ends: done, failed with a retry after its backoff (and that
+    /// backoff), or failed for good after its last attempt.
+    fn end_of(
+        &self,
+        attempt: &Attempt,
+        failure: Option<Failure>,
+    ) -> (AttemptEnd, Option<Duration>) {
+        let Some(failure) = failure else {
+            return (AttemptEnd::Done, None);
+        };
+        if attempt.number >= self.config.max_attempts {
+            let end = AttemptEnd::Failed {
+                failure,
+                retry_at: None,
+            };
+            return (end, None);
+        }
+        let delay = backoff(&self.config, attempt.number);
+        let end = AttemptEnd::Failed {
+            failure,
+            retry_at: Some(now_ms() + duration_ms(delay)),
+        };
+        (end, Some(delay))
     }
 
     /// Records the attempt's end, trying again every [`IDLE_LOOK`] while the ledger refuses it
@@ -619,7 +481,7 @@ impl JobRun {
         attempt: &Attempt,
         end: &AttemptEnd,
         lease_until: i64,
-    ) -> Result<Option<State>, crate::ledger::StorageError> {
+    ) -> Result<Option<State>, StorageError> {
         loop {
             let result = self.ledger.finish_attempt(attempt, end, now_ms()).await;
             let Err(error) = &result else { return result };
@@ -630,12 +492,6 @@ impl JobRun {
             tracing::debug!(job_id = %attempt.job_id, %error, "could not record the attempt's end yet; trying again");
             tokio::time::sleep(IDLE_LOOK).await;
         }
-    }
-
-    /// A probe (or an attempt) that did not run: the hold's next probe may start at once.
-    async fn unused(&self, probe: Option<(&Hold, i64)>) {
-        let change = self.breaker.unused(probe);
-        self.breaker.apply(&self.ledger, change).await;
     }
 
     /// Gives an attempt back uncounted, due again now: our own shutdown stopped the handler (a
@@ -666,6 +522,70 @@ impl JobRun {
                 AfterAttempt::LeaseLeftBehind
             }
         }
+    }
+}
+
+/// What a recorded end (or its failure to be recorded) leaves to do for its job.
+fn after_end(
+    attempt: &Attempt,
+    end: &AttemptEnd,
+    recorded: Result<Option<State>, StorageError>,
+    elapsed: Duration,
+    retry_in: Option<Duration>,
+) -> AfterAttempt {
+    match recorded {
+        Ok(Some(state)) => {
+            log_end(attempt, end, state, elapsed, retry_in);
+            if state == State::Retrying {
+                AfterAttempt::Retrying
+            } else {
+                AfterAttempt::Settled
+            }
+        }
+        Ok(None) => {
+            tracing::warn!(job_id = %attempt.job_id, attempt = attempt.number, "the attempt no longer owned the job when it ended (lease taken back)");
+            AfterAttempt::Settled
+        }
+        Err(error) => {
+            // The row stays `running` until the sweeper takes it back.
+            tracing::error!(job_id = %attempt.job_id, %error, "could not record the attempt's end");
+            AfterAttempt::LeaseLeftBehind
+        }
+    }
+}
+
+/// Counts a recorded end and says it in the journal.
+fn log_end(
+    attempt: &Attempt,
+    end: &AttemptEnd,
+    state: State,
+    elapsed: Duration,
+    retry_in: Option<Duration>,
+) {
+    let result = match state {
+        State::Done => AttemptResult::Done,
+        State::Dead => AttemptResult::Dead,
+        _ => AttemptResult::Failed,
+    };
+    METRICS.record_attempt_end(result, Some(elapsed.as_secs_f64()));
+    let elapsed_ms = elapsed.as_millis() as u64;
+    let job_id = &attempt.job_id;
+    match (end, state) {
+        (_, State::Done) => {
+            tracing::info!(job_id = %job_id, attempt = attempt.number, elapsed_ms, "job done")
+        }
+        (AttemptEnd::Failed { failure, .. }, State::Dead) => {
+            tracing::error!(job_id = %job_id, attempt = attempt.number, error = %Escaped(&failure.error), "job dead: out of attempts")
+        }
+        (AttemptEnd::Failed { failure, .. }, _) => {
+            // "8s 740ms", not Debug's "Some(8.74s)".
+            let retry_in = retry_in.map_or_else(String::new, |delay| {
+                let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                humantime::format_duration(Duration::from_millis(millis)).to_string()
+            });
+            tracing::warn!(job_id = %job_id, attempt = attempt.number, error = %Escaped(&failure.error), %retry_in, "attempt failed; will retry")
+        }
+        _ => {}
     }
 }
 

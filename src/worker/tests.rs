@@ -61,7 +61,7 @@ async fn a_failed_start_is_left_to_the_sweeper_once_its_job_is_no_longer_held() 
         start_failures: Arc::new(Mutex::new(Throttled::new("cannot start jobs"))),
         breaker,
     };
-    let running = tokio::spawn(run.run(job_id, None));
+    let running = tokio::spawn(run.run(job_id, crate::hold::Ticket::Attempt));
     tokio::time::sleep(IDLE_LOOK / 2).await;
     assert!(queue.holds("unconfirmed"), "the slot waits a while");
     assert!(

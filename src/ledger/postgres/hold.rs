@@ -1,11 +1,13 @@
-//! The hold in PostgreSQL: one row or none (`dispatch_hold`), the SQL shared with SQLite; and
-//! the log of dispatch stops (`dispatch_stops`), begun and ended in the same statements.
+//! The hold in PostgreSQL: one row or none (`dispatch_hold`), the SQL shared with SQLite; the
+//! dispatch pause; and the log of dispatch stops (`dispatch_stops`), begun and ended in the same
+//! statements. Each function is the contract operation of its name.
 
 use tokio_postgres::Row;
 
-use super::PostgresLedger;
+use super::{sql, PostgresLedger, CHANNEL};
 use crate::ledger::error::StorageError;
-use crate::ledger::model::{DispatchStop, Hold, StopKind};
+use crate::ledger::model::{Dispatch, DispatchStop, Hold, StopKind};
+use crate::ledger::params::ProbeMove;
 use crate::ledger::portable_sql::{
     dispatch_stops_sql, end_hold_sql, hold_sql, move_probe_sql, open_hold_sql, Dialect,
     HOLD_COLUMNS,
@@ -21,89 +23,117 @@ fn from_row(row: &Row) -> Hold {
     }
 }
 
-impl PostgresLedger {
-    pub(super) async fn read_hold(&self) -> Result<Option<Hold>, StorageError> {
-        let rows = self.query(&hold_sql(), &[]).await?;
-        Ok(rows.first().map(from_row))
-    }
+pub(super) async fn dispatch(ledger: &PostgresLedger) -> Result<Dispatch, StorageError> {
+    let rows = ledger.query(sql::DISPATCH_SQL, &[]).await?;
+    Ok(rows.first().map_or_else(Dispatch::default, |row| Dispatch {
+        paused: row.get(0),
+        changed_at: row.get(1),
+        changed_by: row.get(2),
+    }))
+}
 
-    pub(super) async fn insert_hold(&self, hold: &Hold) -> Result<bool, StorageError> {
-        // The hold's stop is begun by the same statement.
-        let sql = format!(
-            "WITH opened AS ({} RETURNING since, reason),
+/// Every receiver's worker is woken, to see the change at once.
+pub(super) async fn set_dispatch(
+    ledger: &PostgresLedger,
+    paused: bool,
+    by: &str,
+    reason: Option<&str>,
+    now: i64,
+) -> Result<bool, StorageError> {
+    let changed = ledger
+        .count(sql::SET_DISPATCH_SQL, &[&paused, &now, &by, &reason])
+        .await?
+        == 1;
+    if changed {
+        ledger.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
+    }
+    Ok(changed)
+}
+
+pub(super) async fn hold(ledger: &PostgresLedger) -> Result<Option<Hold>, StorageError> {
+    let rows = ledger.query(&hold_sql(), &[]).await?;
+    Ok(rows.first().map(from_row))
+}
+
+pub(super) async fn open_hold(ledger: &PostgresLedger, hold: &Hold) -> Result<bool, StorageError> {
+    // The hold's stop is begun by the same statement.
+    let sql = format!(
+        "WITH opened AS ({} RETURNING since, reason),
              began AS (INSERT INTO dispatch_stops (kind, started_at, reason)
                        SELECT 'hold', since, reason FROM opened)
              SELECT count(*) FROM opened",
-            open_hold_sql(Dialect::Postgres)
-        );
-        let opened = self
-            .count(
-                &sql,
-                &[
-                    &hold.since,
-                    &hold.reason,
-                    &hold.sample_error,
-                    &hold.next_probe_at,
-                    &hold.probe_interval_ms,
-                ],
-            )
-            .await?;
-        Ok(opened == 1)
-    }
+        open_hold_sql(Dialect::Postgres)
+    );
+    let opened = ledger
+        .count(
+            &sql,
+            &[
+                &hold.since,
+                &hold.reason,
+                &hold.sample_error,
+                &hold.next_probe_at,
+                &hold.probe_interval_ms,
+            ],
+        )
+        .await?;
+    Ok(opened == 1)
+}
 
-    pub(super) async fn update_probe(
-        &self,
-        since: i64,
-        from: i64,
-        to: i64,
-        interval_ms: i64,
-    ) -> Result<bool, StorageError> {
-        let sql = move_probe_sql(Dialect::Postgres);
-        Ok(self
-            .execute(&sql, &[&since, &from, &to, &interval_ms])
-            .await?
-            == 1)
-    }
+pub(super) async fn move_probe(
+    ledger: &PostgresLedger,
+    moved: &ProbeMove,
+) -> Result<bool, StorageError> {
+    let sql = move_probe_sql(Dialect::Postgres);
+    let ProbeMove {
+        since,
+        from,
+        to,
+        interval_ms,
+    } = moved;
+    Ok(ledger
+        .execute(&sql, &[since, from, to, interval_ms])
+        .await?
+        == 1)
+}
 
-    pub(super) async fn delete_hold(
-        &self,
-        since: i64,
-        now: i64,
-    ) -> Result<Option<Hold>, StorageError> {
-        let sql = format!(
-            "WITH ended AS ({}),
+pub(super) async fn end_hold(
+    ledger: &PostgresLedger,
+    since: i64,
+    now: i64,
+) -> Result<Option<Hold>, StorageError> {
+    let sql = format!(
+        "WITH ended AS ({}),
              closed AS (UPDATE dispatch_stops SET ended_at = $2
                         WHERE kind = 'hold' AND ended_at IS NULL
                           AND EXISTS (SELECT 1 FROM ended))
              SELECT {HOLD_COLUMNS} FROM ended",
-            end_hold_sql(Dialect::Postgres)
-        );
-        let rows = self.query(&sql, &[&since, &now]).await?;
-        Ok(rows.first().map(from_row))
-    }
+        end_hold_sql(Dialect::Postgres)
+    );
+    let rows = ledger.query(&sql, &[&since, &now]).await?;
+    Ok(rows.first().map(from_row))
+}
 
-    pub(super) async fn read_stops(
-        &self,
-        from: i64,
-        to: i64,
-        limit: usize,
-    ) -> Result<Vec<DispatchStop>, StorageError> {
-        let rows = self
-            .read(
-                &dispatch_stops_sql(Dialect::Postgres),
-                &[&from, &to, &(limit as i64)],
-            )
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|row| DispatchStop {
-                kind: StopKind::from_column(row.get(0)),
-                started_at: row.get(1),
-                started_by: row.get(2),
-                reason: row.get(3),
-                ended_at: row.get(4),
-                ended_by: row.get(5),
-            })
-            .collect())
-    }
+pub(super) async fn dispatch_stops(
+    ledger: &PostgresLedger,
+    from: i64,
+    to: i64,
+    limit: usize,
+) -> Result<Vec<DispatchStop>, StorageError> {
+    let rows = ledger
+        .read(
+            &dispatch_stops_sql(Dialect::Postgres),
+            &[&from, &to, &(limit as i64)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| DispatchStop {
+            kind: StopKind::from_column(row.get(0)),
+            started_at: row.get(1),
+            started_by: row.get(2),
+            reason: row.get(3),
+            ended_at: row.get(4),
+            ended_by: row.get(5),
+        })
+        .collect())
 }

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 mod claims;
 mod connection;
+mod expected;
 mod hold;
 mod open;
 mod pooled;
@@ -40,13 +41,14 @@ mod statements;
 
 use super::contract::Backend;
 use super::error::{Cause, StorageError};
-use super::model::{duration_ms, now_ms};
+use super::model::now_ms;
 use super::model::{
     expectation_counts, state_counts, Attempt, AttemptEnd, ClaimOutcome, Cursor, Dispatch,
     DispatchStop, DueExpectation, DueJobs, Expectation, Hold, JobDetail, JobPage, JobStats,
     LeasedAttempt, Leases, NewClaim, PollResult, Release, RetentionStep, RetryCount, RetryError,
     RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
 };
+use super::params::{ActionTaken, ProbeMove};
 use super::portable_sql::{self, Dialect};
 use super::rollups::{delete_old_sql, MinuteRollup};
 use super::work_side::WorkSide;
@@ -252,11 +254,12 @@ impl Backend for PostgresLedger {
 
     async fn cancel_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         by: &str,
         reason: &str,
         now: i64,
     ) -> Result<bool, StorageError> {
+        let job_id = job_id.as_str();
         let error = format!("cancelled by {by}: {reason}");
         let changed = self
             .count(sql::GIVE_UP_SQL, &[&job_id, &now, &error, &"cancel", &by])
@@ -315,10 +318,6 @@ impl Backend for PostgresLedger {
         Ok(inserted == 1)
     }
 
-    async fn resolve_arrived(&self, now: i64) -> Result<usize, StorageError> {
-        self.execute(sql::RESOLVE_ARRIVED_SQL, &[&now]).await
-    }
-
     /// Takes due expectations and moves their next poll `lease` ahead, so that no other
     /// receiver polls them meanwhile (and one does, if this receiver dies before recording).
     async fn due_expectations(
@@ -327,21 +326,7 @@ impl Backend for PostgresLedger {
         limit: usize,
         lease: Duration,
     ) -> Result<Vec<DueExpectation>, StorageError> {
-        let leased_until = now + duration_ms(lease);
-        let rows = self
-            .query(
-                sql::TAKE_DUE_EXPECTATIONS_SQL,
-                &[&now, &(limit as i64), &leased_until],
-            )
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|row| DueExpectation {
-                job_id: row.get(0),
-                expected_at: row.get(1),
-                polls: row.get::<_, i32>(2).unsigned_abs(),
-            })
-            .collect())
+        expected::due_expectations(self, now, limit, lease).await
     }
 
     async fn record_poll(
@@ -350,20 +335,15 @@ impl Backend for PostgresLedger {
         result: &PollResult,
         now: i64,
     ) -> Result<(), StorageError> {
-        let (state, status, error, next_poll_at, resolved_at) = result.columns(now);
-        self.execute(
-            sql::RECORD_POLL_SQL,
-            &[
-                &job_id,
-                &state,
-                &status,
-                &error,
-                &next_poll_at,
-                &resolved_at,
-            ],
-        )
-        .await
-        .map(drop)
+        expected::record_poll(self, job_id, result, now).await
+    }
+
+    async fn list_expectations(&self, limit: usize) -> Result<Vec<Expectation>, StorageError> {
+        expected::list_expectations(self, limit).await
+    }
+
+    async fn resolve_arrived(&self, now: i64) -> Result<usize, StorageError> {
+        self.execute(sql::RESOLVE_ARRIVED_SQL, &[&now]).await
     }
 
     async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
@@ -463,7 +443,8 @@ impl Backend for PostgresLedger {
         Ok(JobPage::from_rows(rows, limit))
     }
 
-    async fn show_job(&self, job_id: &str) -> Result<Option<JobDetail>, StorageError> {
+    async fn show_job(&self, job_id: &JobId) -> Result<Option<JobDetail>, StorageError> {
+        let job_id = job_id.as_str();
         let rows = self.read(sql::SHOW_JOB_SQL, &[&job_id]).await?;
         let Some(row) = rows.first() else {
             return Ok(None);
@@ -484,7 +465,8 @@ impl Backend for PostgresLedger {
         }))
     }
 
-    async fn retry_job(&self, job_id: &str, by: &str, now: i64) -> Result<(), RetryError> {
+    async fn retry_job(&self, job_id: &JobId, by: &str, now: i64) -> Result<(), RetryError> {
+        let job_id = job_id.as_str();
         if self
             .count(sql::RETRY_JOB_SQL, &[&job_id, &now, &by])
             .await?
@@ -553,7 +535,8 @@ impl Backend for PostgresLedger {
         })
     }
 
-    async fn run_now(&self, job_id: &str, by: &str, now: i64) -> Result<bool, StorageError> {
+    async fn run_now(&self, job_id: &JobId, by: &str, now: i64) -> Result<bool, StorageError> {
+        let job_id = job_id.as_str();
         if self.count(sql::RUN_NOW_SQL, &[&job_id, &now, &by]).await? == 1 {
             self.trim_actions(&[job_id]).await?;
             self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
@@ -576,12 +559,12 @@ impl Backend for PostgresLedger {
 
     async fn record_action(
         &self,
-        job_id: &str,
-        action: &str,
-        by: &str,
-        reason: &str,
+        job_id: &JobId,
+        taken: ActionTaken<'_>,
         now: i64,
     ) -> Result<bool, StorageError> {
+        let job_id = job_id.as_str();
+        let ActionTaken { action, by, reason } = taken;
         let recorded = self
             .count(
                 sql::RECORD_ACTION_SQL,
@@ -604,15 +587,9 @@ impl Backend for PostgresLedger {
     }
 
     async fn dispatch(&self) -> Result<Dispatch, StorageError> {
-        let rows = self.query(sql::DISPATCH_SQL, &[]).await?;
-        Ok(rows.first().map_or_else(Dispatch::default, |row| Dispatch {
-            paused: row.get(0),
-            changed_at: row.get(1),
-            changed_by: row.get(2),
-        }))
+        hold::dispatch(self).await
     }
 
-    /// Every receiver's worker is woken, to see the change at once.
     async fn set_dispatch(
         &self,
         paused: bool,
@@ -620,36 +597,23 @@ impl Backend for PostgresLedger {
         reason: Option<&str>,
         now: i64,
     ) -> Result<bool, StorageError> {
-        let changed = self
-            .count(sql::SET_DISPATCH_SQL, &[&paused, &now, &by, &reason])
-            .await?
-            == 1;
-        if changed {
-            self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
-        }
-        Ok(changed)
+        hold::set_dispatch(self, paused, by, reason, now).await
     }
 
     async fn hold(&self) -> Result<Option<Hold>, StorageError> {
-        self.read_hold().await
+        hold::hold(self).await
     }
 
-    async fn open_hold(&self, hold: &Hold) -> Result<bool, StorageError> {
-        self.insert_hold(hold).await
+    async fn open_hold(&self, opened: &Hold) -> Result<bool, StorageError> {
+        hold::open_hold(self, opened).await
     }
 
-    async fn move_probe(
-        &self,
-        since: i64,
-        from: i64,
-        to: i64,
-        interval_ms: i64,
-    ) -> Result<bool, StorageError> {
-        self.update_probe(since, from, to, interval_ms).await
+    async fn move_probe(&self, moved: &ProbeMove) -> Result<bool, StorageError> {
+        hold::move_probe(self, moved).await
     }
 
     async fn end_hold(&self, since: i64, now: i64) -> Result<Option<Hold>, StorageError> {
-        self.delete_hold(since, now).await
+        hold::end_hold(self, since, now).await
     }
 
     async fn dispatch_stops(
@@ -658,7 +622,7 @@ impl Backend for PostgresLedger {
         to: i64,
         limit: usize,
     ) -> Result<Vec<DispatchStop>, StorageError> {
-        self.read_stops(from, to, limit).await
+        hold::dispatch_stops(self, from, to, limit).await
     }
 
     async fn job_stats(&self, now: i64) -> Result<JobStats, StorageError> {
@@ -675,27 +639,10 @@ impl Backend for PostgresLedger {
         ))
     }
 
+    #[cfg(feature = "bench")]
     async fn job_ids_like(&self, pattern: &str) -> Result<Vec<String>, StorageError> {
         let rows = self.read(sql::JOB_IDS_LIKE_SQL, &[&pattern]).await?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
-    }
-
-    async fn list_expectations(&self, limit: usize) -> Result<Vec<Expectation>, StorageError> {
-        let rows = self
-            .read(sql::LIST_EXPECTATIONS_SQL, &[&(limit as i64)])
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|row| Expectation {
-                job_id: row.get(0),
-                state: row.get(1),
-                expected_at: row.get(2),
-                next_poll_at: row.get(3),
-                polls: row.get::<_, i32>(4).unsigned_abs(),
-                last_status: row.get(5),
-                last_error: row.get(6),
-            })
-            .collect())
     }
 
     fn location(&self) -> String {

@@ -154,6 +154,7 @@ pub const SET_DISPATCH_SQL: &str = "WITH ended AS (
         WHERE ended_at IS NULL AND EXISTS (SELECT 1 FROM changed WHERE NOT paused))
     SELECT count(*) FROM changed";
 /// job_ids matching a LIKE pattern (the load generator's check of its run).
+#[cfg(feature = "bench")]
 pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE $1";
 /// why [`RETRY_JOB_SQL`] changed nothing.
 pub const RETRY_REFUSAL_SQL: &str = "SELECT state, body IS NULL FROM jobs WHERE job_id = $1";

@@ -5,6 +5,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use crate::ledger::model::Hold;
 use crate::ledger::model::{DispatchStop, StopKind};
+use crate::ledger::params::ProbeMove;
 use crate::ledger::portable_sql::{
     dispatch_stops_sql, end_hold_sql, hold_sql, move_probe_sql, open_hold_sql, Dialect,
 };
@@ -45,17 +46,16 @@ pub fn open_hold(conn: &Connection, hold: &Hold) -> rusqlite::Result<bool> {
     Ok(opened == 1)
 }
 
-pub fn move_probe(
-    conn: &Connection,
-    since: i64,
-    from: i64,
-    to: i64,
-    interval_ms: i64,
-) -> rusqlite::Result<bool> {
-    let moved = conn
+pub fn move_probe(conn: &Connection, moved: &ProbeMove) -> rusqlite::Result<bool> {
+    let changed = conn
         .prepare_cached(&move_probe_sql(Dialect::Sqlite))?
-        .execute(params![since, from, to, interval_ms])?;
-    Ok(moved == 1)
+        .execute(params![
+            moved.since,
+            moved.from,
+            moved.to,
+            moved.interval_ms
+        ])?;
+    Ok(changed == 1)
 }
 
 pub fn end_hold(conn: &Connection, since: i64, now: i64) -> rusqlite::Result<Option<Hold>> {

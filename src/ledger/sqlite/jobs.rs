@@ -93,6 +93,7 @@ pub const COUNT_RETRY_MATCHING_SQL: &str = "SELECT
      WHERE state = ?1 AND state IN ('done', 'dead') AND finished_at >= ?2 AND finished_at < ?3
        AND (?4 IS NULL OR instr(last_error, ?4) > 0)";
 /// job_ids matching a LIKE pattern (the load generator's check of its run).
+#[cfg(feature = "bench")]
 pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE ?1";
 /// why [`RETRY_JOB_SQL`] changed nothing.
 pub const RETRY_REFUSAL_SQL: &str = "SELECT state, body IS NULL FROM jobs WHERE job_id = ?1";
@@ -406,6 +407,7 @@ pub fn job_stats(conn: &Connection, now: i64) -> rusqlite::Result<JobStats> {
     Ok(JobStats::from_counts(by_state, counts))
 }
 
+#[cfg(feature = "bench")]
 pub fn job_ids_like(conn: &Connection, pattern: &str) -> rusqlite::Result<Vec<String>> {
     let mut statement = conn.prepare(JOB_IDS_LIKE_SQL)?;
     let rows = statement.query_map([pattern], |row| row.get(0))?;

@@ -36,6 +36,7 @@ use super::model::{
     Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
     Release, RetentionStep, RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
 };
+use super::params::{ActionTaken, ProbeMove};
 use super::portable_sql::Dialect;
 use super::rollups::{delete_old_sql, MinuteRollup};
 use crate::config::SqliteConfig;
@@ -380,14 +381,14 @@ impl Backend for SqliteLedger {
 
     async fn cancel_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         by: &str,
         reason: &str,
         now: i64,
     ) -> Result<bool, StorageError> {
         let (job_id, by) = (job_id.to_owned(), by.to_owned());
         let error = format!("cancelled by {by}: {reason}");
-        self.write(move |conn| jobs::give_up(conn, &job_id, &error, ("cancel", &by), now))
+        self.write(move |conn| jobs::give_up(conn, job_id.as_str(), &error, ("cancel", &by), now))
             .await
     }
 
@@ -536,14 +537,15 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn show_job(&self, job_id: &str) -> Result<Option<JobDetail>, StorageError> {
+    async fn show_job(&self, job_id: &JobId) -> Result<Option<JobDetail>, StorageError> {
         let job_id = job_id.to_owned();
-        self.read(move |conn| jobs::show_job(conn, &job_id)).await
+        self.read(move |conn| jobs::show_job(conn, job_id.as_str()))
+            .await
     }
 
-    async fn retry_job(&self, job_id: &str, by: &str, now: i64) -> Result<(), RetryError> {
+    async fn retry_job(&self, job_id: &JobId, by: &str, now: i64) -> Result<(), RetryError> {
         let (job_id, by) = (job_id.to_owned(), by.to_owned());
-        self.write(move |conn| jobs::retry_job(conn, &job_id, &by, now))
+        self.write(move |conn| jobs::retry_job(conn, job_id.as_str(), &by, now))
             .await?
     }
 
@@ -566,9 +568,9 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn run_now(&self, job_id: &str, by: &str, now: i64) -> Result<bool, StorageError> {
+    async fn run_now(&self, job_id: &JobId, by: &str, now: i64) -> Result<bool, StorageError> {
         let (job_id, by) = (job_id.to_owned(), by.to_owned());
-        self.write(move |conn| jobs::run_now(conn, &job_id, &by, now))
+        self.write(move |conn| jobs::run_now(conn, job_id.as_str(), &by, now))
             .await
     }
 
@@ -580,13 +582,11 @@ impl Backend for SqliteLedger {
 
     async fn record_action(
         &self,
-        job_id: &str,
-        action: &str,
-        by: &str,
-        reason: &str,
+        job_id: &JobId,
+        taken: ActionTaken<'_>,
         now: i64,
     ) -> Result<bool, StorageError> {
-        let strings = [job_id, action, by, reason].map(str::to_owned);
+        let strings = [job_id.as_str(), taken.action, taken.by, taken.reason].map(str::to_owned);
         self.write(move |conn| {
             let [job_id, action, by, reason] = &strings;
             history::record_action_if_known(conn, job_id, (action, by, reason), now)
@@ -619,15 +619,9 @@ impl Backend for SqliteLedger {
         self.write(move |conn| hold::open_hold(conn, &opened)).await
     }
 
-    async fn move_probe(
-        &self,
-        since: i64,
-        from: i64,
-        to: i64,
-        interval_ms: i64,
-    ) -> Result<bool, StorageError> {
-        self.write(move |conn| hold::move_probe(conn, since, from, to, interval_ms))
-            .await
+    async fn move_probe(&self, moved: &ProbeMove) -> Result<bool, StorageError> {
+        let moved = moved.clone();
+        self.write(move |conn| hold::move_probe(conn, &moved)).await
     }
 
     async fn end_hold(&self, since: i64, now: i64) -> Result<Option<Hold>, StorageError> {
@@ -649,6 +643,7 @@ impl Backend for SqliteLedger {
         self.read(move |conn| jobs::job_stats(conn, now)).await
     }
 
+    #[cfg(feature = "bench")]
     async fn job_ids_like(&self, pattern: &str) -> Result<Vec<String>, StorageError> {
         let pattern = pattern.to_owned();
         self.read(move |conn| jobs::job_ids_like(conn, &pattern))
@@ -688,18 +683,13 @@ impl Backend for SqliteLedger {
 
     fn write_failure(&self) -> Option<&'static str> {
         let writer = self.writer()?;
-        match writer.failure().cause() {
-            None => {}
+        Some(match writer.failure().cause() {
+            None => return writer.commits().fault(),
             Some(FailureCause::Damaged) => {
-                return Some(
-                    "the ledger check found damage (see the log): it acknowledges nothing any more",
-                )
+                "the ledger check found damage (see the log): it acknowledges nothing any more"
             }
-            Some(_) => {
-                return Some("the ledger failed (see the log): it acknowledges nothing any more")
-            }
-        }
-        writer.commits().fault()
+            Some(_) => "the ledger failed (see the log): it acknowledges nothing any more",
+        })
     }
 
     fn is_storage_lost(&self) -> bool {
