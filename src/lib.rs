@@ -12,7 +12,7 @@
 // Public: what main.rs, the integration tests and the fuzz target use.
 mod access;
 pub mod acknowledged;
-mod actions;
+pub mod actions;
 mod admin;
 pub mod check;
 pub mod config;
