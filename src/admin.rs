@@ -24,12 +24,12 @@ use hyper::{Method, Request, Response, StatusCode};
 use crate::access::{Role, Tokens};
 use crate::actions::{Actions, JobAction, Refused};
 use crate::console::Console;
-use crate::ingest::json_response;
 use crate::job_id::JobId;
 use crate::ledger::{self, now_ms, Ledger};
 use crate::peer_throttle::PeerThrottle;
 use crate::refusals::Refusals;
-use crate::server::{error_response, Router};
+use crate::response::{error_response, json_response};
+use crate::server::Router;
 use crate::worker::Queue;
 
 pub struct Admin {

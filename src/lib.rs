@@ -38,6 +38,7 @@ pub mod raw_body;
 pub mod reconcile;
 mod refusals;
 mod repeat;
+mod response;
 mod rollup;
 mod server;
 mod service;
