@@ -1,14 +1,20 @@
-//! The operators' actions on a job and on dispatch, written once for the console and the API.
+//! The operators' actions on a job and on dispatch, written once for the console, the API and the CLI.
 //!
-//! The console's buttons (`console/act.rs`) and the admin API (`admin.rs`) are two doors to the
-//! same actions: each takes its request apart and answers in its own form (a page, JSON), and
-//! both call these for the checks, the ledger's change, the wake-up of the local worker and the
-//! log line, so the two can never disagree on what an action does or refuses.
+//! The console's buttons (`console/act.rs`), the admin API (`admin.rs`) and the command line's
+//! `jobs` verbs (the binary's `cli/jobs/`) are three doors to the same actions: each takes its
+//! request apart and answers in its own form (a page, JSON, a line), and all call these for the
+//! checks, the ledger's change, the wake-up of the local worker and the log line, so they can
+//! never disagree on what an action does or refuses.
+
+use std::time::Duration;
 
 use hyper::StatusCode;
 
 use crate::job_id::JobId;
-use crate::ledger::{now_ms, Ledger, RetryError, StorageError};
+use crate::ledger::{
+    duration_ms, now_ms, GroupRetry, Ledger, RetryError, StorageError, GROUP_RETRY_BATCH,
+};
+use crate::logging::Escaped;
 use crate::worker::Queue;
 
 /// A reason (a cancel's, a pause's) is at most this many characters: it is kept in the ledger
@@ -80,7 +86,8 @@ impl Refused {
     }
 }
 
-/// The ledger the actions change, and the local worker to wake (none without a handler).
+/// The ledger the actions change, and the local worker to wake (none without a handler, and
+/// none from the command line: the service's worker finds the change on its next look).
 pub struct Actions<'a> {
     pub ledger: &'a Ledger,
     pub queue: Option<&'a Queue>,
@@ -159,6 +166,38 @@ impl Actions<'_> {
         }
         tracing::info!(%by, paused, changed, "dispatch changed by an operator");
         Ok(changed)
+    }
+
+    /// Registers `job_id` as expected, first polled `reconcile_after` from now; `true` if new
+    /// (twice is harmless).
+    pub async fn expect(
+        &self,
+        job_id: &JobId,
+        reconcile_after: Duration,
+    ) -> Result<bool, StorageError> {
+        let now = now_ms();
+        let first_poll = now + duration_ms(reconcile_after);
+        let registered = self.ledger.expect_job(job_id, now, first_poll).await?;
+        tracing::info!(job_id = %job_id, registered, "expected job registered");
+        Ok(registered)
+    }
+
+    /// Retries the next [`GROUP_RETRY_BATCH`] dead jobs of the dead-letter group `signature`,
+    /// as `by`'s action; the batch says how many are left for the next call.
+    pub async fn retry_dead_group(
+        &self,
+        signature: &str,
+        by: &str,
+    ) -> Result<GroupRetry, StorageError> {
+        let batch = self
+            .ledger
+            .retry_dead_group(signature, by, now_ms(), GROUP_RETRY_BATCH)
+            .await?;
+        if let Some(queue) = self.queue {
+            queue.look_in_ledger();
+        }
+        tracing::info!(retried = batch.retried, refused = batch.refused, left = batch.left, %by, signature = %Escaped(signature), "dead-letter group retried by an operator");
+        Ok(batch)
     }
 
     /// `Ok` if the ledger changed; else why not, from the job's row.

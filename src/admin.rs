@@ -24,12 +24,12 @@ use hyper::{Method, Request, Response, StatusCode};
 use crate::access::{Role, Tokens};
 use crate::actions::{Actions, JobAction, Refused};
 use crate::console::Console;
-use crate::ingest::json_response;
 use crate::job_id::JobId;
-use crate::ledger::{self, duration_ms, now_ms, Ledger};
+use crate::ledger::{self, now_ms, Ledger};
 use crate::peer_throttle::PeerThrottle;
 use crate::refusals::Refusals;
-use crate::server::{error_response, Router};
+use crate::response::{error_response, json_response};
+use crate::server::Router;
 use crate::worker::Queue;
 
 pub struct Admin {
@@ -44,17 +44,6 @@ pub struct Admin {
     pub refusals: Arc<Refusals>,
     /// `/console/...`: the pages, with their own sign-in.
     pub console: Console,
-}
-
-/// Registers `job_id` as expected, first polled `reconcile_after` from now. `true` if new.
-pub async fn expect(
-    ledger: &Ledger,
-    job_id: JobId,
-    reconcile_after: Duration,
-) -> Result<bool, ledger::StorageError> {
-    let now = now_ms();
-    let first_poll = now + duration_ms(reconcile_after);
-    ledger.expect_job(&job_id, now, first_poll).await
 }
 
 impl Router for Admin {
@@ -199,14 +188,11 @@ fn storage_unavailable(error: &ledger::StorageError) -> Response<Full<Bytes>> {
 
 impl Admin {
     async fn register_expected(&self, job_id: JobId) -> Response<Full<Bytes>> {
-        match expect(&self.ledger, job_id.clone(), self.reconcile_after).await {
-            Ok(registered) => {
-                tracing::info!(job_id = %job_id, registered, "expected job registered");
-                json_response(
-                    StatusCode::OK,
-                    &serde_json::json!({ "job_id": job_id, "registered": registered }),
-                )
-            }
+        match self.actions().expect(&job_id, self.reconcile_after).await {
+            Ok(registered) => json_response(
+                StatusCode::OK,
+                &serde_json::json!({ "job_id": job_id, "registered": registered }),
+            ),
             Err(error) => storage_unavailable(&error),
         }
     }

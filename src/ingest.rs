@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderValue, CONTENT_LENGTH, RETRY_AFTER};
 use hyper::{HeaderMap, Request, Response, StatusCode};
 use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -24,6 +24,7 @@ use crate::metrics::{DeliveryOutcome, METRICS};
 use crate::payload::{Field, KeyFields};
 use crate::raw_body::RawBody;
 use crate::refusals::Refusals;
+use crate::response::json_response;
 use crate::rollup::ROLLUP;
 use crate::signature::{self, SignatureError, SignedHeaders};
 use crate::worker::Queue;
@@ -110,16 +111,6 @@ impl IngestError {
         }
         response
     }
-}
-
-pub fn json_response(status: StatusCode, value: &impl Serialize) -> Response<Full<Bytes>> {
-    let body = serde_json::to_vec(value).expect("a JSON value or a plain struct serializes");
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
 }
 
 /// The answer to an acknowledged delivery: `{"job_id":"...","duplicate":false}`.

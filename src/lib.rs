@@ -12,7 +12,7 @@
 // Public: what main.rs, the integration tests and the fuzz target use.
 mod access;
 pub mod acknowledged;
-mod actions;
+pub mod actions;
 mod admin;
 pub mod check;
 pub mod config;
@@ -38,6 +38,7 @@ pub mod raw_body;
 pub mod reconcile;
 mod refusals;
 mod repeat;
+mod response;
 mod rollup;
 mod server;
 mod service;

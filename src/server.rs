@@ -12,7 +12,7 @@ use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -23,9 +23,10 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
-use crate::ingest::{json_response, Ingest};
+use crate::ingest::Ingest;
 use crate::ledger::{now_ms, Ledger, StorageError};
 use crate::metrics::{FilesystemSpace, Scrape, METRICS};
+use crate::response::{error_response, json_response, typed};
 use crate::throttle::Throttled;
 use crate::tls::{HttpChallenges, Tls};
 use crate::worker::Queue;
@@ -88,12 +89,7 @@ impl Router for HttpChallenges {
     async fn route(&self, request: Request<Incoming>, _peer: SocketAddr) -> Response<Full<Bytes>> {
         match self.answer(request.uri().path()) {
             Some(answer) if request.method() == Method::GET => {
-                let mut response = Response::new(Full::new(Bytes::from(answer)));
-                response.headers_mut().insert(
-                    CONTENT_TYPE,
-                    HeaderValue::from_static("application/octet-stream"),
-                );
-                response
+                typed(StatusCode::OK, answer, "application/octet-stream")
             }
             _ => error_response(StatusCode::NOT_FOUND, "not found"),
         }
@@ -193,12 +189,11 @@ async fn metrics(ledger: &Ledger) -> Response<Full<Bytes>> {
             Ledger::Postgres(_) => None,
         },
     };
-    let mut response = Response::new(Full::new(Bytes::from(METRICS.render(&scrape))));
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-    );
-    response
+    typed(
+        StatusCode::OK,
+        METRICS.render(&scrape),
+        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+    )
 }
 
 /// The open connections, and since when each has waited for a request head (not inside a
@@ -348,10 +343,6 @@ impl Open {
 
 fn is_out_of_descriptors(error: &std::io::Error) -> bool {
     matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
-}
-
-pub fn error_response(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
-    json_response(status, &serde_json::json!({ "error": message }))
 }
 
 /// Serves until `shutdown`, then stops accepting, lets each open connection finish the request

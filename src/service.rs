@@ -44,15 +44,14 @@ pub async fn run(
     // directory this user cannot write is said in its words, not as a lock file it cannot open.
     let findings = check::check(&config, check::Unreadable::Error);
     findings.refuse_errors()?;
-    for weak in &findings.weak_tokens {
-        tracing::warn!("{weak}");
-    }
     // Several receivers may share a PostgreSQL ledger; a SQLite file has one owner.
     let _instance = match config.database.sqlite_path() {
         Some(path) => Some(InstanceLock::acquire(path)?),
         None => None,
     };
-    for warning in config.warnings() {
+    // The check's warnings hold the configuration's own (computed once, there) and the
+    // certificates'; `serve` only warns of weak tokens (`check-config --strict` refuses them).
+    for warning in findings.warnings.iter().chain(&findings.weak_tokens) {
         tracing::warn!("{warning}");
     }
     process::return_freed_memory();

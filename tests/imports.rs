@@ -521,6 +521,24 @@ fn no_backend_imports_the_ledgers_root() {
     );
 }
 
+/// One module-file style: a module with files of its own has its root in `mod.rs`, never in a
+/// `name.rs` beside its `name/` (a directory of assets, without Rust files, is no module).
+#[test]
+fn every_module_with_files_has_its_root_in_mod_rs() {
+    let beside: Vec<String> = sources()
+        .keys()
+        .filter_map(|file| file.parent())
+        .filter(|dir| Path::new(ROOT).join(dir.with_extension("rs")).is_file())
+        .map(|dir| dir.with_extension("rs").display().to_string())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert!(
+        beside.is_empty(),
+        "roots beside their module's directory (make them mod.rs): {beside:?}"
+    );
+}
+
 #[test]
 fn an_arrow_to_a_files_own_module_root_is_told_from_one_to_a_sibling() {
     let own = |from: &str, to: &str| to_own_root(Path::new(from), Path::new(to));
@@ -529,8 +547,8 @@ fn an_arrow_to_a_files_own_module_root_is_told_from_one_to_a_sibling() {
         "src/ledger/postgres/mod.rs"
     ));
     assert!(own("src/ledger/sqlite/open.rs", "src/ledger/mod.rs"));
-    assert!(own("src/rollup/flush.rs", "src/rollup.rs"));
-    assert!(!own("src/rollup.rs", "src/ledger/mod.rs"));
+    assert!(own("src/rollup/flush.rs", "src/rollup/mod.rs"));
+    assert!(!own("src/rollup/mod.rs", "src/ledger/mod.rs"));
     assert!(!own(
         "src/ledger/postgres/role.rs",
         "src/ledger/postgres/connection.rs"

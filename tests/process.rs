@@ -1145,7 +1145,7 @@ async fn cli_lists_shows_and_retries_jobs() {
     let not_retrying = cli(&config, &["jobs", "run-now", "job-cli"]);
     assert!(!not_retrying.status.success());
     assert!(
-        String::from_utf8_lossy(&not_retrying.stderr).contains("only a retrying job"),
+        String::from_utf8_lossy(&not_retrying.stderr).contains("run-now applies to a retrying job"),
         "{not_retrying:?}"
     );
     let bad_state = cli(&config, &["jobs", "list", "--state", "sleeping"]);
@@ -1351,8 +1351,15 @@ async fn cli_bulk_retry_pause_cancel_and_history() {
     let user = String::from_utf8_lossy(&user.stdout).trim().to_owned();
     let again = cli(&config, &["jobs", "cancel", "bad-c", "--reason", "twice"]);
     assert!(
-        String::from_utf8_lossy(&again.stderr).contains("only a claimed or retrying job"),
+        String::from_utf8_lossy(&again.stderr)
+            .contains("cancel applies to a claimed or retrying job"),
         "{again:?}"
+    );
+    // The same reason rules as the console's and the API's: a blank one is none.
+    let blank = cli(&config, &["jobs", "cancel", "bad-c", "--reason", " "]);
+    assert!(
+        String::from_utf8_lossy(&blank.stderr).contains("a cancel needs a reason"),
+        "{blank:?}"
     );
     assert!(stdout(&cli(&config, &["jobs", "resume"])).starts_with("resumed"));
     assert!(

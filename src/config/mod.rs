@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
+mod admin;
 mod database;
 mod handler;
 mod parsing;
@@ -15,6 +16,7 @@ mod secret;
 mod sume_api;
 mod tls;
 
+pub use admin::{AdminConfig, NamedToken, TokenRole, DEFAULT_DUE_JOB_LIMIT};
 pub use database::{
     CheckAtStart, LedgerConfig, PostgresConfig, PostgresUrl, PostgresUrlSource, SqliteConfig,
     Synchronous,
@@ -22,7 +24,7 @@ pub use database::{
 pub use handler::{HandlerConfig, HandlerKind, HandlerUrl, HoldConfig};
 use parsing::{describe_toml_error, duration, DAY_SECS};
 pub use secret::{redact_url, Secret};
-pub use sume_api::{AdminConfig, NamedToken, SumeApiConfig, TokenRole, DEFAULT_DUE_JOB_LIMIT};
+pub use sume_api::SumeApiConfig;
 pub use tls::{
     AcmeChallenge, AcmeConfig, AdminTlsConfig, CertificateSource, TlsConfig, LETS_ENCRYPT,
 };

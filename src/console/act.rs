@@ -9,8 +9,7 @@ use super::pages::{self, Viewer};
 use super::verdict::plural;
 use super::Console;
 use crate::actions::{Actions, JobAction, Refused};
-use crate::ledger::{now_ms, GROUP_RETRY_BATCH};
-use crate::logging::Escaped;
+use crate::ledger::GROUP_RETRY_BATCH;
 
 impl Console {
     /// A form's action; answers with a page saying what happened.
@@ -64,19 +63,11 @@ impl Console {
             }
             (["dead", "retry"], _) => {
                 let signature = form_value(form, "signature").unwrap_or_default();
-                let batch = match self
-                    .ledger
-                    .retry_dead_group(&signature, by, now_ms(), GROUP_RETRY_BATCH)
-                    .await
-                {
+                let batch = match actions.retry_dead_group(&signature, by).await {
                     Ok(batch) => batch,
                     Err(error) => return unavailable(&error),
                 };
-                if let Some(queue) = &self.queue {
-                    queue.look_in_ledger();
-                }
                 self.groups.forget().await;
-                tracing::info!(retried = batch.retried, refused = batch.refused, left = batch.left, %by, signature = %Escaped(&signature), "dead-letter group retried in the console");
                 let mut message = format!(
                     "{} of the group \"{signature}\" {} queued to run again.",
                     plural(batch.retried as u64, "job", "jobs"),

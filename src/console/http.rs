@@ -9,6 +9,7 @@ use maud::Markup;
 
 use super::{CONTENT_SECURITY_POLICY, FORM_BYTES, FORM_READ_TIMEOUT};
 use crate::job_id::JobId;
+use crate::response::{html_response, text_response};
 
 /// An answer that ends a request early (boxed: it is large, and the rare path).
 pub type Refused = Box<Response<Full<Bytes>>>;
@@ -95,23 +96,11 @@ pub(super) fn decode(segment: &str) -> Result<JobId, Refused> {
 }
 
 pub(super) fn page(status: StatusCode, markup: Markup) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(markup.into_string())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    response
+    html_response(status, markup.into_string())
 }
 
 pub(super) fn text(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(message.to_owned())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
+    text_response(status, message)
 }
 
 pub(super) fn refuse(status: StatusCode, message: &str) -> Refused {

@@ -37,6 +37,7 @@ use crate::config::{Config, DEFAULT_DUE_JOB_LIMIT};
 use crate::ledger::{DeadGroup, Ledger};
 use crate::peer_throttle::PeerThrottle;
 use crate::refusals::Refusals;
+use crate::response::typed;
 use crate::throttle::Throttled;
 use crate::worker::Queue;
 use fresh::Fresh;
@@ -221,14 +222,12 @@ impl Console {
             return redirect("/console/");
         }
         if let Some(asset) = assets::find(&path) {
-            let mut response =
-                Response::new(Full::new(Bytes::from_static(asset.content.as_bytes())));
-            let headers = response.headers_mut();
-            headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(asset.content_type),
+            let mut response = typed(
+                StatusCode::OK,
+                Bytes::from_static(asset.content.as_bytes()),
+                asset.content_type,
             );
-            headers.insert(
+            response.headers_mut().insert(
                 header::CACHE_CONTROL,
                 HeaderValue::from_static("public, max-age=31536000, immutable"),
             );

@@ -12,10 +12,10 @@ use super::http::{decode, form_value, page, refuse, text, unavailable, Refused};
 use super::pages::{self, Viewer};
 use super::{health, verdict};
 use super::{Console, Role, GROUPS_SHOWN, MAX_PAGE_LIMIT, PAGE_LIMIT};
-use crate::ingest::json_response;
 use crate::ledger::{duration_ms, now_ms, Cursor, DeadGroup, JobFilter, State, StopKind};
 use crate::metrics::FilesystemSpace;
 use crate::metrics::METRICS;
+use crate::response::{json_response, typed};
 use crate::rollup::ROLLUP;
 
 /// The stops (pauses, holds) of the last hour the overview reads, oldest first: the last hold
@@ -329,13 +329,8 @@ impl Console {
         match self.ledger.show_job(&job_id).await {
             Ok(Some(job)) => match job.body {
                 Some(body) => {
-                    let mut response = Response::new(Full::new(Bytes::from(body)));
-                    let headers = response.headers_mut();
-                    headers.insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/octet-stream"),
-                    );
-                    headers.insert(
+                    let mut response = typed(StatusCode::OK, body, "application/octet-stream");
+                    response.headers_mut().insert(
                         header::CONTENT_DISPOSITION,
                         HeaderValue::from_static("attachment; filename=\"body.json\""),
                     );

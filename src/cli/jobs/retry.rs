@@ -1,16 +1,76 @@
-//! `jobs retry --state ...` and `--group`: what matches, counted first, then retried a batch at a time.
+//! `jobs retry`: one job by its id; or, with `--state` or `--group`, every job that matches,
+//! counted first, then retried a batch at a time.
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use sume_receiver::config::Config;
-use sume_receiver::ledger::{self, Ledger};
+use sume_receiver::job_id::JobId;
+use sume_receiver::ledger::{self, Ledger, State};
 
-use super::{actor, shell_word, who_runs_it};
+use super::{actions, refused, shell_word, who_runs_it};
+use crate::cli::actor::actor;
 
 /// How many jobs a bulk retry changes per transaction: claims keep committing in between.
 const RETRY_BATCH: usize = 500;
 
+#[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("which").required(true).args(["job_id", "state"]))]
+pub struct Retry {
+    /// The job's id, as Sume sends it (`job_id` in the delivery).
+    job_id: Option<JobId>,
+    /// Every job in this state (dead or done) that matches the other filters.
+    #[arg(long, conflicts_with = "job_id")]
+    state: Option<State>,
+    /// Only jobs that finished within this long ago ("1h", "2d").
+    #[arg(long, requires = "state", value_parser = humantime::parse_duration)]
+    since: Option<std::time::Duration>,
+    /// Only jobs whose last error contains this text (case-sensitive).
+    #[arg(long, requires = "state", value_name = "TEXT")]
+    error_contains: Option<String>,
+    /// Only the dead jobs of this dead-letter group: its signature, as the console's Dead
+    /// letters page and `/console/api/dead` show it.
+    #[arg(long, requires = "state", conflicts_with_all = ["since", "error_contains"], value_name = "SIGNATURE")]
+    group: Option<String>,
+    /// Retry them (without it, only count them).
+    #[arg(long, requires = "state")]
+    yes: bool,
+}
+
+impl Retry {
+    pub(super) async fn run(self, config: &Config, ledger: &Ledger) -> anyhow::Result<()> {
+        if let Some(job_id) = self.job_id {
+            actions(ledger)
+                .retry(&job_id, &actor())
+                .await
+                .map_err(|refusal| refused(&job_id, refusal))?;
+            println!(
+                "job {job_id} is queued to run again{}",
+                who_runs_it(config, ledger).await
+            );
+            return Ok(());
+        }
+        let state = self.state.expect("clap requires a job_id or --state");
+        if let Some(signature) = self.group {
+            if state != State::Dead {
+                bail!("--group: dead-letter groups are of dead jobs (--state dead)");
+            }
+            return retry_group(ledger, &signature, self.yes).await;
+        }
+        if !state.is_finished() {
+            bail!("--state {state}: only done or dead jobs can be retried");
+        }
+        let now = ledger::now_ms();
+        let filter = ledger::RetryFilter {
+            state,
+            finished_since: self.since.map(|since| now - ledger::duration_ms(since)),
+            finished_before: now,
+            error_contains: self.error_contains,
+        };
+        retry_matching(ledger, &filter, self.yes, config).await
+    }
+}
+
 /// `jobs retry --state ...`: the exact count, and with `yes` the retry, a batch at a time.
-pub(super) async fn retry_matching(
+async fn retry_matching(
     ledger: &Ledger,
     filter: &ledger::RetryFilter,
     yes: bool,
@@ -73,7 +133,7 @@ fn retry_reason(filter: &ledger::RetryFilter) -> String {
 }
 
 /// `jobs retry --state dead --group SIGNATURE`: counts the group, and with `yes` retries it.
-pub(super) async fn retry_group(ledger: &Ledger, signature: &str, yes: bool) -> anyhow::Result<()> {
+async fn retry_group(ledger: &Ledger, signature: &str, yes: bool) -> anyhow::Result<()> {
     if !yes {
         let jobs = ledger.dead_group_jobs(signature).await?;
         println!(
@@ -83,16 +143,10 @@ pub(super) async fn retry_group(ledger: &Ledger, signature: &str, yes: bool) -> 
         return Ok(());
     }
     // In batches, as the console does: each a short run of transactions, with progress.
+    let by = actor();
     let (mut retried, mut refused) = (0, 0);
     loop {
-        let batch = ledger
-            .retry_dead_group(
-                signature,
-                &actor(),
-                ledger::now_ms(),
-                ledger::GROUP_RETRY_BATCH,
-            )
-            .await?;
+        let batch = actions(ledger).retry_dead_group(signature, &by).await?;
         retried += batch.retried;
         refused += batch.refused;
         if batch.left > 0 {

@@ -2,7 +2,9 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use sume_receiver::ledger::{self, DispatchStop, Expectation, JobDetail, JobSummary};
+use sume_receiver::ledger::{
+    self, AttemptRecord, DispatchStop, Expectation, JobDetail, JobSummary,
+};
 use sume_receiver::logging::Escaped;
 
 /// A row as JSON for people and scripts: every `*_at` time (Unix ms) gets a `*_at_utc` twin in
@@ -241,30 +243,7 @@ fn timeline(job: &JobDetail, stops: &[DispatchStop]) -> Vec<(i64, String)> {
         format!("received ({})", job.summary.source),
     )];
     for attempt in &job.history {
-        let mut line = format!("attempt {} ({})", attempt.number, attempt.cause);
-        if let Some(receiver) = &attempt.receiver {
-            line.push_str(&format!(" on {receiver}"));
-        }
-        match (&attempt.outcome, attempt.ended_at) {
-            (Some(outcome), Some(ended_at)) => {
-                let took = u64::try_from(ended_at - attempt.started_at).unwrap_or(0);
-                line.push_str(&format!(
-                    ": {outcome} after {}",
-                    humantime::format_duration(Duration::from_millis(took))
-                ));
-            }
-            _ => line.push_str(": running"),
-        }
-        if let Some(status) = attempt.exit_status {
-            line.push_str(&format!(", exit status {status}"));
-        }
-        if let Some(status) = attempt.http_status {
-            line.push_str(&format!(", HTTP {status}"));
-        }
-        if let Some(error) = &attempt.error {
-            line.push_str(&format!(": {}", short(Some(error), 200)));
-        }
-        events.push((attempt.started_at, line));
+        events.push((attempt.started_at, attempt_line(attempt)));
     }
     for action in &job.actions {
         let mut line = format!("{} by {}", action.action, action.actor);
@@ -306,6 +285,34 @@ fn timeline(job: &JobDetail, stops: &[DispatchStop]) -> Vec<(i64, String)> {
     // Stable: an action and the attempt it caused keep their order within one millisecond.
     events.sort_by_key(|(at, _)| *at);
     events
+}
+
+/// One attempt in a job's timeline: its number, cause, receiver, outcome and error.
+fn attempt_line(attempt: &AttemptRecord) -> String {
+    let mut line = format!("attempt {} ({})", attempt.number, attempt.cause);
+    if let Some(receiver) = &attempt.receiver {
+        line.push_str(&format!(" on {receiver}"));
+    }
+    match (&attempt.outcome, attempt.ended_at) {
+        (Some(outcome), Some(ended_at)) => {
+            let took = u64::try_from(ended_at - attempt.started_at).unwrap_or(0);
+            line.push_str(&format!(
+                ": {outcome} after {}",
+                humantime::format_duration(Duration::from_millis(took))
+            ));
+        }
+        _ => line.push_str(": running"),
+    }
+    if let Some(status) = attempt.exit_status {
+        line.push_str(&format!(", exit status {status}"));
+    }
+    if let Some(status) = attempt.http_status {
+        line.push_str(&format!(", HTTP {status}"));
+    }
+    if let Some(error) = &attempt.error {
+        line.push_str(&format!(": {}", short(Some(error), 200)));
+    }
+    line
 }
 
 #[cfg(test)]

@@ -1,0 +1,28 @@
+//! `jobs cancel`: a waiting job made dead without running, with a reason.
+
+use sume_receiver::job_id::JobId;
+use sume_receiver::ledger::Ledger;
+
+use super::{actions, refused};
+use crate::cli::actor::actor;
+
+#[derive(Debug, clap::Args)]
+pub struct Cancel {
+    /// The job's id, as Sume sends it (`job_id` in the delivery).
+    job_id: JobId,
+    /// Why: recorded in the job's history and as its last error.
+    #[arg(long)]
+    reason: String,
+}
+
+impl Cancel {
+    pub(super) async fn run(self, ledger: &Ledger) -> anyhow::Result<()> {
+        let job_id = self.job_id;
+        actions(ledger)
+            .cancel(&job_id, &actor(), Some(&self.reason))
+            .await
+            .map_err(|refusal| refused(&job_id, refusal))?;
+        println!("job {job_id} is dead (cancelled); `jobs retry {job_id}` would run it again");
+        Ok(())
+    }
+}
