@@ -8,9 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use cli::{Cli, Command};
 use sume_receiver::config::Config;
-use sume_receiver::ledger::{
-    LedgerDamaged, StorageLost, DAMAGED_EXIT_STATUS, STORAGE_LOST_EXIT_STATUS,
-};
+use sume_receiver::ledger::fatal_exit_status;
 use sume_receiver::logging;
 
 fn main() -> ExitCode {
@@ -19,13 +17,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
-            if error.downcast_ref::<StorageLost>().is_some() {
-                ExitCode::from(STORAGE_LOST_EXIT_STATUS)
-            } else if error.downcast_ref::<LedgerDamaged>().is_some() {
-                ExitCode::from(DAMAGED_EXIT_STATUS)
-            } else {
-                ExitCode::FAILURE
-            }
+            fatal_exit_status(&error).map_or(ExitCode::FAILURE, ExitCode::from)
         }
     }
 }

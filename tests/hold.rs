@@ -219,12 +219,15 @@ async fn outage_costs_no_job(receivers: usize) {
             .unwrap()
             .unwrap();
         let stops = ledger.stops_delaying(&job, ledger::now_ms()).await.unwrap();
-        assert_eq!(stops[0].kind, StopKind::Pause, "{stops:?}");
-        let hold = stops.iter().rfind(|stop| stop.kind == StopKind::Hold);
-        assert!(
-            hold.is_some_and(|hold| hold.ended_at.is_some()),
-            "{stops:?}"
+        // On failure: the job's timeline and every stop, not only those found delaying it.
+        let every_stop = ledger.dispatch_stops(0, i64::MAX, 100).await.unwrap();
+        let why = format!(
+            "{job_id}: delayed by {stops:?}\nreceived {}, attempts {:#?}\nactions {:#?}\nevery stop {every_stop:#?}",
+            job.summary.received_at, job.history, job.actions
         );
+        assert_eq!(stops[0].kind, StopKind::Pause, "{why}");
+        let hold = stops.iter().rfind(|stop| stop.kind == StopKind::Hold);
+        assert!(hold.is_some_and(|hold| hold.ended_at.is_some()), "{why}");
         assert!(
             stops.iter().all(|stop| stop.ended_at.is_some()),
             "{stops:?}"

@@ -553,7 +553,7 @@ fn an_arrow_to_a_files_own_module_root_is_told_from_one_to_a_sibling() {
         "src/ledger/postgres/role.rs",
         "src/ledger/postgres/connection.rs"
     ));
-    assert!(!own("src/hold.rs", "src/worker/mod.rs"));
+    assert!(!own("src/hold/mod.rs", "src/worker/mod.rs"));
     assert!(!own("src/ledger/mod.rs", "src/ledger/sqlite/mod.rs"));
 }
 

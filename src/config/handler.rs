@@ -25,7 +25,7 @@ pub struct HandlerConfig {
     pub hold: HoldConfig,
 }
 
-/// `[handler]`'s keys for the hold (`src/hold.rs`): when to stop starting attempts because the
+/// `[handler]`'s keys for the hold (`src/hold/`): when to stop starting attempts because the
 /// handler's downstream is down, how to probe it, and how fast to start again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HoldConfig {

@@ -86,3 +86,24 @@ pub struct StorageLost {
 /// The exit status after [`StorageLost`] (EX_IOERR); the unit lists it in
 /// `RestartPreventExitStatus=`.
 pub const STORAGE_LOST_EXIT_STATUS: u8 = 74;
+
+/// The ledger failed its damage check; the message says how to recover.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct LedgerDamaged(pub String);
+
+/// The exit status after the check found the ledger damaged (EX_DATAERR); the unit lists it in
+/// `RestartPreventExitStatus=`: a restart would only find the damage again.
+pub const DAMAGED_EXIT_STATUS: u8 = 65;
+
+/// The exit status the process ends with after `error`: one the unit never restarts for the
+/// two fatal ledger errors above, `None` for any other (a plain failure, which it restarts).
+pub fn fatal_exit_status(error: &anyhow::Error) -> Option<u8> {
+    if error.downcast_ref::<StorageLost>().is_some() {
+        Some(STORAGE_LOST_EXIT_STATUS)
+    } else if error.downcast_ref::<LedgerDamaged>().is_some() {
+        Some(DAMAGED_EXIT_STATUS)
+    } else {
+        None
+    }
+}

@@ -28,7 +28,10 @@ use crate::metrics::{AttemptResult, METRICS};
 use contract::forwarding_method;
 pub use contract::Backend;
 pub use dead_letters::{GroupRetry, GROUP_RETRY_BATCH};
-pub use error::{Cause, StorageError, StorageLost, STORAGE_LOST_EXIT_STATUS};
+pub use error::{
+    fatal_exit_status, Cause, LedgerDamaged, StorageError, StorageLost, DAMAGED_EXIT_STATUS,
+    STORAGE_LOST_EXIT_STATUS,
+};
 pub use model::{
     duration_ms, now_ms, ActionRecord, Attempt, AttemptEnd, AttemptRecord, ClaimOutcome, Cursor,
     DeadGroup, Dispatch, DispatchStop, DueExpectation, DueJobs, Expectation, Failure, Hold,
@@ -37,7 +40,6 @@ pub use model::{
     StopKind, HISTORY_PER_JOB,
 };
 pub use params::{ActionTaken, ProbeMove};
-pub use sqlite::{LedgerDamaged, DAMAGED_EXIT_STATUS};
 pub use stops::{waiting_spans, STOPS_PER_JOB};
 /// Rows of its list a page filtered by event type reads at most.
 pub const ROWS_READ_PER_FILTERED_PAGE: usize = 10_000;

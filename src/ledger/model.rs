@@ -535,7 +535,7 @@ pub struct Dispatch {
 pub enum StopKind {
     /// An operator's `jobs pause` (or the console's, or the admin API's).
     Pause,
-    /// The outage hold (`src/hold.rs`).
+    /// The outage hold (`src/hold/`).
     Hold,
 }
 
@@ -572,7 +572,7 @@ pub struct DispatchStop {
     pub ended_by: Option<String>,
 }
 
-/// A hold (`src/hold.rs`): since when the workers of every receiver start no attempt but one
+/// A hold (`src/hold/`): since when the workers of every receiver start no attempt but one
 /// probe at a time, why, and when the next probe may start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Hold {

@@ -169,7 +169,7 @@ impl Worker {
     }
 
     /// Waits until the job in hand may start: dispatch not paused, and the hold's turn (see
-    /// `src/hold.rs`); the ticket it starts under, `None` at shutdown.
+    /// `src/hold/`); the ticket it starts under, `None` at shutdown.
     async fn wait_for_turn(&mut self, shutdown: &CancellationToken) -> Option<Ticket> {
         loop {
             if !self.wait_while_paused(shutdown).await {
@@ -496,7 +496,7 @@ impl JobRun {
 
     /// Gives an attempt back uncounted, due again now: our own shutdown stopped the handler (a
     /// job on its last attempt must not become `dead` because we stopped), or it failed for an
-    /// outage that a hold already knows (see `src/hold.rs`). The job's history says which.
+    /// outage that a hold already knows (see `src/hold/`). The job's history says which.
     async fn release(&self, attempt: Attempt, release: Release) -> AfterAttempt {
         let job_id = &attempt.job_id;
         match self

@@ -70,7 +70,7 @@ impl Queue {
         self.paused.load(Ordering::SeqCst)
     }
 
-    /// The hold (`src/hold.rs`), as this process last read it from the ledger.
+    /// The hold (`src/hold/`), as this process last read it from the ledger.
     pub fn hold(&self) -> Option<Hold> {
         self.breaker.hold()
     }

@@ -22,15 +22,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::failure::{Cause, Failure};
 use crate::config::{CheckAtStart, SqliteConfig};
-
-/// The exit status after the check found the ledger damaged (EX_DATAERR); the unit lists it in
-/// `RestartPreventExitStatus=`: a restart would only find the damage again.
-pub const DAMAGED_EXIT_STATUS: u8 = 65;
-
-/// The ledger failed its damage check; the message says how to recover.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct LedgerDamaged(pub String);
+use crate::ledger::error::LedgerDamaged;
 
 /// How often a check before serving tells systemd it is still going, and by how much it moves
 /// the start's timeout each time: well past the next report, so that only a check that stopped

@@ -53,7 +53,6 @@ pub use hold::DELETE_ENDED_STOPS_SQL;
 #[cfg(feature = "testing")]
 pub use integrity::damage_for_test;
 use integrity::BackgroundCheck;
-pub use integrity::{LedgerDamaged, DAMAGED_EXIT_STATUS};
 pub use jobs::{
     insert_claim, COUNT_RETRY_MATCHING_SQL, DELETE_FINISHED_SQL, DUE_JOBS_SQL, EXPIRED_LEASES_SQL,
     NEXT_DUE_SQL, PURGE_BODIES_SQL, RETRY_MATCHING_SQL,
