@@ -423,7 +423,9 @@ mod tests {
         assert!(mark.contains(".recover"), "{mark}");
 
         let error = SqliteLedger::open(&config).err().unwrap();
-        assert!(error.downcast_ref::<crate::ledger::LedgerDamaged>().is_some());
+        assert!(error
+            .downcast_ref::<crate::ledger::error::LedgerDamaged>()
+            .is_some());
         let error = format!("{error:#}");
         assert!(error.contains("is damaged"), "{error}");
         assert!(error.contains(".recover"), "{error}");
