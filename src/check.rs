@@ -9,7 +9,10 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 
-use crate::config::{AdminConfig, CertificateSource, Config, HandlerKind, LedgerConfig, TlsConfig};
+use crate::config::{
+    AdminConfig, AdminTokens, CertificateSource, Config, Credentials, HandlerKind, Secret,
+    TlsConfig, Unread,
+};
 use crate::tls::certificate::Certificate;
 
 /// Admin tokens shorter than this are weak (`openssl rand -hex 32` makes 64 characters).
@@ -25,6 +28,9 @@ pub struct Findings {
     /// Admin tokens that are weak or exposed (short, open to others or group-writable, one
     /// token under two names): warnings, and errors for `check-config --strict` (`serve` warns only).
     pub weak_tokens: Vec<String>,
+    /// Every credential as the check read it, what `serve` then runs with; `None` when one
+    /// could not be read (an error, or with [`Unreadable::Warning`] perhaps a warning).
+    pub credentials: Option<Credentials>,
 }
 
 /// What a credential file this user cannot read is.
@@ -37,48 +43,21 @@ pub enum Unreadable {
     Error,
 }
 
-/// Checks what parsing cannot: the credential files, the ledger's directory (SQLite) or its URL
-/// file (PostgreSQL), the handler.
+/// Checks what parsing cannot: the credential files (read once here, and kept in the findings
+/// for `serve`), the ledger's directory (SQLite), the handler.
 pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
     let mut findings = Findings {
         warnings: config.warnings(),
         ..Findings::default()
     };
-    credential(
-        &mut findings,
-        unreadable,
-        "signing secrets",
-        config.signing_secrets().map(drop),
-    );
-    if let Some(api) = &config.sume_api {
-        credential(
-            &mut findings,
-            unreadable,
-            "sume_api.api_key_file",
-            api.api_key().map(drop),
-        );
+    let (credentials, unread) = Credentials::read_each(config);
+    for Unread { key, error } in unread.iter() {
+        credential(&mut findings, unreadable, key, error);
     }
-    if let Some(admin) = &config.admin {
-        credential(
-            &mut findings,
-            unreadable,
-            "admin.token_file",
-            admin.token().map(drop),
-        );
-        credential(
-            &mut findings,
-            unreadable,
-            "admin.read_token_file",
-            admin.read_token().map(drop),
-        );
-        credential(
-            &mut findings,
-            unreadable,
-            "admin.tokens",
-            admin.named_tokens().map(drop),
-        );
-        findings.weak_tokens = weak_tokens(admin);
+    if let (Some(admin), Some(tokens)) = (&config.admin, &credentials.admin_tokens) {
+        findings.weak_tokens = weak_tokens(admin, tokens);
     }
+    findings.credentials = unread.is_empty().then_some(credentials);
     let admin_tls = config.admin.as_ref().and_then(|admin| admin.tls.as_ref());
     let admin_tls = admin_tls.map(TlsConfig::from);
     for (table, tls) in [
@@ -89,18 +68,11 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
             certificate(&mut findings, unreadable, table, tls, config);
         }
     }
-    match &config.database {
-        // Not connected to here: `serve` says at start if the server cannot be reached.
-        LedgerConfig::Postgres(postgres) => credential(
-            &mut findings,
-            unreadable,
-            "database.url_file",
-            postgres.url().map(drop),
-        ),
-        LedgerConfig::Sqlite(sqlite) => {
-            if let Err(error) = ledger_directory_writable(&sqlite.path) {
-                findings.errors.push(error);
-            }
+    // PostgreSQL's URL is a credential, read above; its server is not connected to here:
+    // `serve` says at start if it cannot be reached.
+    if let Some(path) = config.database.sqlite_path() {
+        if let Err(error) = ledger_directory_writable(path) {
+            findings.errors.push(error);
         }
     }
     if let Some(HandlerKind::Command(argv)) = config.handler.as_ref().map(|h| &h.kind) {
@@ -138,15 +110,7 @@ impl Findings {
 /// A credential file this user cannot read is, with [`Unreadable::Warning`], a warning: it may
 /// be readable by the service's user only, or be a systemd credential that exists only while
 /// the unit runs. Anything else wrong with it is an error.
-fn credential(
-    findings: &mut Findings,
-    unreadable: Unreadable,
-    what: &str,
-    loaded: anyhow::Result<()>,
-) {
-    let Err(error) = loaded else {
-        return;
-    };
+fn credential(findings: &mut Findings, unreadable: Unreadable, what: &str, error: &anyhow::Error) {
     let cannot_read = error
         .root_cause()
         .downcast_ref::<std::io::Error>()
@@ -185,14 +149,11 @@ fn certificate(
             }
             if let Some(ca_file) = &acme.directory_ca_file {
                 let read = std::fs::read(ca_file)
-                    .map(drop)
                     .with_context(|| format!("cannot read {}", ca_file.display()));
-                credential(
-                    findings,
-                    unreadable,
-                    &format!("{table}.acme.directory_ca_file"),
-                    read,
-                );
+                if let Err(error) = read {
+                    let what = format!("{table}.acme.directory_ca_file");
+                    credential(findings, unreadable, &what, &error);
+                }
             }
             findings.notes.push(format!(
                 "{table}: certificates for {} from the ACME directory {} ({:?}), kept in {}",
@@ -206,7 +167,7 @@ fn certificate(
     };
     let about = match Certificate::from_files(cert_file, key_file) {
         Ok(loaded) => loaded.about,
-        Err(error) => return credential(findings, unreadable, table, Err(error)),
+        Err(error) => return credential(findings, unreadable, table, &error),
     };
     let now = SystemTime::now();
     if let Some(problem) = about.unfit(now) {
@@ -256,29 +217,24 @@ fn directory_writable(dir: &Path) -> Result<(), String> {
     }
 }
 
-/// What is weak or exposed in the admin tokens that can be read here: a file others may
-/// read or write, or its group write, a token shorter than [`MIN_TOKEN_CHARS`], one token under two keys (the
-/// first match would win, silently). Never the token itself.
-fn weak_tokens(admin: &AdminConfig) -> Vec<String> {
-    let mut files: Vec<(String, &Path)> = Vec::new();
-    files.extend(
-        admin
-            .token_file
-            .as_deref()
-            .map(|f| ("admin.token_file".into(), f)),
-    );
-    files.extend(
-        admin
-            .read_token_file
-            .as_deref()
-            .map(|f| ("admin.read_token_file".into(), f)),
-    );
-    for token in &admin.tokens {
-        files.push((format!("admin.tokens {:?}", token.name), &token.file));
+/// What is weak or exposed in the admin tokens: a file others may read or write, or its group
+/// write, a token shorter than [`MIN_TOKEN_CHARS`], one token under two keys (the first match
+/// would win, silently). The tokens are those read (`tokens`), never shown.
+fn weak_tokens(admin: &AdminConfig, tokens: &AdminTokens) -> Vec<String> {
+    let mut files: Vec<(String, &Path, Option<&Secret>)> = Vec::new();
+    if let Some(file) = admin.token_file.as_deref() {
+        files.push(("admin.token_file".into(), file, tokens.operator.as_ref()));
+    }
+    if let Some(file) = admin.read_token_file.as_deref() {
+        files.push(("admin.read_token_file".into(), file, tokens.read.as_ref()));
+    }
+    for (index, named) in admin.tokens.iter().enumerate() {
+        let token = tokens.named.get(index).map(|(_, _, token)| token);
+        files.push((format!("admin.tokens {:?}", named.name), &named.file, token));
     }
     let mut weak = Vec::new();
-    let mut seen: Vec<(String, String)> = Vec::new();
-    for (key, file) in files {
+    let mut seen: Vec<(String, &str)> = Vec::new();
+    for (key, file, token) in files {
         if let Ok(metadata) = std::fs::metadata(file) {
             let mode = metadata.permissions().mode() & 0o777;
             // The install makes token files root's, readable by the service's group (0640):
@@ -291,10 +247,9 @@ fn weak_tokens(admin: &AdminConfig) -> Vec<String> {
                 ));
             }
         }
-        let Ok(text) = std::fs::read_to_string(file) else {
+        let Some(token) = token.map(Secret::expose) else {
             continue;
         };
-        let token = text.trim().to_owned();
         let chars = token.chars().count();
         if chars > 0 && chars < MIN_TOKEN_CHARS {
             weak.push(format!(
@@ -545,6 +500,38 @@ mod tests {
         );
         assert_eq!(findings.weak_tokens.len(), 3, "{weak}");
         assert!(!weak.contains(&strong), "never the token itself");
+    }
+
+    /// `serve` runs with what its check read: a file changed after the check changes nothing.
+    #[test]
+    fn the_check_keeps_the_credentials_it_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::parse(
+            "[signature]\nsecrets_file = \"secrets\"\n[admin]\ntoken_file = \"operator\"\n",
+            dir.path(),
+        )
+        .unwrap();
+        let operator = "o".repeat(MIN_TOKEN_CHARS);
+        std::fs::write(dir.path().join("secrets"), "whsec_checked\n").unwrap();
+        std::fs::write(dir.path().join("operator"), &operator).unwrap();
+        let findings = check(&config, Unreadable::Error);
+        std::fs::write(dir.path().join("secrets"), "whsec_later\n").unwrap();
+        std::fs::remove_file(dir.path().join("operator")).unwrap();
+
+        let credentials = findings.credentials.expect("every credential was read");
+        let secrets: Vec<&str> = credentials
+            .signing_secrets
+            .iter()
+            .map(Secret::expose)
+            .collect();
+        assert_eq!(secrets, ["whsec_checked"]);
+        let tokens = credentials.admin_tokens.expect("[admin] is set");
+        assert_eq!(
+            tokens.operator.as_ref().map(Secret::expose),
+            Some(operator.as_str())
+        );
+        // One that cannot be read: nothing to run with.
+        assert!(check(&config, Unreadable::Warning).credentials.is_none());
     }
 
     #[test]

@@ -64,16 +64,18 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    /// Reads the API key now: a missing key file stops the start, not the first poll.
+    /// `api_key` as read at start ([`Credentials`](crate::config::Credentials)): a missing
+    /// key file stops the start, not the first poll.
     pub fn new(
         ledger: Arc<Ledger>,
         api: SumeApiConfig,
+        api_key: Secret,
         queue: Option<Queue>,
-    ) -> anyhow::Result<Self> {
+    ) -> Self {
         let terminal = api.terminal_statuses.iter().cloned().collect();
-        Ok(Self {
+        Self {
             ledger,
-            api_key: api.api_key()?,
+            api_key,
             api,
             client: http_client::new_client(),
             queue,
@@ -81,7 +83,7 @@ impl Reconciler {
             next_call: Instant::now(),
             paused_until: None,
             auth_refusals: 0,
-        })
+        }
     }
 
     pub async fn reconcile_once(&mut self) -> Result<ReconcileReport, StorageError> {

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::access::Tokens;
 use crate::acknowledged::RecentlyAcknowledged;
 use crate::admin::Admin;
-use crate::config::{Config, ServerConfig, TlsConfig};
+use crate::config::{AdminTokens, Config, Credentials, ServerConfig, TlsConfig};
 use crate::console::{Console, ReceiverHealth};
 use crate::duplicates::DuplicateTally;
 use crate::instance_lock::InstanceLock;
@@ -42,8 +42,14 @@ pub async fn run(
     // What check-config (the unit's ExecStartPre) refuses, serve refuses too: a handler that
     // cannot run would acknowledge every delivery and then let it go dead. First: a ledger
     // directory this user cannot write is said in its words, not as a lock file it cannot open.
-    let findings = check::check(&config, check::Unreadable::Error);
+    let mut findings = check::check(&config, check::Unreadable::Error);
     findings.refuse_errors()?;
+    // The values the check judged are those the service runs with: each credential file is
+    // read once per start. As the service's user, one that cannot be read is refused above.
+    let credentials = findings
+        .credentials
+        .take()
+        .context("a credential could not be read")?;
     // Several receivers may share a PostgreSQL ledger; a SQLite file has one owner.
     let _instance = match config.database.sqlite_path() {
         Some(path) => Some(InstanceLock::acquire(path)?),
@@ -68,26 +74,27 @@ pub async fn run(
         }
         Err(error) => tracing::warn!(%error, "cannot read or raise the open files limit"),
     }
-    let ledger = Ledger::open(&config.database).await.with_context(|| {
-        match config.database.sqlite_path() {
+    let ledger = Ledger::open_at(&config.database, credentials.database_url.as_ref())
+        .await
+        .with_context(|| match config.database.sqlite_path() {
             Some(path) => format!("cannot open the ledger {}", path.display()),
             None => "cannot open the PostgreSQL ledger".to_owned(),
-        }
-    })?;
-    run_on(config, ledger, listener, shutdown).await
+        })?;
+    run_on(config, credentials, ledger, listener, shutdown).await
 }
 
-/// Runs the receiver on an open `ledger` (see [`run`], which also opens it, and takes the
-/// instance lock of a SQLite ledger).
+/// Runs the receiver on an open `ledger` with the `credentials` read at start (see [`run`],
+/// which checks the configuration, reads them, opens the ledger, and takes the instance lock of
+/// a SQLite ledger).
 /// Ends with an error, after a graceful stop, if the ledger's writer dies: systemd then
 /// restarts the service instead of leaving it to answer 503 forever.
 pub async fn run_on(
     config: Config,
+    credentials: Credentials,
     ledger: Arc<Ledger>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let secrets = config.signing_secrets()?;
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     // Before anything counts: the kept minutes are put back as they were.
@@ -129,12 +136,12 @@ pub async fn run_on(
     let vacuum = Vacuum::new(ledger.clone(), config.retention.clone(), stop.clone())
         .forgetting_in(recent.clone());
     tasks.spawn(vacuum.run(config.retention.interval));
-    match &config.sume_api {
-        Some(api) => {
-            let reconciler = Reconciler::new(ledger.clone(), api.clone(), queue.clone())
-                .context("cannot start reconciliation")?;
+    match config.sume_api.clone().zip(credentials.api_key) {
+        Some((api, api_key)) => {
+            let base_url = crate::config::redact_url(&api.base_url);
+            let reconciler = Reconciler::new(ledger.clone(), api, api_key, queue.clone());
             tasks.spawn(reconciler.run(stop.clone()));
-            tracing::info!(base_url = %crate::config::redact_url(&api.base_url), "reconciliation on: expected jobs without a webhook are polled");
+            tracing::info!(%base_url, "reconciliation on: expected jobs without a webhook are polled");
         }
         None => tracing::warn!("no [sume_api] configured: reconciliation is off (a job whose webhook never arrives is not polled)"),
     }
@@ -149,7 +156,13 @@ pub async fn run_on(
     )
     .await?;
     let seen_by_admin = (ledger.clone(), queue.clone(), refusals.clone());
-    let admin = start_admin(&config, seen_by_admin, (&mut tasks, tls.clone()), &stop).await?;
+    let admin = start_admin(
+        (&config, credentials.admin_tokens),
+        seen_by_admin,
+        (&mut tasks, tls.clone()),
+        &stop,
+    )
+    .await?;
     if let Some(admin) = admin {
         tasks.spawn(admin);
     }
@@ -159,7 +172,7 @@ pub async fn run_on(
         webhook_path: config.server.webhook_path.clone(),
         ingest: ingest::Ingest::new(
             &config,
-            secrets,
+            credentials.signing_secrets,
             ledger.clone(),
             queue,
             (refusals, duplicates, recent),
@@ -290,23 +303,24 @@ async fn start_tls(
     Ok(Some(tls))
 }
 
-/// Binds the admin listener when `[admin]` has a token; returns the server to spawn.
+/// Binds the admin listener when `[admin]` has a token (`tokens`, read at start); returns the
+/// server to spawn.
 async fn start_admin(
-    config: &Config,
+    (config, tokens): (&Config, Option<AdminTokens>),
     (ledger, queue, refusals): (Arc<Ledger>, Option<worker::Queue>, Arc<Refusals>),
     (tasks, webhook_tls): (&mut tokio::task::JoinSet<()>, Option<Arc<Tls>>),
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<impl Future<Output = ()> + use<>>> {
-    let Some(admin_config) = &config.admin else {
+    let Some((admin_config, tokens)) = config.admin.as_ref().zip(tokens) else {
         return Ok(None);
     };
-    let Some(token) = admin_config.token()? else {
+    let Some(operator) = tokens.operator else {
         return Ok(None);
     };
     let tokens = Arc::new(Tokens {
-        operator: token,
-        read: admin_config.read_token()?,
-        named: admin_config.named_tokens()?,
+        operator,
+        read: tokens.read,
+        named: tokens.named,
     });
     let address = admin_config.listen;
     let listener = TcpListener::bind(address)

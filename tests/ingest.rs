@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use common::sqlite_shell::SqliteShell;
 use common::*;
 use hyper::Method;
+use sume_receiver::config::Credentials;
 use sume_receiver::ingest::{SIGNATURE_HEADER, TIMESTAMP_HEADER};
 use sume_receiver::signature;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -382,8 +383,10 @@ async fn a_dead_ledger_writer_stops_the_service_with_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let (config, ledger) = open_ledger(dir.path()).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let credentials = Credentials::read(&config).unwrap();
     let service = tokio::spawn(sume_receiver::run_on(
         config,
+        credentials,
         ledger.clone(),
         listener,
         std::future::pending(),
@@ -400,6 +403,50 @@ async fn a_dead_ledger_writer_stops_the_service_with_an_error() {
         .unwrap();
     let error = format!("{:#}", stopped.unwrap_err());
     assert!(error.contains("ledger writer"), "{error}");
+}
+
+/// The service runs with the credentials read at start (by `serve`'s start-up check, which
+/// judged them), not with what a file holds by the time a part of the service starts: a signing
+/// secret written after the read is not live until a SIGHUP.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_service_runs_with_the_credentials_read_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut config, ledger) = open_ledger(dir.path()).await;
+    let secrets_file = dir.path().join("secrets");
+    config.signature.secrets = Vec::new();
+    config.signature.secrets_file = Some(secrets_file.clone());
+    std::fs::write(&secrets_file, "whsec_read_at_start\n").unwrap();
+    let credentials = Credentials::read(&config).unwrap();
+    std::fs::write(&secrets_file, "whsec_written_later\n").unwrap();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}{WEBHOOK_PATH}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = tokio::spawn(sume_receiver::run_on(
+        config,
+        credentials,
+        ledger,
+        listener,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let deliver = |secret: &'static str, job_id: &'static str| {
+        let url = url.clone();
+        async move {
+            let body = job_body(job_id);
+            let headers = signed_headers(&body, unix_now(), &[secret]);
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            send_body_to(Method::POST, &url, &headers, &body)
+                .await
+                .status
+        }
+    };
+    assert_eq!(deliver("whsec_read_at_start", "job-read").await, 200);
+    assert_eq!(deliver("whsec_written_later", "job-later").await, 401);
+    stop.send(()).unwrap();
+    service.await.unwrap().unwrap();
 }
 
 /// Sume's resend of a delivery whose answer it did not get is answered from the job_ids the

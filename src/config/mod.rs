@@ -9,6 +9,7 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 
 mod admin;
+mod credentials;
 mod database;
 mod handler;
 mod parsing;
@@ -17,6 +18,7 @@ mod sume_api;
 mod tls;
 
 pub use admin::{AdminConfig, NamedToken, TokenRole, DEFAULT_DUE_JOB_LIMIT};
+pub use credentials::{AdminTokens, Credentials, Unread};
 pub use database::{
     CheckAtStart, LedgerConfig, PostgresConfig, PostgresUrl, PostgresUrlSource, SqliteConfig,
     Synchronous,

@@ -21,7 +21,9 @@ mod work_side;
 
 use std::sync::Arc;
 
-use crate::config::LedgerConfig;
+use anyhow::Context;
+
+use crate::config::{LedgerConfig, PostgresUrl};
 use crate::logging::Escaped;
 use crate::metrics::{AttemptResult, METRICS};
 
@@ -63,11 +65,26 @@ pub enum Ledger {
 impl Ledger {
     contract::operations!(forwarding_method);
 
-    /// Opens the configured backend for the service. Creates and migrates the schema as needed.
+    /// [`Ledger::open_at`], PostgreSQL's URL read now (the command line, the tests).
     pub async fn open(config: &LedgerConfig) -> anyhow::Result<Arc<Ledger>> {
+        let url = match config {
+            LedgerConfig::Postgres(postgres) => Some(postgres.url()?),
+            LedgerConfig::Sqlite(_) => None,
+        };
+        Ledger::open_at(config, url.as_ref()).await
+    }
+
+    /// Opens the configured backend for the service: PostgreSQL at `url`, read by the caller
+    /// (the service's is the one its start-up check read, [`Credentials`](crate::config::Credentials)). Creates and
+    /// migrates the schema as needed.
+    pub async fn open_at(
+        config: &LedgerConfig,
+        url: Option<&PostgresUrl>,
+    ) -> anyhow::Result<Arc<Ledger>> {
         let ledger = match config {
             LedgerConfig::Postgres(config) => {
-                Ledger::Postgres(PostgresLedger::open(&config.url()?, config).await?)
+                let url = url.context("no URL given for the PostgreSQL ledger")?;
+                Ledger::Postgres(PostgresLedger::open(url, config).await?)
             }
             LedgerConfig::Sqlite(config) => {
                 let config = config.clone();
