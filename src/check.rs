@@ -51,7 +51,7 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
         ..Findings::default()
     };
     let (credentials, unread) = Credentials::read_each(config);
-    for Unread { key, error } in unread.iter() {
+    for Unread { key, error } in &unread {
         credential(&mut findings, unreadable, key, error);
     }
     if let (Some(admin), Some(tokens)) = (&config.admin, &credentials.admin_tokens) {

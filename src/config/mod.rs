@@ -223,7 +223,7 @@ const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 impl Config {
     /// Reads, parses and validates the file; the error names the offending key.
     /// Credential files (secrets, API key, admin token) are not read here: only the commands
-    /// that need them read them (see [`Config::signing_secrets`]).
+    /// that need them read them (`serve` once per start: [`Credentials`]).
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;

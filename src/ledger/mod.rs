@@ -75,8 +75,8 @@ impl Ledger {
     }
 
     /// Opens the configured backend for the service: PostgreSQL at `url`, read by the caller
-    /// (the service's is the one its start-up check read, [`Credentials`](crate::config::Credentials)). Creates and
-    /// migrates the schema as needed.
+    /// (the service's is the one its start-up check read:
+    /// [`Credentials`](crate::config::Credentials)). Creates and migrates the schema as needed.
     pub async fn open_at(
         config: &LedgerConfig,
         url: Option<&PostgresUrl>,
