@@ -1,9 +1,18 @@
 # Shared by the bench scripts: build, a scratch directory, and one receiver at a time.
-# Sourced, not run. Sets BIN, work, port; defines write_config, start_receiver, stop_receiver.
+# Sourced, not run. Sets BIN, FLOORS, work, port; defines write_config, start_receiver,
+# stop_receiver.
 
 if [ -z "${BIN:-}" ]; then
   cargo build --release --locked --quiet --features bench
   BIN=target/release/sume-receiver
+fi
+# The floors, programs of their own (bench/floors: none of the receiver's code), built in the
+# receiver's profile (the CI smoke runs a debug build).
+if [ -z "${FLOORS:-}" ]; then
+  case "$BIN" in
+    */debug/*) cargo build --locked --quiet -p sume-floors; FLOORS=target/debug ;;
+    *) cargo build --release --locked --quiet -p sume-floors; FLOORS=target/release ;;
+  esac
 fi
 command -v sqlite3 >/dev/null || { echo "the benchmark needs sqlite3 (apt-get install sqlite3)" >&2; exit 1; }
 
@@ -116,9 +125,10 @@ usage() {
   echo "$(( ticks * 1000000 / $(getconf CLK_TCK) )) $switches $written"
 }
 
-# Starts the benchmark's HTTP floor (a bare hyper server) on $port, like start_receiver.
+# Starts the benchmark's HTTP floor (bench/floors: a bare hyper server) on $port, like
+# start_receiver.
 start_http_floor() {
-  "$BIN" http-floor --config "$1/config.toml" 2>>"$1/receiver.log" &
+  "$FLOORS/http-floor" "127.0.0.1:$port" 2>>"$1/receiver.log" &
   receiver_pid=$!
   for _ in $(seq 200); do
     python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/', timeout=1)" 2>/dev/null && return 0

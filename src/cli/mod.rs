@@ -78,10 +78,6 @@ pub enum Command {
     /// Benchmark a running receiver: send signed deliveries, report, check its ledger.
     #[cfg(feature = "bench")]
     Loadgen(sume_receiver::loadgen::LoadgenArgs),
-    /// Benchmark: a bare hyper server (read the body, answer fixed JSON; no signature, no
-    /// ledger) on the configured listener, the HTTP floor the receiver is measured against.
-    #[cfg(feature = "bench")]
-    HttpFloor,
     /// Print the man page or shell completions (for packagers); needs no config.
     #[command(subcommand)]
     Generate(Generate),
@@ -105,11 +101,6 @@ pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
         Command::Backup { path } => backup(config, &path).await,
         Command::Sign(args) => send::sign(&args, config),
         Command::SendTest(args) => send::send_test(&args, config).await,
-        #[cfg(feature = "bench")]
-        Command::HttpFloor => {
-            let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
-            sume_receiver::loadgen::serve_http_floor(listener, config.server.tls.as_ref()).await
-        }
         #[cfg(feature = "bench")]
         Command::Loadgen(args) => {
             let json = args.json;

@@ -1,29 +1,33 @@
 #!/usr/bin/env bash
-# HTTPS: CPU per delivery of the receiver's own TLS, of Caddy terminating TLS in front of the
-# plain receiver, and of the floors, with keep-alive and with a new connection per delivery,
-# side by side in interleaved rounds on this machine. wrk (an outside client) sends pre-signed
-# ~700 B deliveries, 30 % of them repeats; CPU is the server side's alone (user + system, every
-# thread, from /proc): the receiver, plus Caddy in the Caddy cases.
+# The outside measure: CPU per delivery of the receiver against its floors, with an outside
+# client, over plain HTTP and HTTPS, side by side in interleaved rounds on this machine. wrk
+# sends pre-signed ~700 B deliveries over CONNECTIONS connections, 30 % of them repeats (a
+# duplicates-only case: every one a repeat); CPU is the server side's alone (user + system,
+# every thread, from /proc): the receiver, plus Caddy in the Caddy cases. The floors are
+# programs of their own (bench/floors), none of the receiver's code.
 #
-#   bench/https.sh     ROUNDS (3) of DURATION (5s) per case, CONNECTIONS (64), DUP_RATIO (0.3)
-#   PLAIN_ONLY=1 BIN=old/sume-receiver bench/https.sh   the plain cases alone, for a build
-#                      from before HTTPS (a before/after of the plain path)
+#   bench/outside.sh   ROUNDS (3) of DURATION (5s) per case, CONNECTIONS (64), DUP_RATIO (0.3)
+#   PLAIN_ONLY=1 BIN=old/sume-receiver bench/outside.sh   the plain cases alone, for a build
+#                      without HTTPS (a before/after of the plain path)
 #
-# Cases, each with keep-alive (-ka) and a new connection per delivery (-new):
+# Cases:
+#   plain      the receiver over plain HTTP with keep-alive: DUP_RATIO repeats (-ka) and
+#              repeats only (-dup: job_ids the round claimed before it measures)
+#   http-floor bench/floors' http-floor: bare hyper reading each body, a fixed answer
+#   sqlite     bench/floors' sqlite-floor: the receiver's claim statement on its schema, WAL,
+#              synchronous = FULL, 64 claims a transaction; -dup: repeats only
+# and over HTTPS, each with keep-alive (-ka) and a new connection per delivery (-new):
 #   native     the receiver with [server.tls] (a P-256 certificate of a CA made here)
 #   caddy      Debian's caddy with the same certificate, reverse_proxy to the plain receiver
-#   tls-floor  `sume-receiver http-floor` with [server.tls]: bare hyper behind bare rustls,
-#              reading each body (no signature, no ledger)
-#   plain      the receiver over plain HTTP (keep-alive), and the plain HTTP floor
-#   sqlite     `loadgen --sqlite-alone`: the claims alone, no HTTP (the storage floor)
+#   tls-floor  http-floor with the same certificate: bare hyper behind bare rustls
 # Needs wrk, caddy, openssl, curl (apt-get install wrk caddy openssl curl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}; DURATION=${DURATION:-5s}; CONNECTIONS=${CONNECTIONS:-64}
-DUP_RATIO=${DUP_RATIO:-0.3}; DELIVERIES=${DELIVERIES:-150000}
+DUP_RATIO=${DUP_RATIO:-0.3}; DELIVERIES=${DELIVERIES:-150000}; SQLITE_CLAIMS=${SQLITE_CLAIMS:-200000}
 export ACCESS_LOG=false
 for tool in wrk caddy openssl curl; do
-  command -v "$tool" >/dev/null || { echo "bench/https.sh needs $tool" >&2; exit 1; }
+  command -v "$tool" >/dev/null || { echo "bench/outside.sh needs $tool" >&2; exit 1; }
 done
 source bench/lib.sh
 results="$work/results.txt"
@@ -41,21 +45,24 @@ tls_keys="[server.tls]
 cert_file = \"$work/cert.pem\"
 key_file = \"$work/key.pem\""
 
-# DELIVERIES signed now (the tolerance is 5 minutes: made again before each round).
+# DELIVERIES signed now (the tolerance is 5 minutes: made again before each round), $1 of
+# them repeats (DUP_RATIO by default). At 1, each is one of DUPLICATE_SET job_ids.
+DUPLICATE_SET=10000
 sign_deliveries() {
-  python3 - "$work/deliveries.tsv" "$DELIVERIES" "$DUP_RATIO" <<'PY'
+  python3 - "$work/deliveries.tsv" "$DELIVERIES" "${1:-$DUP_RATIO}" "$DUPLICATE_SET" <<'PY'
 import hashlib, hmac, random, sys, time
-path, count, dup = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+path, count, dup, dup_set = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 random.seed(time.time_ns())
 ts = str(int(time.time()))
 pad = "x" * 560
-bodies = []
+new = lambda: '{"job_id":"%016x-https","type":"job.completed","result":{"pad":"%s"}}' % (random.getrandbits(64), pad)
+bodies = [new() for _ in range(dup_set)] if dup >= 1 else []
 with open(path, "w") as out:
     for i in range(count):
         if bodies and random.random() < dup:
             body = random.choice(bodies)
         else:
-            body = '{"job_id":"%016x-https","type":"job.completed","result":{"pad":"%s"}}' % (random.getrandbits(64), pad)
+            body = new()
             bodies.append(body)
         signature = hmac.new(b"whsec_benchmark", (ts + "." + body).encode(), hashlib.sha256).hexdigest()
         out.write("%s\tsume-v1=%s\t%s\n" % (ts, signature, body))
@@ -71,13 +78,18 @@ wait_for_url() {
   echo "nothing answers $1" >&2; exit 1
 }
 
+# wrk_run URL CONNECTION(keep|close) DURATION: wrk's report of the deliveries sent there.
+wrk_run() {
+  wrk -t 2 -c "$CONNECTIONS" -d "$3" --latency -s bench/outside.lua "$1" \
+    -- "$work/deliveries.tsv" 2 "$2" "$WEBHOOK_PATH" 2>&1
+}
+
 # measure NAME URL CONNECTION(keep|close) PID...: wrk for DURATION; CPU us per answered request.
 measure() {
   local name=$1 url=$2 connection=$3; shift 3
   local before=0 after=0 pid out requests
   for pid in "$@"; do before=$((before + $(usage "$pid" | cut -d' ' -f1))); done
-  out=$(wrk -t 2 -c "$CONNECTIONS" -d "$DURATION" --latency -s bench/https.lua "$url" \
-    -- "$work/deliveries.tsv" 2 "$connection" "$WEBHOOK_PATH" 2>&1)
+  out=$(wrk_run "$url" "$connection" "$DURATION")
   for pid in "$@"; do after=$((after + $(usage "$pid" | cut -d' ' -f1))); done
   requests=$(echo "$out" | awk '/requests in/ { print $1 }')
   local errors; errors=$(echo "$out" | awk '/Non-2xx|Socket errors/' | tr '\n' ' ')
@@ -92,10 +104,17 @@ receiver() { # DIR SERVER_KEYS: starts a receiver on $port; sets receiver_pid
   "$BIN" serve --config "$1/config.toml" 2>>"$1/receiver.log" &
   receiver_pid=$!
 }
-floor() { # DIR SERVER_KEYS
-  mkdir -p "$1"; SERVER_KEYS="$2" write_config "$1" ''
-  "$BIN" http-floor --config "$1/config.toml" 2>>"$1/receiver.log" &
+floor() { # DIR [CERT KEY]
+  mkdir -p "$1"
+  "$FLOORS/http-floor" "127.0.0.1:$port" "${@:2}" 2>>"$1/receiver.log" &
   receiver_pid=$!
+}
+# sqlite_floor NAME DIR DUP_RATIO: the storage floor's CPU per claim, as a result row.
+sqlite_floor() {
+  mkdir -p "$2"
+  "$FLOORS/sqlite-floor" "$2/floor.sqlite3" migrations/sqlite "$SQLITE_CLAIMS" "$3" \
+    | python3 -c "import json,sys; r=json.load(sys.stdin); print('$1 %.1f %d -' % (r['cpu_us_per_claim'], r['claims']))" >>"$results"
+  echo "  $1: $(tail -1 "$results" | awk '{ print $2 " us/claim" }')" >&2
 }
 stop() { kill "$@" 2>/dev/null || true; for pid in "$@"; do wait "$pid" 2>/dev/null || true; done; }
 
@@ -128,7 +147,7 @@ CADDY
     measure "caddy-$tag" "https://127.0.0.1:$caddy_port" $connection "$pid" "$caddy_pid"
     stop "$caddy_pid" "$pid"
 
-    floor "$work/r$round-floor-$tag" "$tls_keys"; pid=$receiver_pid
+    floor "$work/r$round-floor-$tag" "$work/cert.pem" "$work/key.pem"; pid=$receiver_pid
     wait_for_url "https://127.0.0.1:$port/"
     measure "tls-floor-$tag" "https://127.0.0.1:$port" $connection "$pid"; stop "$pid"
   done
@@ -136,42 +155,52 @@ CADDY
   receiver "$work/r$round-plain" ""; pid=$receiver_pid
   wait_for_url "http://127.0.0.1:$port/healthz"
   measure "plain-ka" "http://127.0.0.1:$port" keep "$pid"; stop "$pid"
-  floor "$work/r$round-plain-floor" ""; pid=$receiver_pid
+  floor "$work/r$round-plain-floor"; pid=$receiver_pid
   wait_for_url "http://127.0.0.1:$port/"
   measure "http-floor-ka" "http://127.0.0.1:$port" keep "$pid"; stop "$pid"
-  mkdir -p "$work/r$round-sqlite"; write_config "$work/r$round-sqlite" ''
-  "$BIN" loadgen --config "$work/r$round-sqlite/config.toml" --json --sqlite-alone \
-    --connections "$CONNECTIONS" --duration "$DURATION" --dup-ratio "$DUP_RATIO" --no-check \
-    | python3 -c "import json,sys; r=json.load(sys.stdin); print('sqlite %.1f %d -' % (r['own_cpu_us_per_request'], r['sent']))" >>"$results"
-  echo "  sqlite: $(tail -1 "$results" | awk '{ print $2 " us/claim" }')" >&2
+  sqlite_floor sqlite "$work/r$round-sqlite" "$DUP_RATIO"
+
+  sign_deliveries 1
+  receiver "$work/r$round-plain-dup" ""; pid=$receiver_pid
+  wait_for_url "http://127.0.0.1:$port/healthz"
+  # Not measured: the round's job_ids claimed, so that every delivery measured repeats one.
+  wrk_run "http://127.0.0.1:$port" keep 3s >/dev/null
+  measure "plain-dup" "http://127.0.0.1:$port" keep "$pid"; stop "$pid"
+  sqlite_floor sqlite-dup "$work/r$round-sqlite-dup" 1
   rm -rf "$work"/r"$round"-*
 done
 
 python3 - "$results" <<'PY'
 import statistics, sys
-rows = {}
+rows, p99s = {}, {}
 for line in open(sys.argv[1]):
-    name, cpu, *_ = line.split()
+    name, cpu, _, p99 = line.split()
     rows.setdefault(name, []).append(float(cpu))
+    if p99 != "-":
+        p99s.setdefault(name, []).append(p99)
 rounds = len(rows["sqlite"])
 med = {name: statistics.median(values) for name, values in rows.items()}
 print("\nCPU per delivery (us, median of %d interleaved rounds; the server side only):" % rounds)
-names = ["native-ka", "caddy-ka", "tls-floor-ka", "native-new", "caddy-new", "tls-floor-new", "plain-ka", "http-floor-ka", "sqlite"]
+names = ["native-ka", "caddy-ka", "tls-floor-ka", "native-new", "caddy-new", "tls-floor-new",
+         "plain-ka", "plain-dup", "http-floor-ka", "sqlite", "sqlite-dup"]
 for name in [name for name in names if name in rows]:
-    print("  %-14s %7.1f   (rounds: %s)" % (name, med[name], ", ".join("%.1f" % v for v in rows[name])))
+    p99 = "; p99 %s" % ", ".join(p99s[name]) if name in p99s else ""
+    print("  %-14s %7.1f   (rounds: %s%s)" % (name, med[name], ", ".join("%.1f" % v for v in rows[name]), p99))
 # The floors move with the machine's state: a spread over 25 % between rounds says something
 # else ran, and ratios across such rounds mean little.
 spread = {name: max(rows[name]) / min(rows[name]) for name in ("tls-floor-ka", "http-floor-ka", "sqlite") if name in rows}
 busy = [name for name, value in spread.items() if value > 1.25]
-def ratio(full, floor, r):
-    return rows[full][r] / (rows[floor][r] + rows["sqlite"][r])
-for full, floor, what in (("native-ka", "tls-floor-ka", "HTTPS keep-alive"),
-                          ("native-new", "tls-floor-new", "HTTPS, a new connection per delivery"),
-                          ("plain-ka", "http-floor-ka", "plain HTTP keep-alive")):
+def ratio(full, floor, storage, r):
+    return rows[full][r] / (rows[floor][r] + rows[storage][r])
+for full, floor, storage, what in (
+        ("native-ka", "tls-floor-ka", "sqlite", "HTTPS keep-alive"),
+        ("native-new", "tls-floor-new", "sqlite", "HTTPS, a new connection per delivery"),
+        ("plain-ka", "http-floor-ka", "sqlite", "plain HTTP keep-alive"),
+        ("plain-dup", "http-floor-ka", "sqlite-dup", "plain HTTP keep-alive, duplicates only")):
     if full not in rows:
         continue
-    per_round = [ratio(full, floor, r) for r in range(rounds)]
-    print("%s: receiver / (floor + SQLite alone) per round %s, median %.2f" % (
+    per_round = [ratio(full, floor, storage, r) for r in range(rounds)]
+    print("%s: receiver / (HTTP floor + SQLite floor) per round %s, median %.2f" % (
         what, ", ".join("%.2f" % v for v in per_round), statistics.median(per_round)))
 for tag in ("ka", "new") if "native-ka" in rows else ():
     print("Caddy + plain receiver / native, %s: %.2f" % (

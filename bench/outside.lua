@@ -1,4 +1,4 @@
--- wrk script of bench/https.sh: pre-signed deliveries, each thread its own share of them, in
+-- wrk script of bench/outside.sh: pre-signed deliveries, each thread its own share of them, in
 -- order (the repeats among them are the duplicates). One line of the file per delivery:
 -- timestamp, tab, signature header, tab, body.
 local threads = 0

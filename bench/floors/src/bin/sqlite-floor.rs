@@ -1,0 +1,160 @@
+//! The storage floor: claims on the receiver's schema by a bare SQLite loop, nothing else.
+//!
+//!     sqlite-floor DB MIGRATIONS_DIR CLAIMS DUP_RATIO
+//!
+//! Makes DB from the receiver's migrations (every `*.sql` of MIGRATIONS_DIR, in name order),
+//! in WAL mode with `synchronous = FULL`, then claims CLAIMS jobs of ~700 B bodies in
+//! transactions of 64 with the receiver's claim statement (`INSERT ... ON CONFLICT (job_id) DO
+//! NOTHING`). DUP_RATIO of them repeat an earlier job_id; at 1, every claim repeats one of a
+//! set claimed before the measure starts. Prints one JSON line: the process's CPU (user +
+//! system) per claim over the claims alone, and claims per second.
+
+use std::time::Instant;
+
+use rusqlite::{params, Connection};
+
+type Error = Box<dyn std::error::Error>;
+
+const BATCH: usize = 64;
+/// The job_ids the duplicates-only case repeats, claimed before its measure.
+const DUPLICATE_SET: usize = 10_000;
+/// The receiver's claim (src/ledger/sqlite/jobs.rs, `CLAIM_SQL`).
+const CLAIM: &str = "INSERT OR FAIL INTO jobs (job_id, state, source, event_type, body,
+                                          received_at, next_attempt_at, updated_at)
+     VALUES (?1, 'claimed', 'webhook', 'job.completed', ?2, ?3, ?3, ?3)
+     ON CONFLICT (job_id) DO NOTHING";
+
+fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [db, migrations, claims, dup_ratio] = args.as_slice() else {
+        return Err("usage: sqlite-floor DB MIGRATIONS_DIR CLAIMS DUP_RATIO".into());
+    };
+    let claims: usize = claims.parse()?;
+    let dup_ratio: f64 = dup_ratio.parse()?;
+    if !(0.0..=1.0).contains(&dup_ratio) {
+        return Err(format!("DUP_RATIO {dup_ratio}: between 0 and 1").into());
+    }
+    let mut conn = open(db, migrations)?;
+    let mut random = XorShift(0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id()));
+    let ids = if dup_ratio >= 1.0 {
+        let set: Vec<String> = (0..DUPLICATE_SET).map(|_| job_id(&mut random)).collect();
+        claim_all(&mut conn, &set)?;
+        (0..claims)
+            .map(|_| set[random.below(set.len())].clone())
+            .collect()
+    } else {
+        let mut ids: Vec<String> = Vec::with_capacity(claims);
+        for _ in 0..claims {
+            let repeat = !ids.is_empty() && random.unit() < dup_ratio;
+            let id = if repeat {
+                ids[random.below(ids.len())].clone()
+            } else {
+                job_id(&mut random)
+            };
+            ids.push(id);
+        }
+        ids
+    };
+    let (cpu_before, started) = (cpu_us()?, Instant::now());
+    claim_all(&mut conn, &ids)?;
+    let (cpu, elapsed) = (cpu_us()? - cpu_before, started.elapsed().as_secs_f64());
+    println!(
+        "{{\"claims\":{claims},\"cpu_us_per_claim\":{:.2},\"claims_per_second\":{:.0}}}",
+        cpu / claims as f64,
+        claims as f64 / elapsed
+    );
+    Ok(())
+}
+
+/// A new ledger file as the receiver makes one (its pragmas, then its migrations).
+fn open(db: &str, migrations: &str) -> Result<Connection, Error> {
+    let conn = Connection::open(db)?;
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(format!("{db}: journal_mode stayed {mode}").into());
+    }
+    conn.execute_batch(
+        "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;
+         PRAGMA auto_vacuum = INCREMENTAL; VACUUM;",
+    )?;
+    let mut files: Vec<_> = std::fs::read_dir(migrations)?
+        .map(|entry| entry.map(|entry| entry.path()))
+        .collect::<Result<_, _>>()?;
+    files.retain(|path| path.extension().is_some_and(|ext| ext == "sql"));
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("no *.sql in {migrations}").into());
+    }
+    for file in &files {
+        conn.execute_batch(&std::fs::read_to_string(file)?)?;
+    }
+    // One migration edits sqlite_schema in place: a new connection reads the schema it wrote.
+    drop(conn);
+    Ok(Connection::open(db)?)
+}
+
+fn claim_all(conn: &mut Connection, ids: &[String]) -> Result<(), Error> {
+    conn.execute_batch("PRAGMA synchronous = FULL")?;
+    let mut body = String::with_capacity(1024);
+    for batch in ids.chunks(BATCH) {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        {
+            let mut claim = tx.prepare_cached(CLAIM)?;
+            let now = now_ms();
+            for id in batch {
+                body.clear();
+                body.push_str("{\"job_id\":\"");
+                body.push_str(id);
+                body.push_str("\",\"type\":\"job.completed\",\"result\":{\"pad\":\"");
+                body.extend(std::iter::repeat_n('x', 560));
+                body.push_str("\"}}");
+                claim.execute(params![id, body, now])?;
+            }
+        }
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+fn job_id(random: &mut XorShift) -> String {
+    format!("{:016x}-floor", random.next())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as i64)
+}
+
+/// This process's CPU time so far (user + system, every thread), in microseconds.
+fn cpu_us() -> Result<f64, Error> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: initialised by the successful call above.
+    let usage = unsafe { usage.assume_init() };
+    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    Ok(us(usage.ru_utime) + us(usage.ru_stime))
+}
+
+/// A small deterministic generator: the ids and which claims repeat need no crate.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
