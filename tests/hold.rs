@@ -137,6 +137,25 @@ fn metric(scrape: &str, name: &str) -> f64 {
         .map_or(0.0, |value| value.trim().parse().unwrap())
 }
 
+/// Waits until `server`'s `/readyz` says its dispatch is `wanted` (`paused`, `held`): as its
+/// worker last read the ledger. Neither a pause nor a hold makes it unready.
+async fn dispatch_becomes(server: &TestServer, wanted: &str) {
+    let mut dispatch = serde_json::Value::Null;
+    for _ in 0..30 {
+        let readyz = server
+            .request(Method::GET, "/readyz", &[], "")
+            .await
+            .unwrap();
+        assert_eq!(readyz.status, 200, "{wanted} leaves the receiver ready");
+        dispatch = json(&readyz)["dispatch"].clone();
+        if dispatch == wanted {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(dispatch, wanted, "a receiver's dispatch after 3 s");
+}
+
 /// The outage, on `receivers` receivers sharing one ledger: 200 jobs arrive while the
 /// downstream is down, which lasts 3 s (past every job's backoffs: alone, a job would be dead
 /// within 2.4 s of its first failure); then it comes back. Every job is done, each run
@@ -164,8 +183,14 @@ async fn outage_costs_no_job(receivers: usize) {
     }
     // Paused while they arrive, so that they meet the outage together: the hold opens after
     // the first `hold_after` failures whatever the pace of the deliveries (jobs trickling in
-    // one by one, slower than the backoff, may fail twice before it does).
+    // one by one, slower than the backoff, may fail twice before it does). A receiver reads a
+    // pause made elsewhere within a second, and runs the first jobs until it has: a run saw
+    // them fail and open a hold during the pause, which the resume ended, so that the outage
+    // was revealed again after it.
     dispatch(&first, "pause").await;
+    for server in std::iter::once(&first).chain(&others) {
+        dispatch_becomes(server, "paused").await;
+    }
     deliver_all(&first, (0..200).map(|i| format!("outage-{i:03}"))).await;
     dispatch(&first, "resume").await;
     assert!(
@@ -173,20 +198,7 @@ async fn outage_costs_no_job(receivers: usize) {
         "no hold opened"
     );
     for server in std::iter::once(&first).chain(&others) {
-        let mut dispatch = serde_json::Value::Null;
-        for _ in 0..30 {
-            let readyz = server
-                .request(Method::GET, "/readyz", &[], "")
-                .await
-                .unwrap();
-            assert_eq!(readyz.status, 200, "a hold leaves the receiver ready");
-            dispatch = json(&readyz)["dispatch"].clone();
-            if dispatch == "held" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert_eq!(dispatch, "held", "a receiver did not hold within 3 s");
+        dispatch_becomes(server, "held").await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
@@ -209,8 +221,7 @@ async fn outage_costs_no_job(receivers: usize) {
         count(&first, "SELECT count(*) FROM jobs WHERE state = 'dead'"),
         0
     );
-    // The pause they arrived in and the hold they waited through stay in their timelines
-    // (the resume may have ended a hold that a first failure opened, and another opened).
+    // The pause they arrived in and the hold they waited through stay in their timelines.
     let ledger = Ledger::open_existing(&first.config.database).await.unwrap();
     for job_id in ["outage-000", "outage-199"] {
         let job = ledger

@@ -45,39 +45,63 @@ impl DispatchStop {
     }
 }
 
+/// What happened to a job, as its waits read it.
+///
+/// Its order breaks a tie in time between an attempt's event and an action: within one
+/// millisecond an attempt ends, a retry makes the job due, an attempt starts, an action ends
+/// the wait.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Ended { again: bool },
+    Due,
+    Started,
+    GivenUp,
+}
+
+/// The job's events in the order they happened. An attempt's events keep the order of its
+/// history, not of their times: an attempt can start and end within one millisecond (a local
+/// downstream answering at once), and its end must not come before its own start.
+fn events(job: &JobDetail) -> Vec<(i64, Event)> {
+    let attempts = job.history.iter().flat_map(|attempt| {
+        let end = match (attempt.ended_at, &attempt.outcome) {
+            (Some(ended), Some(outcome)) => {
+                let again = !matches!(outcome.as_str(), "done" | "dead");
+                Some((ended, Event::Ended { again }))
+            }
+            _ => None,
+        };
+        std::iter::once((attempt.started_at, Event::Started)).chain(end)
+    });
+    let mut actions: Vec<_> = job
+        .actions
+        .iter()
+        .filter_map(|action| match action.action.as_str() {
+            "retry" => Some((action.at, Event::Due)),
+            "cancel" | "give_up" => Some((action.at, Event::GivenUp)),
+            _ => None,
+        })
+        .collect();
+    actions.sort();
+    let mut actions = actions.into_iter().peekable();
+    let mut events = Vec::with_capacity(job.history.len() * 2 + job.actions.len());
+    for event in attempts {
+        while let Some(action) = actions.next_if(|action| *action < event) {
+            events.push(action);
+        }
+        events.push(event);
+    }
+    events.extend(actions);
+    events
+}
+
 /// The spans of time `job` waited to run: from its receipt, or from when it was due again (an
 /// attempt that will be retried ended, an operator's retry), until an attempt started, it was
 /// cancelled or given up, or `now` while it still waits. A backoff counts as waiting: a stop
 /// during it may have pushed the next attempt back.
 pub fn waiting_spans(job: &JobDetail, now: i64) -> Vec<(i64, i64)> {
-    /// In the order of events within one millisecond: an attempt ends, a retry makes the job
-    /// due, an attempt starts, an action ends the wait.
-    #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-    enum Event {
-        Ended { again: bool },
-        Due,
-        Started,
-        GivenUp,
-    }
-    let mut events = Vec::with_capacity(job.history.len() * 2 + job.actions.len());
-    for attempt in &job.history {
-        events.push((attempt.started_at, Event::Started));
-        if let (Some(ended), Some(outcome)) = (attempt.ended_at, &attempt.outcome) {
-            let again = !matches!(outcome.as_str(), "done" | "dead");
-            events.push((ended, Event::Ended { again }));
-        }
-    }
-    for action in &job.actions {
-        match action.action.as_str() {
-            "retry" => events.push((action.at, Event::Due)),
-            "cancel" | "give_up" => events.push((action.at, Event::GivenUp)),
-            _ => {}
-        }
-    }
-    events.sort();
     let mut spans = Vec::new();
     let mut waiting_since = Some(job.summary.received_at);
-    for (at, event) in events {
+    for (at, event) in events(job) {
         match event {
             Event::Started | Event::GivenUp => {
                 if let Some(since) = waiting_since.take() {
@@ -211,6 +235,38 @@ mod tests {
         let mut cancelled = job("dead", 100);
         cancelled.actions = vec![action(150, "cancel")];
         assert_eq!(waiting_spans(&cancelled, 1_000), [(100, 150)]);
+    }
+
+    /// Regression (tests/hold.rs's outage, now and then): a job's last attempt started and
+    /// ended within one millisecond, its end was read before its start, and the wait before
+    /// it (the backoff the outage's holds had delayed) was lost: its timeline named the pause
+    /// it arrived in, and neither hold.
+    #[test]
+    fn an_attempt_that_ends_in_the_millisecond_it_started_ends_after_its_start() {
+        let mut done_at_once = job("done", 181);
+        done_at_once.history = vec![attempt(182, 187, "failed"), attempt(5_848, 5_848, "done")];
+        done_at_once.summary.finished_at = Some(5_848);
+        let spans = waiting_spans(&done_at_once, 10_000);
+        assert_eq!(spans, [(181, 182), (187, 5_848)]);
+        let stops = vec![
+            stop(StopKind::Pause, 178, Some(493)),
+            stop(StopKind::Hold, 220, Some(493)),
+            stop(StopKind::Hold, 548, Some(5_687)),
+        ];
+        assert_eq!(delaying(stops, &spans).len(), 3);
+        let mut failed_at_once = job("done", 100);
+        failed_at_once.history = vec![attempt(200, 200, "released"), attempt(400, 450, "done")];
+        failed_at_once.summary.finished_at = Some(450);
+        assert_eq!(
+            waiting_spans(&failed_at_once, 1_000),
+            [(100, 200), (200, 400)]
+        );
+        // An operator's retry in the millisecond its attempt starts still comes first.
+        let mut retried = job("done", 100);
+        retried.history = vec![attempt(200, 300, "dead"), attempt(800, 800, "done")];
+        retried.actions = vec![action(800, "retry")];
+        retried.summary.finished_at = Some(800);
+        assert_eq!(waiting_spans(&retried, 1_000), [(100, 200), (800, 800)]);
     }
 
     #[test]
