@@ -30,6 +30,7 @@ use crate::peer_throttle::PeerThrottle;
 use crate::refusals::Refusals;
 use crate::response::{error_response, json_response};
 use crate::server::Router;
+use crate::tls::Tls;
 use crate::worker::Queue;
 
 pub struct Admin {
@@ -44,6 +45,8 @@ pub struct Admin {
     pub refusals: Arc<Refusals>,
     /// `/console/...`: the pages, with their own sign-in.
     pub console: Console,
+    /// The webhook listener's TLS, whose certificate a delivery needs (`/readyz`).
+    pub webhook_tls: Option<Arc<Tls>>,
 }
 
 impl Router for Admin {
@@ -62,8 +65,13 @@ impl Router for Admin {
             );
         }
         // Prometheus and health checks need no token.
-        if let Some(response) =
-            crate::server::operational(&self.ledger, self.queue.as_ref(), &request).await
+        if let Some(response) = crate::server::operational(
+            &self.ledger,
+            self.queue.as_ref(),
+            self.webhook_tls.as_deref(),
+            &request,
+        )
+        .await
         {
             return response;
         }

@@ -4,10 +4,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
-
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, StatusCode};
@@ -15,6 +11,8 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+
+use crate::tls::certificate::add_ca_file;
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -57,24 +55,6 @@ pub fn connector_trusting(ca_file: Option<&Path>) -> anyhow::Result<HttpsConnect
         .https_or_http()
         .enable_http1()
         .build())
-}
-
-fn add_ca_file(roots: &mut rustls::RootCertStore, ca_file: &Path) -> anyhow::Result<()> {
-    let pem = std::fs::read(ca_file)
-        .with_context(|| format!("cannot read the CA file {}", ca_file.display()))?;
-    let mut added = 0;
-    for certificate in CertificateDer::pem_slice_iter(&pem) {
-        let certificate =
-            certificate.with_context(|| format!("{}: not a PEM certificate", ca_file.display()))?;
-        roots
-            .add(certificate)
-            .with_context(|| format!("{}: not a CA certificate", ca_file.display()))?;
-        added += 1;
-    }
-    if added == 0 {
-        anyhow::bail!("{}: no certificate in it", ca_file.display());
-    }
-    Ok(())
 }
 
 /// A completed exchange: the status, headers and the first `max_body` bytes of the answer.

@@ -28,7 +28,7 @@ use crate::ledger::{now_ms, Ledger, StorageError};
 use crate::metrics::{FilesystemSpace, Scrape, METRICS};
 use crate::response::{error_response, json_response, typed};
 use crate::throttle::Throttled;
-use crate::tls::{HttpChallenges, Tls};
+use crate::tls::{HttpChallenges, Tls, NO_CERTIFICATE};
 use crate::worker::Queue;
 
 /// How long a scrape of `/metrics` waits for the ledger.
@@ -46,6 +46,8 @@ pub struct App {
     pub ledger: Arc<Ledger>,
     /// `[server] expose_metrics`: `/metrics` on the public listener too.
     pub expose_metrics: bool,
+    /// This listener's TLS, whose certificate a delivery needs.
+    pub tls: Option<Arc<Tls>>,
 }
 
 /// Answers the requests of one listener.
@@ -77,7 +79,9 @@ impl Router for App {
         }
         // Boxed: the operational pages' future is larger than a delivery's, and would size
         // (and every delivery copy) this one.
-        match Box::pin(operational(&self.ledger, self.ingest.queue(), &request)).await {
+        let webhook_tls = self.tls.as_deref();
+        let answer = operational(&self.ledger, self.ingest.queue(), webhook_tls, &request);
+        match Box::pin(answer).await {
             Some(response) => response,
             None => error_response(StatusCode::NOT_FOUND, "not found"),
         }
@@ -101,11 +105,21 @@ pub fn is_operational(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/metrics")
 }
 
+/// Whether a delivery sent now would be claimed: the webhook listener has a certificate to
+/// finish its handshake with (`webhook_tls`, if it speaks TLS), and the ledger takes claims.
+pub fn readiness(ledger: &Ledger, webhook_tls: Option<&Tls>) -> Result<(), &'static str> {
+    if webhook_tls.is_some_and(|tls| !tls.has_certificate()) {
+        return Err(NO_CERTIFICATE);
+    }
+    ledger.readiness()
+}
+
 /// `/healthz`, `/readyz` and `/metrics`: served on the public listener and on the admin one.
 /// `None` when the request is for none of them.
 pub async fn operational(
     ledger: &Ledger,
     queue: Option<&Queue>,
+    webhook_tls: Option<&Tls>,
     request: &Request<Incoming>,
 ) -> Option<Response<Full<Bytes>>> {
     let read = matches!(*request.method(), Method::GET | Method::HEAD);
@@ -126,7 +140,7 @@ pub async fn operational(
             };
             // A round trip at most once a second, shared by every request (PostgreSQL).
             ledger.prove_readiness().await;
-            let mut body = match ledger.readiness() {
+            let mut body = match readiness(ledger, webhook_tls) {
                 Ok(()) => serde_json::json!({ "status": "ready", "dispatch": dispatch }),
                 Err(reason) => {
                     serde_json::json!({ "status": "not ready", "reason": reason, "dispatch": dispatch })
@@ -155,12 +169,12 @@ pub async fn operational(
             };
             json_response(status, &body)
         }
-        (true, "/metrics") => metrics(ledger).await,
+        (true, "/metrics") => metrics(ledger, webhook_tls).await,
         _ => return None,
     })
 }
 
-async fn metrics(ledger: &Ledger) -> Response<Full<Bytes>> {
+async fn metrics(ledger: &Ledger, webhook_tls: Option<&Tls>) -> Response<Full<Bytes>> {
     let now = now_ms();
     // Bounded: a scrape that outlasts Prometheus's timeout would read as the receiver down, not
     // as its ledger unreachable. Served either way, with the ledger's gauges as last read.
@@ -179,7 +193,7 @@ async fn metrics(ledger: &Ledger) -> Response<Full<Bytes>> {
     let scrape = Scrape {
         ledger: snapshot,
         oldest_due_wait_seconds: next_due.map_or(0.0, |at| (now - at).max(0) as f64 / 1000.0),
-        ready: ledger.readiness().is_ok(),
+        ready: readiness(ledger, webhook_tls).is_ok(),
         filesystem: match ledger {
             Ledger::Sqlite(_) => {
                 let file = std::path::PathBuf::from(ledger.location());

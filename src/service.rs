@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::access::Tokens;
 use crate::acknowledged::RecentlyAcknowledged;
 use crate::admin::Admin;
-use crate::config::{AdminTokens, Config, Credentials, ServerConfig, TlsConfig};
+use crate::config::{AdminTokens, Config, Credentials, Listener, ServerConfig, TlsConfig};
 use crate::console::{Console, ReceiverHealth};
 use crate::duplicates::DuplicateTally;
 use crate::instance_lock::InstanceLock;
@@ -22,6 +22,7 @@ use crate::rollup::flush::RollupFlush;
 use crate::rollup::ROLLUP;
 use crate::server::{self, App};
 use crate::sweeper::Sweeper;
+use crate::tls::certificate::Certificate;
 use crate::tls::Tls;
 use crate::vacuum::Vacuum;
 use crate::worker::{self, Worker};
@@ -90,13 +91,15 @@ pub async fn run(
 /// restarts the service instead of leaving it to answer 503 forever.
 pub async fn run_on(
     config: Config,
-    credentials: Credentials,
+    mut credentials: Credentials,
     ledger: Arc<Ledger>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
+    let webhook_certificate = credentials.take_certificate(Listener::Webhook);
+    let admin_certificate = credentials.take_certificate(Listener::Admin);
     // Before anything counts: the kept minutes are put back as they were.
     let minutes = Arc::new(RollupFlush::new(ledger.clone(), &ROLLUP));
     match minutes.restore().await {
@@ -150,14 +153,15 @@ pub async fn run_on(
     tasks.spawn(duplicates.clone().run(ledger.clone(), stop.clone()));
     let tls = start_tls(
         config.server.tls.as_ref(),
-        ("webhook", &config.server),
+        (Listener::Webhook, webhook_certificate),
+        &config.server,
         &mut tasks,
         &stop,
     )
     .await?;
     let seen_by_admin = (ledger.clone(), queue.clone(), refusals.clone());
     let admin = start_admin(
-        (&config, credentials.admin_tokens),
+        (&config, credentials.admin_tokens, admin_certificate),
         seen_by_admin,
         (&mut tasks, tls.clone()),
         &stop,
@@ -179,6 +183,7 @@ pub async fn run_on(
         ),
         ledger: ledger.clone(),
         expose_metrics: config.server.expose_metrics,
+        tls: tls.clone(),
     });
     tasks.spawn(reload_secrets_on_hangup(
         config.clone(),
@@ -277,18 +282,20 @@ async fn reload_secrets_on_hangup(config: Config, app: Arc<App>, stop: Cancellat
     }
 }
 
-/// A listener's TLS from its `[*.tls]` table, with the task that keeps its certificate
-/// current and, for ACME's http-01, the listener that answers the CA.
+/// A listener's TLS from its `[*.tls]` table (and the certificate files read at start), with
+/// the task that keeps its certificate current and, for ACME's http-01, the listener that
+/// answers the CA.
 async fn start_tls(
     config: Option<&TlsConfig>,
-    (listener, server_config): (&'static str, &ServerConfig),
+    (listener, read_at_start): (Listener, Option<Certificate>),
+    server_config: &ServerConfig,
     tasks: &mut tokio::task::JoinSet<()>,
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<Arc<Tls>>> {
     let Some(config) = config else {
         return Ok(None);
     };
-    let tls = Tls::from_config(config, listener)?;
+    let tls = Tls::from_config(config, listener, read_at_start)?;
     if let Some((address, challenges)) = tls.http_challenges() {
         let http = TcpListener::bind(address).await.with_context(|| {
             format!("cannot listen on {address} (tls.acme.http_listen, for http-01)")
@@ -306,7 +313,7 @@ async fn start_tls(
 /// Binds the admin listener when `[admin]` has a token (`tokens`, read at start); returns the
 /// server to spawn.
 async fn start_admin(
-    (config, tokens): (&Config, Option<AdminTokens>),
+    (config, tokens, certificate): (&Config, Option<AdminTokens>, Option<Certificate>),
     (ledger, queue, refusals): (Arc<Ledger>, Option<worker::Queue>, Arc<Refusals>),
     (tasks, webhook_tls): (&mut tokio::task::JoinSet<()>, Option<Arc<Tls>>),
     stop: &CancellationToken,
@@ -327,13 +334,14 @@ async fn start_admin(
         .await
         .with_context(|| format!("cannot listen on {address} (admin.listen)"))?;
     let tls = start_tls(
-        admin_config.tls.as_ref().map(TlsConfig::from).as_ref(),
-        ("admin", &config.server),
+        admin_config.tls.as_ref(),
+        (Listener::Admin, certificate),
+        &config.server,
         tasks,
         stop,
     )
     .await?;
-    let certificates = webhook_tls.into_iter().chain(tls.clone()).collect();
+    let certificates = webhook_tls.iter().cloned().chain(tls.clone()).collect();
     let console = Console::new(
         config,
         (ledger.clone(), queue.clone(), refusals.clone()),
@@ -351,6 +359,7 @@ async fn start_admin(
         queue,
         refusals,
         console,
+        webhook_tls,
     });
     tracing::info!(listen = %address, https = tls.is_some(), "admin listener on");
     let (server_config, stop) = (config.server.clone(), stop.clone());

@@ -38,7 +38,8 @@ pub struct AdminConfig {
     pub due_job_limit: Duration,
     /// `[admin.tls]`: the console and the admin API over HTTPS (and the console's cookie
     /// `Secure`).
-    pub tls: Option<super::AdminTlsConfig>,
+    #[serde(default, deserialize_with = "super::tls::admin_tls")]
+    pub tls: Option<super::TlsConfig>,
     /// Serve the admin listener in clear on an address that is not loopback (a network of
     /// its own, a VPN). Off: such a listener is refused, as its tokens and cookie would cross
     /// the network readable.

@@ -1,6 +1,7 @@
 //! `Credentials`: the secrets the configuration names in files, each read once per start.
 
-use super::{Config, LedgerConfig, PostgresUrl, Secret, TokenRole};
+use super::{CertificateSource, Config, LedgerConfig, Listener, PostgresUrl, Secret, TokenRole};
+use crate::tls::certificate::Certificate;
 
 /// What the service starts with: every credential the configuration names, as read once (by
 /// the start-up check, which judges these very values: a file replaced afterwards changes
@@ -15,6 +16,9 @@ pub struct Credentials {
     pub admin_tokens: Option<AdminTokens>,
     /// The PostgreSQL ledger's URL (`database.url`, or read from `database.url_file`).
     pub database_url: Option<PostgresUrl>,
+    /// The certificate and key of each listener that serves them from files (an ACME
+    /// listener's come from its cache and its CA).
+    pub certificates: Vec<(Listener, Certificate)>,
 }
 
 /// The tokens of `[admin]`, as read from their files.
@@ -71,13 +75,32 @@ impl Credentials {
             LedgerConfig::Postgres(postgres) => keep.value("database.url_file", postgres.url()),
             LedgerConfig::Sqlite(_) => None,
         };
+        let certificates = config
+            .tls_listeners()
+            .filter_map(|(listener, tls)| match &tls.source {
+                CertificateSource::Files { cert, key } => keep
+                    .value(listener.table(), Certificate::from_files(cert, key))
+                    .map(|certificate| (listener, certificate)),
+                CertificateSource::Acme(_) => None,
+            })
+            .collect();
         let credentials = Credentials {
             signing_secrets,
             api_key,
             admin_tokens,
             database_url,
+            certificates,
         };
         (credentials, unread)
+    }
+
+    /// The certificate `listener` serves from files, read at start, for its TLS setup.
+    pub fn take_certificate(&mut self, listener: Listener) -> Option<Certificate> {
+        let at = self
+            .certificates
+            .iter()
+            .position(|(of, _)| *of == listener)?;
+        Some(self.certificates.swap_remove(at).1)
     }
 }
 

@@ -173,6 +173,14 @@ impl LedgerConfig {
         }
     }
 
+    /// `database.ca_file`, if the ledger is PostgreSQL and one is set.
+    pub fn ca_file(&self) -> Option<&Path> {
+        match self {
+            LedgerConfig::Postgres(postgres) => postgres.ca_file.as_deref(),
+            LedgerConfig::Sqlite(_) => None,
+        }
+    }
+
     pub(super) fn max_batch(&self) -> usize {
         match self {
             LedgerConfig::Sqlite(sqlite) => sqlite.max_batch,

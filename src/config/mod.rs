@@ -27,9 +27,7 @@ pub use handler::{HandlerConfig, HandlerKind, HandlerUrl, HoldConfig};
 use parsing::{describe_toml_error, duration, DAY_SECS};
 pub use secret::{redact_url, Secret};
 pub use sume_api::SumeApiConfig;
-pub use tls::{
-    AcmeChallenge, AcmeConfig, AdminTlsConfig, CertificateSource, TlsConfig, LETS_ENCRYPT,
-};
+pub use tls::{AcmeChallenge, AcmeConfig, CertificateSource, Listener, TlsConfig, LETS_ENCRYPT};
 
 pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
 /// The secret of the example config and the README's quick start: public, so never live on a
@@ -302,6 +300,15 @@ impl Config {
             })
     }
 
+    /// The listeners that speak TLS, with their tables: the webhook's first.
+    pub fn tls_listeners(&self) -> impl Iterator<Item = (Listener, &TlsConfig)> {
+        let admin = self.admin.as_ref().and_then(|admin| admin.tls.as_ref());
+        let webhook = self.server.tls.as_ref();
+        (webhook.map(|tls| (Listener::Webhook, tls)))
+            .into_iter()
+            .chain(admin.map(|tls| (Listener::Admin, tls)))
+    }
+
     /// Problems worth a warning at start, not a refusal.
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
@@ -357,12 +364,9 @@ impl Config {
 
     fn resolve_paths(&mut self, base_dir: &Path) {
         self.database.resolve_paths(base_dir);
-        if let Some(tls) = self.server.tls.as_mut() {
+        let admin_tls = self.admin.as_mut().and_then(|admin| admin.tls.as_mut());
+        for tls in self.server.tls.iter_mut().chain(admin_tls) {
             tls.resolve_paths(base_dir);
-        }
-        if let Some(tls) = self.admin.as_mut().and_then(|admin| admin.tls.as_mut()) {
-            tls.cert_file = base_dir.join(&tls.cert_file);
-            tls.key_file = base_dir.join(&tls.key_file);
         }
         let (admin_token, admin_read_token) = match self.admin.as_mut() {
             Some(admin) => (admin.token_file.as_mut(), admin.read_token_file.as_mut()),
@@ -386,12 +390,6 @@ impl Config {
     }
 
     fn validate(&self, problems: &mut Vec<String>) {
-        if let Some(tls) = &self.server.tls {
-            tls.validate("server.tls", problems);
-        }
-        if let Some(tls) = self.admin.as_ref().and_then(|admin| admin.tls.as_ref()) {
-            TlsConfig::from(tls).validate("admin.tls", problems);
-        }
         if let Some(admin) = &self.admin {
             problems.extend(admin.token_problems());
             let exposed = !admin.listen.ip().is_loopback() && admin.token_file.is_some();

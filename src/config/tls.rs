@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -11,46 +12,118 @@ use super::parsing::duration;
 /// Let's Encrypt's production directory: the default CA.
 pub const LETS_ENCRYPT: &str = "https://acme-v02.api.letsencrypt.org/directory";
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    /// The certificate chain, leaf first (certbot's `fullchain.pem`).
-    pub cert_file: Option<PathBuf>,
-    /// Its private key (PKCS#8, PKCS#1 or SEC1), readable by the service's user only.
-    pub key_file: Option<PathBuf>,
-    /// How often the two files are looked at for a change (a renewal by certbot, a secret
-    /// swapped by cert-manager); SIGHUP (`systemctl reload`) reads them at once.
-    #[serde(default = "default_watch_interval", deserialize_with = "duration")]
-    pub watch_interval: Duration,
-    /// `[server.tls.acme]`: certificates ordered and renewed by the receiver itself.
-    pub acme: Option<AcmeConfig>,
+/// The listener a TLS table serves: the label of its metrics and log lines, and its table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Listener {
+    /// `[server]`: Sume's deliveries.
+    Webhook,
+    /// `[admin]`: the console and the admin API.
+    Admin,
 }
 
-/// `[admin.tls]`: certificate files only (a CA validates the public port, not this one).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdminTlsConfig {
-    pub cert_file: PathBuf,
-    pub key_file: PathBuf,
-    #[serde(default = "default_watch_interval", deserialize_with = "duration")]
-    pub watch_interval: Duration,
-}
+impl Listener {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Listener::Webhook => "webhook",
+            Listener::Admin => "admin",
+        }
+    }
 
-impl From<&AdminTlsConfig> for TlsConfig {
-    fn from(admin: &AdminTlsConfig) -> TlsConfig {
-        TlsConfig {
-            cert_file: Some(admin.cert_file.clone()),
-            key_file: Some(admin.key_file.clone()),
-            watch_interval: admin.watch_interval,
-            acme: None,
+    /// The config table of its TLS.
+    pub fn table(self) -> &'static str {
+        match self {
+            Listener::Webhook => "server.tls",
+            Listener::Admin => "admin.tls",
         }
     }
 }
 
-/// Where a listener's certificate comes from, as [`TlsConfig`] says once validated.
-pub enum CertificateSource<'a> {
-    Files { cert: &'a Path, key: &'a Path },
-    Acme(&'a AcmeConfig),
+impl std::fmt::Display for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A listener's TLS, resolved at load from `[server.tls]` or `[admin.tls]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "RawServerTls")]
+pub struct TlsConfig {
+    pub source: CertificateSource,
+    /// How often certificate files are looked at for a change (a renewal by certbot, a secret
+    /// swapped by cert-manager); SIGHUP (`systemctl reload`) reads them at once.
+    pub watch_interval: Duration,
+}
+
+/// Where a listener's certificate comes from.
+#[derive(Debug, Clone)]
+pub enum CertificateSource {
+    /// The certificate chain, leaf first (certbot's `fullchain.pem`), and its private key
+    /// (PKCS#8, PKCS#1 or SEC1), readable by the service's user only.
+    Files { cert: PathBuf, key: PathBuf },
+    /// `[server.tls.acme]`: certificates ordered and renewed by the receiver itself.
+    Acme(AcmeConfig),
+}
+
+/// `[server.tls]` as the file has it: certificate files, or `[server.tls.acme]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServerTls {
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    #[serde(default = "default_watch_interval", deserialize_with = "duration")]
+    watch_interval: Duration,
+    acme: Option<AcmeConfig>,
+}
+
+/// `[admin.tls]` as the file has it: certificate files only (a CA validates the public port,
+/// not this one).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdminTls {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    #[serde(default = "default_watch_interval", deserialize_with = "duration")]
+    watch_interval: Duration,
+}
+
+impl TryFrom<RawServerTls> for TlsConfig {
+    type Error = String;
+
+    fn try_from(raw: RawServerTls) -> Result<TlsConfig, String> {
+        let table = Listener::Webhook.table();
+        let source = match (raw.acme, raw.cert_file, raw.key_file) {
+            (Some(acme), None, None) => CertificateSource::Acme(acme.validated(table)?),
+            (None, Some(cert), Some(key)) => CertificateSource::Files { cert, key },
+            (Some(_), _, _) => {
+                return Err(format!(
+                    "{table}: set either cert_file and key_file, or [{table}.acme], not both"
+                ))
+            }
+            (None, _, _) => {
+                return Err(format!(
+                    "{table}: set cert_file and key_file (PEM files), or [{table}.acme] for \
+                     certificates the receiver orders itself"
+                ))
+            }
+        };
+        TlsConfig::new(source, raw.watch_interval, Listener::Webhook)
+    }
+}
+
+/// `[admin.tls]`, resolved into the form every listener's TLS has.
+pub(super) fn admin_tls<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<TlsConfig>, D::Error> {
+    let Some(raw) = Option::<RawAdminTls>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    let source = CertificateSource::Files {
+        cert: raw.cert_file,
+        key: raw.key_file,
+    };
+    TlsConfig::new(source, raw.watch_interval, Listener::Admin)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -87,6 +160,16 @@ pub enum AcmeChallenge {
     Http01,
 }
 
+impl AcmeChallenge {
+    /// As the config file spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AcmeChallenge::TlsAlpn01 => "tls-alpn-01",
+            AcmeChallenge::Http01 => "http-01",
+        }
+    }
+}
+
 fn default_watch_interval() -> Duration {
     Duration::from_secs(10)
 }
@@ -107,45 +190,47 @@ fn default_http_listen() -> SocketAddr {
 const MAX_DOMAINS: usize = 100;
 
 impl TlsConfig {
-    /// The certificate's source; only called on a validated config.
-    pub fn source(&self) -> CertificateSource<'_> {
-        match (&self.acme, &self.cert_file, &self.key_file) {
-            (Some(acme), _, _) => CertificateSource::Acme(acme),
-            (None, Some(cert), Some(key)) => CertificateSource::Files { cert, key },
-            _ => unreachable!("validated: files or acme"),
+    fn new(
+        source: CertificateSource,
+        watch_interval: Duration,
+        listener: Listener,
+    ) -> Result<TlsConfig, String> {
+        if watch_interval < Duration::from_millis(100) {
+            return Err(format!(
+                "{}.watch_interval must be at least 100ms",
+                listener.table()
+            ));
         }
+        Ok(TlsConfig {
+            source,
+            watch_interval,
+        })
     }
 
     pub(super) fn resolve_paths(&mut self, base_dir: &Path) {
-        let acme = self.acme.as_mut();
-        let acme_files = acme
-            .into_iter()
-            .flat_map(|acme| [Some(&mut acme.cache_dir), acme.directory_ca_file.as_mut()]);
-        let files = [self.cert_file.as_mut(), self.key_file.as_mut()];
-        for file in files.into_iter().chain(acme_files).flatten() {
+        let files = match &mut self.source {
+            CertificateSource::Files { cert, key } => [Some(cert), Some(key)],
+            CertificateSource::Acme(acme) => {
+                [Some(&mut acme.cache_dir), acme.directory_ca_file.as_mut()]
+            }
+        };
+        for file in files.into_iter().flatten() {
             *file = base_dir.join(&*file);
-        }
-    }
-
-    pub(super) fn validate(&self, table: &str, problems: &mut Vec<String>) {
-        if self.watch_interval < Duration::from_millis(100) {
-            problems.push(format!("{table}.watch_interval must be at least 100ms"));
-        }
-        match (&self.acme, &self.cert_file, &self.key_file) {
-            (Some(acme), None, None) => acme.validate(table, problems),
-            (None, Some(_), Some(_)) => {}
-            (Some(_), _, _) => problems.push(format!(
-                "{table}: set either cert_file and key_file, or [{table}.acme], not both"
-            )),
-            (None, _, _) => problems.push(format!(
-                "{table}: set cert_file and key_file (PEM files), or [{table}.acme] for \
-                 certificates the receiver orders itself"
-            )),
         }
     }
 }
 
 impl AcmeConfig {
+    /// Itself, or every problem it has.
+    fn validated(self, table: &str) -> Result<AcmeConfig, String> {
+        let mut problems = Vec::new();
+        self.validate(table, &mut problems);
+        match problems.is_empty() {
+            true => Ok(self),
+            false => Err(problems.join("; ")),
+        }
+    }
+
     fn validate(&self, table: &str, problems: &mut Vec<String>) {
         if self.domains.is_empty() || self.domains.len() > MAX_DOMAINS {
             problems.push(format!(

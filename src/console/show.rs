@@ -12,6 +12,7 @@ use super::http::{decode, form_value, page, refuse, text, unavailable, Refused};
 use super::pages::{self, Viewer};
 use super::{health, verdict};
 use super::{Console, Role, GROUPS_SHOWN, MAX_PAGE_LIMIT, PAGE_LIMIT};
+use crate::config::Listener;
 use crate::ledger::{duration_ms, now_ms, Cursor, DeadGroup, JobFilter, State, StopKind};
 use crate::metrics::FilesystemSpace;
 use crate::metrics::METRICS;
@@ -190,7 +191,11 @@ impl Console {
             .as_deref()
             .and_then(FilesystemSpace::of)
             .map(|space| (space.free, space.size));
-        let readiness = self.ledger.readiness();
+        let webhook_tls = self
+            .certificates
+            .iter()
+            .find(|tls| tls.listener() == Listener::Webhook);
+        let readiness = crate::server::readiness(&self.ledger, webhook_tls.map(|tls| &**tls));
         let facts = health::facts(&health::Sources {
             ledger: ledger.as_ref(),
             health: self.health.as_ref(),

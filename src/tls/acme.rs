@@ -7,12 +7,11 @@
 //! to 6 hours (five failures in the first hour at most: Let's Encrypt allows five failed
 //! validations per name and hour), while the certificate in use keeps serving.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
@@ -21,18 +20,15 @@ use instant_acme::{
     Account, AccountCredentials, AuthorizationStatus, BodyWrapper, ChallengeType, Identifier,
     NewAccount, NewOrder, OrderStatus, RetryPolicy,
 };
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use rustls::sign::CertifiedKey;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::certificate::{About, Certificate};
-use super::{fit, CertificateStore};
-use crate::config::{AcmeChallenge, AcmeConfig};
+use super::challenges::Challenges;
+use super::store::CertificateStore;
+use super::{fit, Hangups};
+use crate::config::{AcmeChallenge, AcmeConfig, Listener};
 use crate::metrics::METRICS;
-
-/// The ALPN protocol of TLS-ALPN-01 validations (RFC 8737).
-pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
 
 /// The longest one order may take, validations included.
 const ORDER_DEADLINE: Duration = Duration::from_secs(300);
@@ -45,75 +41,32 @@ const LOOK_AGAIN: Duration = Duration::from_secs(3600);
 
 /// An ACME listener's certificates and their challenges.
 pub(super) struct Acme {
-    listener: &'static str,
+    listener: Listener,
     config: AcmeConfig,
     pub(super) challenges: Arc<Challenges>,
 }
 
-/// The answers to a CA's validations while an order is open; at most one per name.
-#[derive(Default)]
-pub(super) struct Challenges {
-    /// TLS-ALPN-01: the self-signed certificate carrying the key authorization, by name.
-    tls_alpn: Mutex<HashMap<String, Arc<CertifiedKey>>>,
-    pub(super) http: Arc<HttpChallenges>,
-}
-
-/// HTTP-01 answers: the key authorization of each token, served at
-/// `/.well-known/acme-challenge/{token}` on the http-01 listener.
-#[derive(Default)]
-pub struct HttpChallenges(Mutex<HashMap<String, String>>);
-
-impl HttpChallenges {
-    /// The answer to a request for `path`, if it is an open challenge's.
-    pub fn answer(&self, path: &str) -> Option<String> {
-        let token = path.strip_prefix("/.well-known/acme-challenge/")?;
-        self.0.lock().expect("not poisoned").get(token).cloned()
-    }
-}
-
-impl Challenges {
-    pub(super) fn tls_alpn(&self, name: &str) -> Option<Arc<CertifiedKey>> {
-        let name = name.to_ascii_lowercase();
-        self.tls_alpn
-            .lock()
-            .expect("not poisoned")
-            .get(&name)
-            .cloned()
-    }
-
-    fn clear(&self) {
-        self.tls_alpn.lock().expect("not poisoned").clear();
-        self.http.0.lock().expect("not poisoned").clear();
-    }
-}
-
-/// Forgets the challenges when an order ends, however it ends.
-struct ClearOnDrop<'a>(&'a Challenges);
-
-impl Drop for ClearOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.clear();
-    }
-}
-
 impl Acme {
-    /// Makes the cache directory (mode 0700) if it is not there.
-    pub(super) fn new(config: AcmeConfig, listener: &'static str) -> anyhow::Result<Acme> {
-        let cache = &config.cache_dir;
-        std::fs::create_dir_all(cache)
-            .with_context(|| format!("tls.acme.cache_dir: cannot create {}", cache.display()))?;
-        std::fs::set_permissions(cache, std::fs::Permissions::from_mode(0o700)).with_context(
-            || {
-                format!(
-                    "tls.acme.cache_dir: cannot set {} to mode 0700",
-                    cache.display()
-                )
-            },
-        )?;
-        Ok(Acme {
+    pub(super) fn new(config: AcmeConfig, listener: Listener) -> Acme {
+        Acme {
             listener,
             config,
             challenges: Arc::default(),
+        }
+    }
+
+    /// Makes the cache directory (mode 0700) if it is not there.
+    pub(super) fn make_cache_dir(&self) -> anyhow::Result<()> {
+        let cache = &self.config.cache_dir;
+        let table = self.listener.table();
+        std::fs::create_dir_all(cache).with_context(|| {
+            format!("{table}.acme.cache_dir: cannot create {}", cache.display())
+        })?;
+        std::fs::set_permissions(cache, std::fs::Permissions::from_mode(0o700)).with_context(|| {
+            format!(
+                "{table}.acme.cache_dir: cannot set {} to mode 0700",
+                cache.display()
+            )
         })
     }
 
@@ -165,31 +118,31 @@ impl Acme {
 
     /// The cached certificate, if it is there, covers every domain and is fit to serve.
     pub(super) fn cached(&self) -> Option<Certificate> {
-        let (cert, key) = (self.cert_path(), self.key_path());
-        if !cert.exists() {
-            return None;
-        }
-        let loaded = Certificate::from_files(&cert, &key).and_then(fit);
-        match loaded {
-            Ok(certificate)
-                if self
-                    .config
-                    .domains
-                    .iter()
-                    .all(|d| certificate.about.covers(d)) =>
-            {
-                Some(certificate)
-            }
-            Ok(_) => None,
-            Err(error) => {
+        self.read_cached()
+            .inspect_err(|error| {
                 tracing::warn!(
-                    listener = self.listener,
+                    listener = %self.listener,
                     error = format!("{error:#}"),
                     "the cached TLS certificate cannot be served; ordering a new one"
                 );
-                None
-            }
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// The cached certificate: `None` if none was obtained yet; an error if it is there but
+    /// cannot be served (unreadable, not a pair, expired, or not for every domain).
+    fn read_cached(&self) -> anyhow::Result<Option<Certificate>> {
+        let (cert, key) = (self.cert_path(), self.key_path());
+        if !cert.exists() {
+            return Ok(None);
         }
+        let certificate = Certificate::from_files(&cert, &key).and_then(fit)?;
+        let domains = &self.config.domains;
+        if let Some(uncovered) = domains.iter().find(|d| !certificate.about.covers(d)) {
+            bail!("{}: it does not cover {uncovered}", cert.display());
+        }
+        Ok(Some(certificate))
     }
 
     /// Orders a certificate when there is none, renews it when a third of its lifetime is
@@ -202,6 +155,8 @@ impl Acme {
         let listener = self.listener;
         let mut failures = 0u32;
         let mut retry_at: Option<SystemTime> = None;
+        let mut hangups =
+            Hangups::new("a failed certificate order is retried on its schedule only");
         loop {
             let current = store.current().map(|current| current.about.clone());
             let due = match (retry_at, &current) {
@@ -213,6 +168,14 @@ impl Acme {
             if !wait.is_zero() {
                 tokio::select! {
                     () = tokio::time::sleep(wait.min(LOOK_AGAIN)) => continue,
+                    // `systemctl reload` after fixing what made an order fail (DNS, a port):
+                    // the next order now, not after the backoff. A due renewal stays due.
+                    () = hangups.next() => {
+                        if retry_at.take().is_some() {
+                            tracing::info!(%listener, "SIGHUP: ordering the TLS certificate again now");
+                        }
+                        continue;
+                    }
                     () = stop.cancelled() => break,
                 }
             }
@@ -228,7 +191,7 @@ impl Acme {
                 Ok(certificate) => {
                     (failures, retry_at) = (0, None);
                     tracing::info!(
-                        listener,
+                        %listener,
                         directory = %self.config.directory,
                         names = %certificate.about.names.join(","),
                         not_after = %humantime::format_rfc3339_seconds(certificate.about.not_after),
@@ -236,14 +199,14 @@ impl Acme {
                         "{}",
                         if operation == "renew" { "TLS certificate renewed" } else { "TLS certificate obtained" }
                     );
-                    store.replace(listener, certificate);
+                    store.replace(certificate);
                 }
                 Err(error) => {
                     failures += 1;
                     retry_at = Some(SystemTime::now() + retry_delay(failures));
                     METRICS.tls.record_certificate_failure(listener, operation);
                     tracing::error!(
-                        listener,
+                        %listener,
                         directory = %self.config.directory,
                         error = format!("{error:#}"),
                         retry_in_s = retry_delay(failures).as_secs(),
@@ -268,7 +231,7 @@ impl Acme {
             .new_order(&NewOrder::new(&identifiers))
             .await
             .context("the CA refused the order")?;
-        let _forget_challenges = ClearOnDrop(&self.challenges);
+        let challenges = self.challenges.open();
         let mut authorizations = order.authorizations();
         while let Some(authorization) = authorizations.next().await {
             let mut authorization = authorization.context("cannot read an authorization")?;
@@ -284,22 +247,14 @@ impl Acme {
             let mut challenge = authorization
                 .challenge(wanted.clone())
                 .with_context(|| format!("the CA offers no {wanted:?} challenge"))?;
-            let name = challenge.identifier().to_string().to_ascii_lowercase();
+            let name = challenge.identifier().to_string();
             let key_authorization = challenge.key_authorization();
             match self.config.challenge {
                 AcmeChallenge::TlsAlpn01 => {
-                    let certificate = alpn_certificate(&name, key_authorization.digest().as_ref())?;
-                    self.challenges
-                        .tls_alpn
-                        .lock()
-                        .expect("not poisoned")
-                        .insert(name, Arc::new(certificate));
+                    challenges.tls_alpn(&name, key_authorization.digest().as_ref())?
                 }
                 AcmeChallenge::Http01 => {
-                    self.challenges.http.0.lock().expect("not poisoned").insert(
-                        challenge.token.clone(),
-                        key_authorization.as_str().to_owned(),
-                    );
+                    challenges.http(&challenge.token, key_authorization.as_str())
                 }
             }
             challenge
@@ -363,9 +318,16 @@ impl Acme {
             .await
             .context("cannot create an ACME account")?;
         write_whole(&path, &serde_json::to_vec(&credentials)?, 0o600)?;
-        tracing::info!(listener = self.listener, directory = %self.config.directory, "ACME account created");
+        tracing::info!(listener = %self.listener, directory = %self.config.directory, "ACME account created");
         Ok(account)
     }
+}
+
+/// The certificate an ACME listener's cache holds for its directory and domains, which a start
+/// serves at once: `None` if none was obtained yet (`check-config` says which). Only
+/// `[server.tls]` orders from a CA.
+pub fn cached_certificate(config: &AcmeConfig) -> anyhow::Result<Option<Certificate>> {
+    Acme::new(config.clone(), Listener::Webhook).read_cached()
 }
 
 /// When a certificate is renewed: once a third of its lifetime is left.
@@ -382,23 +344,6 @@ fn retry_delay(failures: u32) -> Duration {
     FIRST_RETRY
         .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1)))
         .min(LONGEST_RETRY)
-}
-
-/// The TLS-ALPN-01 answer for `name`: a self-signed certificate with the key authorization's
-/// digest in its acmeIdentifier extension (RFC 8737).
-fn alpn_certificate(name: &str, digest: &[u8]) -> anyhow::Result<CertifiedKey> {
-    let mut params = rcgen::CertificateParams::new(vec![name.to_owned()])?;
-    params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(digest)];
-    let key = rcgen::KeyPair::generate()?;
-    let certificate = params.self_signed(&key)?;
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-    let chain = vec![CertificateDer::from(certificate.der().to_vec())];
-    // Not `from_der`: its check of the pair parses the certificate with webpki, which refuses
-    // the critical acmeIdentifier extension; the key was made for it here.
-    let key = rustls::crypto::ring::default_provider()
-        .key_provider
-        .load_private_key(key)?;
-    Ok(CertifiedKey::new(chain, key))
 }
 
 /// Writes `bytes` to `path` whole or not at all: a temporary file, synced, renamed over it,

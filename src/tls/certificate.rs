@@ -19,6 +19,7 @@ use x509_cert::ext::pkix::SubjectAltName;
 const MAX_PEM_BYTES: u64 = 1024 * 1024;
 
 /// A certificate chain with its private key, ready to serve.
+#[derive(Debug, Clone)]
 pub struct Certificate {
     pub key: Arc<CertifiedKey>,
     pub about: About,
@@ -64,6 +65,26 @@ impl Certificate {
             about,
         })
     }
+}
+
+/// Adds the CA certificates of `ca_file` (PEM) to `roots`: the CA files a client trusts
+/// besides the system's (`handler.ca_file`, `database.ca_file`, the ACME directory's). A file
+/// with no certificate, or one that is no CA certificate, is refused.
+pub fn add_ca_file(roots: &mut rustls::RootCertStore, ca_file: &Path) -> anyhow::Result<()> {
+    let pem = read_pem(ca_file)?;
+    let mut added = 0;
+    for certificate in CertificateDer::pem_slice_iter(&pem) {
+        let certificate =
+            certificate.with_context(|| format!("{}: not a PEM certificate", ca_file.display()))?;
+        roots
+            .add(certificate)
+            .with_context(|| format!("{}: not a CA certificate", ca_file.display()))?;
+        added += 1;
+    }
+    if added == 0 {
+        bail!("{}: no certificate in it", ca_file.display());
+    }
+    Ok(())
 }
 
 fn read_pem(file: &Path) -> anyhow::Result<Vec<u8>> {
@@ -122,6 +143,16 @@ impl About {
                     .is_some_and(|(label, rest)| !label.is_empty() && rest == parent),
                 None => *covered == name,
             })
+    }
+
+    /// The names `previous` covers that this certificate does not.
+    pub fn dropped_names<'a>(&self, previous: &'a About) -> Vec<&'a str> {
+        previous
+            .names
+            .iter()
+            .map(String::as_str)
+            .filter(|name| !self.covers(name))
+            .collect()
     }
 
     /// Time left before it expires at `now`; zero once it has.

@@ -7,27 +7,32 @@
 
 mod acme;
 pub mod certificate;
+mod challenges;
 mod reload;
+mod store;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use rustls::server::{ClientHello, ResolvesServerCert};
-use rustls::sign::CertifiedKey;
+use rustls::server::Acceptor;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_rustls::server::TlsStream;
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::{LazyConfigAcceptor, StartHandshake};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{AcmeChallenge, CertificateSource, TlsConfig};
+use crate::config::{AcmeChallenge, CertificateSource, Listener, TlsConfig};
 use crate::metrics::METRICS;
-pub use acme::HttpChallenges;
-use acme::{Acme, ACME_TLS_ALPN};
+pub use acme::cached_certificate;
+use acme::Acme;
 use certificate::{About, Certificate};
+pub use challenges::HttpChallenges;
+use challenges::ACME_TLS_ALPN;
 use reload::Files;
+use store::{is_validation, CertificateStore, Unserved};
 
 /// The first byte of a TLS record that carries a handshake (a ClientHello).
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
@@ -35,11 +40,14 @@ const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 /// The answer to a plain HTTP request sent to an HTTPS port: a clear refusal, then close.
 const PLAIN_HTTP_REFUSAL: &str = "This port speaks HTTPS: use an https:// URL\n";
 
+/// What `/readyz` says while the webhook listener has no certificate to serve.
+pub const NO_CERTIFICATE: &str = "the webhook listener has no TLS certificate yet: every HTTPS \
+    handshake is refused until its ACME order succeeds (the journal says why it has not)";
+
 /// HTTPS on one listener.
 pub struct Tls {
-    /// `webhook` or `admin`: the label of its metrics and log lines.
-    listener: &'static str,
-    acceptor: TlsAcceptor,
+    listener: Listener,
+    server: Arc<rustls::ServerConfig>,
     store: Arc<CertificateStore>,
     source: Source,
 }
@@ -63,43 +71,61 @@ pub enum Obtained {
 enum Refused {
     Timeout,
     PlainHttp,
-    /// A name the certificate does not cover (the store refused it).
-    UnknownName,
+    /// No certificate fits the client's hello (the store said why).
+    Unserved(Unserved),
     Failed,
+}
+
+impl Refused {
+    /// The label of `sume_tls_handshakes_refused`.
+    fn reason(self) -> &'static str {
+        match self {
+            Refused::Timeout => "timeout",
+            Refused::PlainHttp => "plain_http",
+            Refused::Unserved(unserved) => unserved.reason(),
+            Refused::Failed => "failed",
+        }
+    }
 }
 
 impl Tls {
     /// The listener's TLS: 1.2 and 1.3, ALPN `http/1.1`, resumption by tickets. From files,
-    /// refuses a pair that does not match or has expired; from ACME, serves the cached
-    /// certificate if there is one (a restart orders nothing), and no handshake but the CA's
-    /// validation until the first one is obtained.
-    pub fn from_config(config: &TlsConfig, listener: &'static str) -> anyhow::Result<Arc<Tls>> {
-        let (source, certificate) = match config.source() {
+    /// serves `read_at_start` (the pair the start-up check read, [`Credentials`]), refused if
+    /// it has expired; from ACME, serves the cached certificate if there is one (a restart
+    /// orders nothing), and no handshake but the CA's validation until the first one is
+    /// obtained.
+    ///
+    /// [`Credentials`]: crate::config::Credentials
+    pub fn from_config(
+        config: &TlsConfig,
+        listener: Listener,
+        read_at_start: Option<Certificate>,
+    ) -> anyhow::Result<Arc<Tls>> {
+        let (source, certificate) = match &config.source {
             CertificateSource::Files { cert, key } => {
                 let files = Files::new(cert, key, config.watch_interval);
-                let certificate = files.load(listener)?;
+                let certificate = read_at_start
+                    .context("its certificate files were not read at start")
+                    .and_then(fit)
+                    .with_context(|| format!("[{}]", listener.table()))?;
                 (Source::Files(files), Some(certificate))
             }
             CertificateSource::Acme(acme) => {
-                let acme = Acme::new(acme.clone(), listener)?;
+                let acme = Acme::new(acme.clone(), listener);
+                acme.make_cache_dir()?;
                 let cached = acme.cached();
                 (Source::Acme(Arc::new(acme)), cached)
             }
         };
         match &certificate {
-            Some(certificate) => {
-                tracing::info!(
-                    listener,
-                    names = %certificate.about.names.join(","),
-                    not_after = %humantime::format_rfc3339_seconds(certificate.about.not_after),
-                    "TLS certificate loaded"
-                );
-                METRICS
-                    .tls
-                    .set_expiry(listener, certificate.about.not_after_unix());
-            }
+            Some(certificate) => tracing::info!(
+                %listener,
+                names = %certificate.about.names.join(","),
+                not_after = %humantime::format_rfc3339_seconds(certificate.about.not_after),
+                "TLS certificate loaded"
+            ),
             None => tracing::info!(
-                listener,
+                %listener,
                 "no TLS certificate yet: ordering one; handshakes are refused until it comes"
             ),
         }
@@ -107,10 +133,8 @@ impl Tls {
             Source::Acme(acme) => Some(acme.challenges.clone()),
             Source::Files(_) => None,
         };
-        let store = Arc::new(CertificateStore {
-            current: RwLock::new(certificate.map(Arc::new)),
-            challenges: challenges.clone(),
-        });
+        let validates = challenges.is_some();
+        let store = Arc::new(CertificateStore::new(listener, certificate, challenges));
         let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -119,22 +143,27 @@ impl Tls {
         .with_no_client_auth()
         .with_cert_resolver(store.clone());
         server.alpn_protocols = vec![b"http/1.1".to_vec()];
-        if challenges.is_some() {
+        if validates {
             server.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
         }
         // A sender that opens a connection per delivery resumes instead of a full handshake.
         server.ticketer = rustls::crypto::ring::Ticketer::new().context("TLS: session tickets")?;
         Ok(Arc::new(Tls {
             listener,
-            acceptor: TlsAcceptor::from(Arc::new(server)),
+            server: Arc::new(server),
             store,
             source,
         }))
     }
 
-    /// `webhook` or `admin`.
-    pub fn listener(&self) -> &'static str {
+    pub fn listener(&self) -> Listener {
         self.listener
+    }
+
+    /// Whether the listener has a certificate to serve (an ACME listener has none until its
+    /// first order succeeds).
+    pub fn has_certificate(&self) -> bool {
+        self.store.current().is_some()
     }
 
     /// The certificate served now (`None` until an ACME listener has its first one), and
@@ -171,7 +200,8 @@ impl Tls {
     /// The TLS handshake on a new connection, all within `deadline` (the listener's
     /// `header_read_timeout`). A plain HTTP request gets a short `400` that says to use
     /// https; anything else that is not a handshake is closed, as is a CA's validation
-    /// (TLS-ALPN-01) once done. `None`: the connection is done.
+    /// (TLS-ALPN-01) once done; a hello no certificate fits hears why in an alert. `None`: the
+    /// connection is done.
     pub async fn handshake(
         &self,
         mut stream: TcpStream,
@@ -195,13 +225,21 @@ impl Tls {
                 }
                 return Err(Refused::PlainHttp);
             }
-            self.acceptor.accept(stream).await.map_err(|error| {
-                // The store's refusal is the one general error a server handshake ends with.
-                match error.get_ref().and_then(|inner| inner.downcast_ref()) {
-                    Some(rustls::Error::General(_)) => Refused::UnknownName,
-                    _ => Refused::Failed,
-                }
-            })
+            let start = LazyConfigAcceptor::new(Acceptor::default(), stream)
+                .await
+                .map_err(|_| Refused::Failed)?;
+            let hello = start.client_hello();
+            let chosen = self
+                .store
+                .choose(hello.server_name(), is_validation(hello.alpn()));
+            if let Err(unserved) = chosen {
+                refuse(start, unserved).await;
+                return Err(Refused::Unserved(unserved));
+            }
+            start
+                .into_stream(self.server.clone())
+                .await
+                .map_err(|_| Refused::Failed)
         };
         let refused = match tokio::time::timeout(deadline, attempt).await {
             Ok(Ok(stream)) if stream.get_ref().1.alpn_protocol() == Some(ACME_TLS_ALPN) => {
@@ -211,22 +249,46 @@ impl Tls {
             Ok(Err(refused)) => refused,
             Err(_) => Refused::Timeout,
         };
-        let reason = match refused {
-            Refused::Timeout => "timeout",
-            Refused::PlainHttp => "plain_http",
-            Refused::UnknownName => "unknown_name",
-            Refused::Failed => "failed",
-        };
-        METRICS.tls.record_handshake_refused(self.listener, reason);
+        METRICS
+            .tls
+            .record_handshake_refused(self.listener, refused.reason());
         None
     }
 }
 
-/// The config table of a listener's TLS.
-fn table(listener: &'static str) -> &'static str {
-    match listener {
-        "admin" => "admin.tls",
-        _ => "server.tls",
+/// Ends a handshake no certificate fits with the store's alert, as a TLS record in the clear
+/// (the hello was not answered: nothing is encrypted yet), then closes.
+async fn refuse(start: StartHandshake<TcpStream>, unserved: Unserved) {
+    // Content type 21 (alert), version 3.3 (TLS 1.2's, which TLS 1.3 keeps on its records),
+    // length 2, level 2 (fatal), then the description.
+    let record = [21, 3, 3, 0, 2, 2, unserved.alert()];
+    let mut stream = start.io;
+    let _ = stream.write_all(&record).await;
+    let _ = stream.shutdown().await;
+}
+
+/// SIGHUP (`systemctl reload`), for a task that acts on it.
+struct Hangups(Option<Signal>);
+
+impl Hangups {
+    /// Without a handler (it could not be installed), `without` says what is lost.
+    fn new(without: &str) -> Hangups {
+        Hangups(
+            signal(SignalKind::hangup())
+                .inspect_err(|error| tracing::warn!(%error, "cannot handle SIGHUP: {without}"))
+                .ok(),
+        )
+    }
+
+    /// Resolves at the next SIGHUP; never, without a handler.
+    async fn next(&mut self) {
+        let received = match self.0.as_mut() {
+            Some(hangups) => hangups.recv().await,
+            None => None,
+        };
+        if received.is_none() {
+            std::future::pending::<()>().await;
+        }
     }
 }
 
@@ -235,52 +297,5 @@ fn fit(certificate: Certificate) -> anyhow::Result<Certificate> {
     match certificate.about.unfit(SystemTime::now()) {
         Some(problem) => Err(anyhow::anyhow!("the certificate is unfit: {problem}")),
         None => Ok(certificate),
-    }
-}
-
-/// The certificate a listener serves, asked by rustls at each handshake.
-struct CertificateStore {
-    current: RwLock<Option<Arc<Certificate>>>,
-    /// An ACME listener's challenges: TLS-ALPN-01 validations are answered here.
-    challenges: Option<Arc<acme::Challenges>>,
-}
-
-impl CertificateStore {
-    fn current(&self) -> Option<Arc<Certificate>> {
-        self.current.read().expect("not poisoned").clone()
-    }
-
-    /// Serves `certificate` from the next handshake on.
-    fn replace(&self, listener: &'static str, certificate: Certificate) {
-        METRICS
-            .tls
-            .set_expiry(listener, certificate.about.not_after_unix());
-        *self.current.write().expect("not poisoned") = Some(Arc::new(certificate));
-    }
-}
-
-impl std::fmt::Debug for CertificateStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CertificateStore").finish_non_exhaustive()
-    }
-}
-
-impl ResolvesServerCert for CertificateStore {
-    /// The certificate, for a client that asks for a name it covers or for none (an IP
-    /// address). A name it does not cover ends the handshake at once with an alert: the
-    /// client hears that this is not the host it wants, rather than a certificate error. A
-    /// CA's TLS-ALPN-01 validation gets the challenge's certificate for its name, if any.
-    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let validation = hello
-            .alpn()
-            .is_some_and(|mut offered| offered.any(|protocol| protocol == ACME_TLS_ALPN));
-        if validation {
-            return self.challenges.as_ref()?.tls_alpn(hello.server_name()?);
-        }
-        let current = self.current()?;
-        match hello.server_name() {
-            Some(name) if !current.about.covers(name) => None,
-            _ => Some(current.key.clone()),
-        }
     }
 }

@@ -13,7 +13,9 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use super::certificate::Certificate;
-use super::{table, CertificateStore};
+use super::store::CertificateStore;
+use super::Hangups;
+use crate::config::Listener;
 use crate::metrics::METRICS;
 
 /// The key and the certificate are written at different moments: a change that does not load
@@ -66,11 +68,29 @@ impl Files {
         }
     }
 
-    /// The pair as the files have it now, if it loads and is fit to serve.
-    pub(super) fn load(&self, listener: &'static str) -> anyhow::Result<Certificate> {
-        Certificate::from_files(&self.cert, &self.key)
-            .and_then(super::fit)
-            .with_context(|| format!("[{}]", table(listener)))
+    /// The pair as the files have it now, if it loads, is fit to serve, and covers every
+    /// name `serving` covers: a certificate that drops a name would make every sender of that
+    /// name fail its handshake, which is almost always a wrong file, not a wish (a restart
+    /// serves whatever the files hold).
+    fn load(
+        &self,
+        listener: Listener,
+        serving: Option<&Certificate>,
+    ) -> anyhow::Result<Certificate> {
+        let loaded = Certificate::from_files(&self.cert, &self.key).and_then(super::fit);
+        let loaded = loaded.and_then(|certificate| {
+            let dropped = serving.map(|old| certificate.about.dropped_names(&old.about));
+            match dropped.filter(|names| !names.is_empty()) {
+                Some(names) => anyhow::bail!(
+                    "{}: it does not cover {}, which the certificate in use covers: refused \
+                     (restart the service to serve it anyway)",
+                    self.cert.display(),
+                    names.join(", ")
+                ),
+                None => Ok(certificate),
+            }
+        });
+        loaded.with_context(|| format!("[{}]", listener.table()))
     }
 
     fn fingerprints(&self) -> [Option<Fingerprint>; 2] {
@@ -81,15 +101,10 @@ impl Files {
     pub(super) async fn watch(
         &self,
         store: &CertificateStore,
-        listener: &'static str,
+        listener: Listener,
         stop: CancellationToken,
     ) {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut hangups = signal(SignalKind::hangup())
-            .inspect_err(|error| {
-                tracing::warn!(%error, "cannot handle SIGHUP: certificates reload when their files change");
-            })
-            .ok();
+        let mut hangups = Hangups::new("certificates reload when their files change");
         let mut seen = self.fingerprints();
         let mut ticker = tokio::time::interval(self.watch_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -97,7 +112,7 @@ impl Files {
         loop {
             let cause = tokio::select! {
                 _ = ticker.tick() => Cause::Changed,
-                Some(()) = async { hangups.as_mut()?.recv().await } => Cause::Asked,
+                () = hangups.next() => Cause::Asked,
                 () = stop.cancelled() => break,
             };
             let now = self.fingerprints();
@@ -123,16 +138,17 @@ impl Files {
     fn reload_once(
         &self,
         store: &CertificateStore,
-        listener: &'static str,
+        listener: Listener,
         cause: Cause,
         report: bool,
     ) -> anyhow::Result<()> {
-        match self.load(listener) {
+        let serving = store.current();
+        match self.load(listener, serving.as_deref()) {
             Ok(certificate) => {
                 let about = certificate.about.clone();
-                store.replace(listener, certificate);
+                store.replace(certificate);
                 tracing::info!(
-                    listener,
+                    %listener,
                     cause = ?cause,
                     names = %about.names.join(","),
                     not_after = %humantime::format_rfc3339_seconds(about.not_after),
@@ -143,9 +159,9 @@ impl Files {
             Err(error) => {
                 if report {
                     METRICS.tls.record_certificate_failure(listener, "reload");
-                    let serving = store.current().map(|current| current.about.not_after);
+                    let serving = serving.map(|current| current.about.not_after);
                     tracing::error!(
-                        listener,
+                        %listener,
                         cause = ?cause,
                         error = format!("{error:#}"),
                         serving_not_after = %serving.map(humantime::format_rfc3339_seconds).map(|at| at.to_string()).unwrap_or_default(),

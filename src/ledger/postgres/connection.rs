@@ -260,26 +260,7 @@ impl Tls {
         let native = rustls_native_certs::load_native_certs();
         roots.add_parsable_certificates(native.certs);
         if let Some(file) = ca_file {
-            use rustls::pki_types::pem::PemObject;
-            let certificates = rustls::pki_types::CertificateDer::pem_file_iter(file)
-                .and_then(|certificates| certificates.collect::<Result<Vec<_>, _>>())
-                .with_context(|| {
-                    format!(
-                        "database.ca_file: cannot read PEM certificates from {}",
-                        file.display()
-                    )
-                })?;
-            if certificates.is_empty() {
-                bail!("database.ca_file: no certificate in {}", file.display());
-            }
-            for certificate in certificates {
-                roots.add(certificate).with_context(|| {
-                    format!(
-                        "database.ca_file: a certificate in {} is not usable",
-                        file.display()
-                    )
-                })?;
-            }
+            crate::tls::certificate::add_ca_file(&mut roots, file).context("database.ca_file")?;
         }
         if roots.is_empty() {
             bail!("sslmode=require, but there is no CA certificate to verify PostgreSQL's with: install the system's (ca-certificates) or set database.ca_file");

@@ -5,15 +5,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use std::time::{Duration, SystemTime};
+use crate::config::{AdminConfig, AdminTokens, Config, Credentials, HandlerKind, Secret, Unread};
 
-use anyhow::Context;
-
-use crate::config::{
-    AdminConfig, AdminTokens, CertificateSource, Config, Credentials, HandlerKind, Secret,
-    TlsConfig, Unread,
-};
-use crate::tls::certificate::Certificate;
+mod tls;
 
 /// Admin tokens shorter than this are weak (`openssl rand -hex 32` makes 64 characters).
 pub const MIN_TOKEN_CHARS: usize = 32;
@@ -57,17 +51,8 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
     if let (Some(admin), Some(tokens)) = (&config.admin, &credentials.admin_tokens) {
         findings.weak_tokens = weak_tokens(admin, tokens);
     }
+    tls::check(&mut findings, unreadable, config, &credentials);
     findings.credentials = unread.is_empty().then_some(credentials);
-    let admin_tls = config.admin.as_ref().and_then(|admin| admin.tls.as_ref());
-    let admin_tls = admin_tls.map(TlsConfig::from);
-    for (table, tls) in [
-        ("server.tls", config.server.tls.as_ref()),
-        ("admin.tls", admin_tls.as_ref()),
-    ] {
-        if let Some(tls) = tls {
-            certificate(&mut findings, unreadable, table, tls, config);
-        }
-    }
     // PostgreSQL's URL is a credential, read above; its server is not connected to here:
     // `serve` says at start if it cannot be reached.
     if let Some(path) = config.database.sqlite_path() {
@@ -123,85 +108,6 @@ fn credential(findings: &mut Findings, unreadable: Unreadable, what: &str, error
     } else {
         findings.errors.push(format!("{what}: {error:#}"));
     }
-}
-
-/// A certificate left with less than this before it expires is worth a warning (the shipped
-/// alert `SumeCertificateExpiringSoon` says the same).
-const CERTIFICATE_WARNING: Duration = Duration::from_secs(14 * 86_400);
-
-/// A listener's certificate and key: readable, a pair, fit to serve now, far enough from its
-/// expiry, and (on the admin listener) covering the host names the console answers to. An
-/// ACME listener: its cache directory writable, its directory's CA file readable.
-fn certificate(
-    findings: &mut Findings,
-    unreadable: Unreadable,
-    table: &str,
-    tls: &TlsConfig,
-    config: &Config,
-) {
-    let (cert_file, key_file) = match tls.source() {
-        CertificateSource::Files { cert, key } => (cert, key),
-        CertificateSource::Acme(acme) => {
-            if let Err(error) = directory_writable(&acme.cache_dir) {
-                findings
-                    .errors
-                    .push(format!("{table}.acme.cache_dir: {error}"));
-            }
-            if let Some(ca_file) = &acme.directory_ca_file {
-                let read = std::fs::read(ca_file)
-                    .with_context(|| format!("cannot read {}", ca_file.display()));
-                if let Err(error) = read {
-                    let what = format!("{table}.acme.directory_ca_file");
-                    credential(findings, unreadable, &what, &error);
-                }
-            }
-            findings.notes.push(format!(
-                "{table}: certificates for {} from the ACME directory {} ({:?}), kept in {}",
-                acme.domains.join(", "),
-                acme.directory,
-                acme.challenge,
-                acme.cache_dir.display()
-            ));
-            return;
-        }
-    };
-    let about = match Certificate::from_files(cert_file, key_file) {
-        Ok(loaded) => loaded.about,
-        Err(error) => return credential(findings, unreadable, table, &error),
-    };
-    let now = SystemTime::now();
-    if let Some(problem) = about.unfit(now) {
-        findings
-            .errors
-            .push(format!("{table}: {}: {problem}", cert_file.display()));
-    } else if about.remaining(now) < CERTIFICATE_WARNING {
-        findings.warnings.push(format!(
-            "{table}: the certificate expires in {} days ({}): renew it",
-            about.remaining(now).as_secs() / 86_400,
-            humantime::format_rfc3339_seconds(about.not_after)
-        ));
-    }
-    if table == "admin.tls" {
-        for host in config.admin.iter().flat_map(|admin| &admin.allowed_hosts) {
-            if !about.covers(host) {
-                findings.warnings.push(format!(
-                    "{table}: the certificate does not cover {host:?} (admin.allowed_hosts): a \
-                     browser asking for it is refused"
-                ));
-            }
-        }
-    }
-    findings.notes.push(format!(
-        "{table}: a certificate for {} issued by {}, valid until {} ({} days left)",
-        if about.names.is_empty() {
-            "no name".to_owned()
-        } else {
-            about.names.join(", ")
-        },
-        about.issuer,
-        humantime::format_rfc3339_seconds(about.not_after),
-        about.remaining(now).as_secs() / 86_400
-    ));
 }
 
 /// A directory this user can write in, or the nearest existing ancestor it would be made in.
@@ -332,7 +238,7 @@ fn accessible(path: &Path, mode: libc::c_int) -> bool {
 mod tests {
     use super::*;
 
-    fn config(dir: &Path, extra: &str) -> Config {
+    pub(super) fn config(dir: &Path, extra: &str) -> Config {
         Config::parse(
             &format!("[signature]\nsecrets = [\"whsec_a\"]\n[database]\npath = \"sub/ledger.db\"\n{extra}"),
             dir,
@@ -376,94 +282,6 @@ mod tests {
                 "{findings:?}"
             );
         }
-    }
-
-    /// A certificate for `names` from a CA made here, valid from `from` to `until` seconds
-    /// from now, written as `<name>.crt` and `<name>.key` in `dir`.
-    fn certificate_files(dir: &Path, name: &str, names: &[&str], (from, until): (i64, i64)) {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let issuer = rcgen::Issuer::new(ca, ca_key);
-        let mut params = rcgen::CertificateParams::new(
-            names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>(),
-        )
-        .unwrap();
-        let now = std::time::SystemTime::now();
-        let at = |seconds: i64| {
-            let offset = Duration::from_secs(seconds.unsigned_abs());
-            let when = if seconds < 0 {
-                now - offset
-            } else {
-                now + offset
-            };
-            when.into()
-        };
-        params.not_before = at(from);
-        params.not_after = at(until);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let certificate = params.signed_by(&key, &issuer).unwrap();
-        std::fs::write(dir.join(format!("{name}.crt")), certificate.pem()).unwrap();
-        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
-    }
-
-    fn tls(cert: &str, key: &str) -> String {
-        format!("[server.tls]\ncert_file = \"{cert}\"\nkey_file = \"{key}\"\n")
-    }
-
-    #[test]
-    fn check_config_reads_each_certificate_as_the_service_would() {
-        let dir = tempfile::tempdir().unwrap();
-        let day = 86_400;
-        certificate_files(dir.path(), "good", &["hooks.example.com"], (-day, 60 * day));
-        certificate_files(dir.path(), "soon", &["hooks.example.com"], (-day, 5 * day));
-        certificate_files(
-            dir.path(),
-            "expired",
-            &["hooks.example.com"],
-            (-3 * day, -day),
-        );
-        let check_of = |extra: &str| check(&config(dir.path(), extra), Unreadable::Error);
-
-        let good = check_of(&tls("good.crt", "good.key"));
-        assert!(
-            good.errors.is_empty() && good.warnings.is_empty(),
-            "{good:?}"
-        );
-        assert!(
-            good.notes[0].starts_with("server.tls: a certificate for hooks.example.com issued by")
-                && good.notes[0].contains("(59 days left)"),
-            "{good:?}"
-        );
-        let soon = check_of(&tls("soon.crt", "soon.key"));
-        assert!(soon.warnings[0].contains("expires in 4 days"), "{soon:?}");
-        let expired = check_of(&tls("expired.crt", "expired.key"));
-        assert!(expired.errors[0].contains("it expired at"), "{expired:?}");
-        let mismatched = check_of(&tls("good.crt", "soon.key"));
-        assert!(
-            mismatched.errors[0].contains("do not make a pair"),
-            "{mismatched:?}"
-        );
-        let missing = check_of(&tls("none.crt", "none.key"));
-        assert!(missing.errors[0].contains("cannot read"), "{missing:?}");
-        // The admin listener's certificate must cover the names the console answers to.
-        let admin = check_of(
-            "[admin]\nallowed_hosts = [\"console.example.com\"]\n\
-             [admin.tls]\ncert_file = \"good.crt\"\nkey_file = \"good.key\"\n",
-        );
-        assert!(
-            admin
-                .warnings
-                .iter()
-                .any(|w| w.contains("does not cover \"console.example.com\"")),
-            "{admin:?}"
-        );
-        // Off loopback without TLS, the webhook's deliveries cross the network in clear.
-        let clear = check_of("[server]\nlisten = \"0.0.0.0:8080\"\n");
-        assert!(
-            clear.warnings.iter().any(|w| w.contains("in clear")),
-            "{clear:?}"
-        );
     }
 
     #[test]
