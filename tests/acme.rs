@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use common::pebble::{Pebble, Validation};
 use common::tls::{connect, presented};
 use common::*;
+use hyper::Method;
 use sume_receiver::config::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -222,4 +223,137 @@ async fn a_short_lived_certificate_is_renewed_and_served_without_a_restart() {
         "HTTP/1.1 200 OK"
     );
     receiver.stop().await;
+}
+
+/// The value of the metric line that starts with `name` (a name with its labels), if served.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+}
+
+/// Regression: a first start with the CA unreachable said `ready` (and `sume_ready` 1) while
+/// every handshake failed, served no metric an alert could fire on, counted the refused
+/// handshakes as unknown names, and SIGHUP did not retry the order (it waited its 2 minutes).
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_certificate_a_receiver_is_not_ready_and_a_reload_orders_at_once() {
+    let test = "without_a_certificate_a_receiver_is_not_ready_and_a_reload_orders_at_once";
+    let port = free_port();
+    let validation = Validation {
+        tls_port: port,
+        http_port: free_port(),
+        validity: Duration::from_secs(90 * 86_400),
+    };
+    let Some(pebble) = Pebble::start(test, validation).await else {
+        return;
+    };
+    let root = pebble.root().await;
+    // The CA's directory behind a relay, cut: unreachable at the first start.
+    let ca_address = pebble.directory["https://".len()..]
+        .split('/')
+        .next()
+        .unwrap();
+    let relay = common::relay::Relay::start(ca_address.to_owned()).await;
+    relay.cut();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin_token"), "t".repeat(40)).unwrap();
+    let admin_port = free_port();
+    let config = common::service::write_config(
+        dir.path(),
+        port,
+        "",
+        &format!(
+            "[server.tls.acme]\ndomains = [\"{NAME}\"]\n\
+             directory = \"https://127.0.0.1:{}/dir\"\ndirectory_ca_file = \"{}\"\n\
+             cache_dir = \"acme\"\n\
+             [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n",
+            relay.port,
+            pebble.ca_file.display()
+        ),
+    );
+    let service = common::service::Service::start(&config, port).await;
+    // The admin listener is bound after the webhook's, which `start` waits for.
+    let listening = eventually(Duration::from_secs(20), || {
+        std::net::TcpStream::connect(("127.0.0.1", admin_port)).is_ok()
+    });
+    assert!(listening.await, "the admin listener never listened");
+    let admin = format!("http://127.0.0.1:{admin_port}");
+    let metrics = || async {
+        String::from_utf8(
+            send_to(Method::GET, &format!("{admin}/metrics"), &[])
+                .await
+                .body
+                .to_vec(),
+        )
+        .unwrap()
+    };
+    let failed = "sume_tls_certificate_failures_total{listener=\"webhook\",operation=\"obtain\"}";
+    let mut text = String::new();
+    for _ in 0..300 {
+        text = metrics().await;
+        if metric(&text, failed) == Some(1.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        metric(&text, failed),
+        Some(1.0),
+        "the first order failed: {text}"
+    );
+    // Not ready, and why; the gauge the alert SumeNoTlsCertificate reads.
+    let ready = send_to(Method::GET, &format!("{admin}/readyz"), &[]).await;
+    assert_eq!(ready.status, 503);
+    let ready = json(&ready);
+    assert_eq!(ready["status"], "not ready");
+    assert!(
+        ready["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no TLS certificate"),
+        "{ready}"
+    );
+    assert_eq!(metric(&text, "sume_ready "), Some(0.0), "{text}");
+    let present = "sume_tls_certificate_present{listener=\"webhook\"}";
+    assert_eq!(metric(&text, present), Some(0.0), "{text}");
+    // A sender now hears that there is no certificate, counted as such.
+    let address = SocketAddr::from(([127, 0, 0, 1], port));
+    let refused = connect(address, NAME, &root)
+        .await
+        .expect_err("no certificate yet");
+    assert!(refused.to_string().contains("InternalError"), "{refused}");
+    let text = metrics().await;
+    let no_certificate =
+        "sume_tls_handshakes_refused_total{listener=\"webhook\",reason=\"no_certificate\"}";
+    assert_eq!(metric(&text, no_certificate), Some(1.0), "{text}");
+
+    // The CA back, then `systemctl reload`: ordered at once, not after the backoff's 2 minutes.
+    relay.restore();
+    // SAFETY: sending a signal to our own child has no memory-safety preconditions.
+    unsafe { libc::kill(service.child.id() as i32, libc::SIGHUP) };
+    let reloaded = Instant::now();
+    let mut served = false;
+    while !served && reloaded.elapsed() < Duration::from_secs(60) {
+        served = presented(address, NAME, &root).await.is_ok();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        served,
+        "no certificate within 60 s of SIGHUP (the backoff is 120 s)"
+    );
+    println!("certificate {:?} after SIGHUP", reloaded.elapsed());
+    let ready = send_to(Method::GET, &format!("{admin}/readyz"), &[]).await;
+    assert_eq!(ready.status, 200, "{}", json(&ready));
+    assert_eq!(metric(&metrics().await, present), Some(1.0));
+
+    // check-config says what a start would serve: the cached certificate's names.
+    let check = common::service::cli(&config, &["check-config"]);
+    let said = String::from_utf8_lossy(&check.stdout).into_owned()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(
+        said.contains(&format!(
+            "serves {NAME} at start: the cached certificate issued by"
+        )),
+        "{said}"
+    );
+    service.stop_cleanly().await;
 }

@@ -19,6 +19,7 @@ const DASHBOARD: &str = include_str!("../packaging/alerts/sume-receiver.dashboar
 const POSTGRES_ONLY: &[&str] = &["sume_work_side_writable"];
 /// Metrics only an HTTPS listener serves: tests/https.rs checks them.
 const TLS_ONLY: &[&str] = &[
+    "sume_tls_certificate_present",
     "sume_tls_certificate_expiry_timestamp_seconds",
     "sume_tls_certificate_failures_total",
 ];

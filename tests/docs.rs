@@ -152,6 +152,7 @@ async fn every_metric_served_is_in_the_metrics_table_and_back() {
     // (tests/https.rs reads the TLS ones).
     const POSTGRES_ONLY: &[&str] = &["sume_work_side_writable"];
     const TLS_ONLY: &[&str] = &[
+        "sume_tls_certificate_present",
         "sume_tls_certificate_expiry_timestamp_seconds",
         "sume_tls_certificate_failures_total",
         "sume_tls_handshakes_refused_total",

@@ -79,9 +79,30 @@ async fn plain_http_and_unknown_names_are_refused_at_once() {
     assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
     assert!(answer.ends_with("use an https:// URL\n"), "{answer}");
 
-    // A name the certificate does not cover: a handshake alert, not a certificate to doubt.
+    // A name the certificate does not cover: a handshake alert that says so (not rustls's
+    // `access_denied`), not a certificate to doubt.
     let refused = connect(server.addr, "other.example", &ca.pem).await;
-    assert!(refused.is_err(), "a handshake for a name it does not cover");
+    let refused = refused.expect_err("a handshake for a name it does not cover");
+    assert!(
+        refused.to_string().contains("UnrecognisedName"),
+        "{refused}"
+    );
+    let ca_file = server.dir.path().join("ca.pem");
+    // Not std's: the server runs on this test's one thread while curl waits.
+    let curl = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "5", "--cacert"])
+        .arg(&ca_file)
+        .arg("--resolve")
+        .arg(format!("other.example:{}:127.0.0.1", server.addr.port()))
+        .arg(format!(
+            "https://other.example:{}/healthz",
+            server.addr.port()
+        ))
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&curl.stderr);
+    assert!(said.contains("unrecognized name"), "curl: {said}");
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "{:?}",
@@ -97,7 +118,11 @@ async fn plain_http_and_unknown_names_are_refused_at_once() {
         )
     };
     assert_eq!(refused("plain_http"), 1.0, "{metrics}");
-    assert_eq!(refused("unknown_name"), 1.0, "{metrics}");
+    assert_eq!(
+        refused("unknown_name"),
+        2.0,
+        "rustls's and curl's: {metrics}"
+    );
     server.stop().await.0.unwrap();
 }
 
@@ -129,15 +154,27 @@ async fn new_files_are_served_from_the_next_handshake_and_a_bad_pair_keeps_the_o
     );
     let expected = (unix_now() + 90 * 86_400) as f64;
     assert!((expiry - expected).abs() < 30.0, "{expiry} vs {expected}");
+    let present = metric(
+        &server.metrics().await,
+        "sume_tls_certificate_present{listener=\"webhook\"}",
+    );
+    assert_eq!(present, 1.0);
 
-    // A certificate with another's key, then an expired pair: refused, the renewed one stays.
+    // A certificate with another's key, an expired pair, then a pair that no longer covers a
+    // name the one in use covers (its senders would all fail): refused, the renewed one stays.
     let other = ca.leaf();
     std::fs::write(dir.join("cert.pem"), &other.cert).unwrap();
     let expired = ca.leaf_valid(&["127.0.0.1", "localhost"], -86_400, -60);
+    let narrower = ca.leaf_valid(&["localhost"], -86_400, 90 * 86_400);
     // Each refused pair counts once (a change that does not load is read once more first).
-    for (failures, what) in [(1.0, "the mismatched pair"), (2.0, "the expired pair")] {
-        if failures == 2.0 {
-            expired.install(&dir);
+    let refusals = [
+        (1.0, "the mismatched pair", None),
+        (2.0, "the expired pair", Some(&expired)),
+        (3.0, "the pair without 127.0.0.1", Some(&narrower)),
+    ];
+    for (failures, what, install) in refusals {
+        if let Some(pair) = install {
+            pair.install(&dir);
         }
         let mut counted = false;
         for _ in 0..100 {
