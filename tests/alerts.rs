@@ -9,7 +9,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use common::tls::{https_server, TestCa};
 use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const ALERTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/alerts");
 const RULES: &str = include_str!("../packaging/alerts/sume-receiver.rules.yml");
@@ -17,11 +19,12 @@ const DASHBOARD: &str = include_str!("../packaging/alerts/sume-receiver.dashboar
 /// Metrics only a PostgreSQL ledger serves: the SQLite scrape leaves them out, the PostgreSQL
 /// test below checks them.
 const POSTGRES_ONLY: &[&str] = &["sume_work_side_writable"];
-/// Metrics only an HTTPS listener serves: tests/https.rs checks them.
+/// Metrics only an HTTPS listener serves: checked on one of their own below.
 const TLS_ONLY: &[&str] = &[
     "sume_tls_certificate_present",
     "sume_tls_certificate_expiry_timestamp_seconds",
     "sume_tls_certificate_failures_total",
+    "sume_tls_handshakes_refused_total",
 ];
 
 #[test]
@@ -91,10 +94,15 @@ async fn every_metric_the_rules_and_the_dashboard_use_is_served_and_says_what_it
         queries.len()
     );
     let mut used = BTreeSet::new();
+    let mut used_by_tls = Vec::new();
     for text in queries.iter().map(String::as_str).chain(rule_exprs(RULES)) {
         for (name, matchers) in selectors(text) {
             used.insert(name);
-            if POSTGRES_ONLY.contains(&name) || TLS_ONLY.contains(&name) {
+            if TLS_ONLY.contains(&name) {
+                used_by_tls.push((name, matchers, text));
+                continue;
+            }
+            if POSTGRES_ONLY.contains(&name) {
                 continue;
             }
             assert!(
@@ -141,6 +149,38 @@ async fn every_metric_the_rules_and_the_dashboard_use_is_served_and_says_what_it
         .value("sume_oldest_due_job_wait_seconds")
         .unwrap();
     assert!(waited >= 1.0, "{waited}");
+
+    // The TLS metrics, from a receiver with HTTPS that refused a plain HTTP request and a
+    // certificate that is not its key's.
+    let tls = https_server(&TestCa::new(), "").await;
+    let mut plain = tokio::net::TcpStream::connect(tls.addr).await.unwrap();
+    plain
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    plain.read_to_end(&mut Vec::new()).await.unwrap();
+    std::fs::write(tls.dir.path().join("cert.pem"), TestCa::new().leaf().cert).unwrap();
+    // Both are counted a little later: the refusal once its connection ends, the reload once
+    // the changed files have been read twice, a second apart. Within 30 s on a loaded machine.
+    let mut text = String::new();
+    for _ in 0..600 {
+        text = tls.metrics().await;
+        if TLS_ONLY
+            .iter()
+            .all(|name| text.contains(&format!("\n{name}{{")))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let served = Served::new(&text);
+    assert!(!used_by_tls.is_empty());
+    for (name, matchers, query) in used_by_tls {
+        assert!(
+            served.has(name, &matchers),
+            "{name}{{{matchers:?}}} is used but not served over HTTPS:\n{query}\n{text}"
+        );
+    }
 }
 
 /// `SumeLedgerUnreachable`'s fact: with PostgreSQL refusing every connection, `/metrics` still

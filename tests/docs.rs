@@ -1,5 +1,6 @@
 //! Docs that cannot drift: every config key, every metric, every command and option, every
-//! relative link, and the example handlers, checked against the code that exists.
+//! relative link, the lines the runbooks and the troubleshooting page quote, and the example
+//! handlers, checked against the code that exists.
 
 mod common;
 
@@ -554,36 +555,60 @@ fn the_operating_page_names_every_schema_version() {
     );
 }
 
-/// Every string literal inside a `tracing::<level>!(...)` call in src/: what the journal can say.
-fn logged_strings() -> Vec<String> {
-    let mut logged = Vec::new();
+/// The text of every Rust file under src/.
+fn sources() -> Vec<String> {
+    let mut texts = Vec::new();
     let mut dirs = vec![Path::new(ROOT).join("src")];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
                 dirs.push(path);
-                continue;
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                texts.push(std::fs::read_to_string(&path).unwrap());
             }
-            if path.extension().is_none_or(|ext| ext != "rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            for level in ["trace", "debug", "info", "warn", "error"] {
-                for (at, call) in text.match_indices(&format!("tracing::{level}!(")) {
-                    logged.extend(literals_of_call(&text[at + call.len()..]));
-                }
+        }
+    }
+    texts
+}
+
+/// Every string literal inside a `tracing::<level>!(...)` call in src/: what the journal can say.
+fn logged_strings() -> Vec<String> {
+    let mut logged = Vec::new();
+    for text in sources() {
+        for level in ["trace", "debug", "info", "warn", "error"] {
+            for (at, call) in text.match_indices(&format!("tracing::{level}!(")) {
+                logged.extend(literals_of_call(&text[at + call.len()..]));
             }
         }
     }
     logged
 }
 
+/// The rest of a string literal whose opening quote `chars` has just passed, unescaped; a
+/// line ending escaped with `\` continues after the next line's indentation, as in Rust.
+fn read_literal(chars: &mut std::iter::Peekable<std::str::Chars>) -> String {
+    let mut literal = String::new();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => break,
+            '\\' => match chars.next() {
+                Some('\n') => while chars.next_if(|c| c.is_whitespace()).is_some() {},
+                Some('n') => literal.push('\n'),
+                Some(escaped) => literal.push(escaped),
+                None => {}
+            },
+            _ => literal.push(c),
+        }
+    }
+    literal
+}
+
 /// The string literals of a macro call's arguments, up to its closing parenthesis.
 fn literals_of_call(arguments: &str) -> Vec<String> {
     let mut literals = Vec::new();
     let mut depth = 1;
-    let mut chars = arguments.chars();
+    let mut chars = arguments.chars().peekable();
     while let Some(c) = chars.next() {
         match c {
             '(' => depth += 1,
@@ -593,25 +618,195 @@ fn literals_of_call(arguments: &str) -> Vec<String> {
                     break;
                 }
             }
-            '"' => {
-                let mut literal = String::new();
-                while let Some(c) = chars.next() {
-                    match c {
-                        '"' => break,
-                        '\\' => {
-                            if let Some(escaped) = chars.next() {
-                                literal.push(escaped);
-                            }
-                        }
-                        _ => literal.push(c),
-                    }
-                }
-                literals.push(literal);
-            }
+            '"' => literals.push(read_literal(&mut chars)),
             _ => {}
         }
     }
     literals
+}
+
+/// Every string literal of src/, comments left out: what an error can be made of.
+fn source_literals() -> Vec<String> {
+    let mut literals = Vec::new();
+    for text in sources() {
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '/' if chars.next_if_eq(&'/').is_some() => {
+                    while chars.next_if(|c| *c != '\n').is_some() {}
+                }
+                // A quote as a char literal ('"', '\"') opens no string.
+                '\'' => {
+                    let mut ahead = chars.clone();
+                    if matches!(
+                        (ahead.next(), ahead.next(), ahead.next()),
+                        (Some('"'), Some('\''), _) | (Some('\\'), Some('"'), Some('\''))
+                    ) {
+                        chars = ahead;
+                    }
+                }
+                '"' => literals.push(read_literal(&mut chars)),
+                _ => {}
+            }
+        }
+    }
+    literals
+}
+
+/// A piece of text where some part is unknown: a format string's `{...}` placeholder, or a
+/// quote's `...`.
+#[derive(Clone, Copy, PartialEq)]
+enum Piece {
+    Char(char),
+    Any,
+}
+
+fn format_pattern(literal: &str) -> Vec<Piece> {
+    let mut pattern = Vec::new();
+    let mut chars = literal.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' if chars.next_if_eq(&'{').is_some() => pattern.push(Piece::Char('{')),
+            '}' if chars.next_if_eq(&'}').is_some() => pattern.push(Piece::Char('}')),
+            '{' => {
+                while chars.next_if(|c| *c != '}').is_some() {}
+                chars.next();
+                pattern.push(Piece::Any);
+            }
+            _ => pattern.push(Piece::Char(c)),
+        }
+    }
+    pattern
+}
+
+fn quote_pattern(quote: &str) -> Vec<Piece> {
+    quote
+        .split("...")
+        .map(|part| part.chars().map(Piece::Char).collect::<Vec<_>>())
+        .collect::<Vec<_>>()
+        .join(&Piece::Any)
+}
+
+/// How many of `literal`'s own characters a text that fits both patterns can take from
+/// `quote`'s own characters, at most (each pattern's unknown parts standing for anything);
+/// `None` when no text fits both.
+fn matched_chars(literal: &[Piece], quote: &[Piece]) -> Option<usize> {
+    // best[i][j]: for literal[i..] and quote[j..].
+    let mut best = vec![vec![None; quote.len() + 1]; literal.len() + 1];
+    for i in (0..=literal.len()).rev() {
+        for j in (0..=quote.len()).rev() {
+            let (a, b) = (literal.get(i), quote.get(j));
+            let mut options = Vec::new();
+            if a.is_none() && b.is_none() {
+                options.push(Some(0));
+            }
+            if a == Some(&Piece::Any) {
+                options.push(best[i + 1][j]);
+                if b.is_some() {
+                    options.push(best[i][j + 1]);
+                }
+            }
+            if b == Some(&Piece::Any) {
+                options.push(best[i][j + 1]);
+                if a.is_some() {
+                    options.push(best[i + 1][j]);
+                }
+            }
+            if let (Some(Piece::Char(x)), Some(Piece::Char(y))) = (a, b) {
+                if x == y {
+                    options.push(best[i + 1][j + 1].map(|n: usize| n + 1));
+                }
+            }
+            best[i][j] = options.into_iter().flatten().max();
+        }
+    }
+    best[0][0]
+}
+
+/// Whether `quote` (an error as the docs quote it) holds what one of the code's `literals`
+/// says: its placeholders filled by the quote's values, and where the quote has `...`, any part
+/// of it left out, as long as 20 of its characters are in the quote as they are (so that
+/// neither `"{}: {}"` nor a literal the quote's `...` takes whole passes for one).
+fn says_a_literal(quote: &str, literals: &[String]) -> bool {
+    let quoted = quote_pattern(quote);
+    literals.iter().any(|literal| {
+        let mut pattern = vec![Piece::Any];
+        pattern.extend(format_pattern(literal));
+        pattern.push(Piece::Any);
+        // The cheap test first: a part of 10 characters or more is in the quote as it is.
+        let in_quote = pattern
+            .split(|piece| *piece == Piece::Any)
+            .map(|part| {
+                part.iter()
+                    .map(|piece| match piece {
+                        Piece::Char(c) => *c,
+                        Piece::Any => unreachable!("split at them"),
+                    })
+                    .collect::<String>()
+            })
+            .any(|part| part.len() >= 10 && quote.contains(part.as_str()));
+        in_quote && matched_chars(&pattern, &quoted).is_some_and(|matched| matched >= 20)
+    })
+}
+
+/// The lines quoted in the code blocks of `markdown`'s `## ` sections.
+fn quoted_lines(markdown: &str) -> Vec<String> {
+    let body = &markdown[markdown.find("\n## ").expect("a ## heading")..];
+    let mut fenced = false;
+    let mut lines = Vec::new();
+    for line in body.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if fenced && !line.trim().is_empty() {
+            lines.push(line.to_owned());
+        }
+    }
+    lines
+}
+
+#[test]
+fn every_line_the_troubleshooting_page_quotes_is_one_the_receiver_says() {
+    let logged = logged_strings();
+    let literals = source_literals();
+    assert!(literals.len() > 1000, "{} literals", literals.len());
+    let quoted = quoted_lines(&read("docs/troubleshooting.md"));
+    assert!(quoted.len() >= 15, "{quoted:?}");
+    let mut unknown = Vec::new();
+    for line in &quoted {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some(error) = line
+            .strip_prefix("error: ")
+            .or_else(|| line.strip_prefix("warning: "))
+        {
+            // What `serve` or `check-config` printed: an error's chain of contexts.
+            if !says_a_literal(error, &literals) {
+                unknown.push(line);
+            }
+        } else if first == "curl:" || first.ends_with("]:") {
+            // Another program's words (`curl: (60) ...`, `systemd-journald[301]: ...`).
+        } else {
+            // A journal line: the message, then its fields (`name=value`) or `...`.
+            let message = line
+                .split(' ')
+                .take_while(|word| *word != "..." && !is_field(word))
+                .collect::<Vec<_>>()
+                .join(" ");
+            if !logged.contains(&message) {
+                unknown.push(line);
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "docs/troubleshooting.md quotes lines the code never says: {unknown:#?}"
+    );
+}
+
+/// `name=value`, a journal line's field.
+fn is_field(word: &str) -> bool {
+    word.split_once('=').is_some_and(|(name, _)| {
+        !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+    })
 }
 
 #[test]

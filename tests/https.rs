@@ -4,19 +4,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::tls::{connect, health_on, presented, server_tls, TestCa};
+use common::tls::{connect, health_on, https_server, presented, TestCa};
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A server with `[server.tls]` from a fresh CA's certificate for 127.0.0.1 (in `dir`, with
-/// the CA at `<dir>/ca.pem`, which the test server's client trusts).
-async fn https_server(ca: &TestCa, extra: &str) -> TestServer {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("ca.pem"), &ca.pem).unwrap();
-    ca.leaf().install(dir.path());
-    let tls = server_tls(dir.path());
-    TestServer::start_in(dir, &format!("{extra}\n{tls}")).await
-}
 
 /// The metrics are the process's: these tests count them, so they take turns.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -90,6 +90,16 @@ pub fn server_tls(dir: &Path) -> String {
     )
 }
 
+/// A server with `[server.tls]` from a certificate of `ca` for 127.0.0.1 (in `dir`, with the CA
+/// at `<dir>/ca.pem`, which the test server's client trusts).
+pub async fn https_server(ca: &TestCa, extra: &str) -> super::TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), &ca.pem).unwrap();
+    ca.leaf().install(dir.path());
+    let tls = server_tls(dir.path());
+    super::TestServer::start_in(dir, &format!("{extra}\n{tls}")).await
+}
+
 /// A TLS connection to `address` asking for `name`, trusting the CA in `ca_pem`.
 pub async fn connect(
     address: SocketAddr,
