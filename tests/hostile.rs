@@ -126,6 +126,80 @@ async fn a_guesser_cannot_lock_the_right_token_out() {
     );
 }
 
+/// A token holder guessing at others' tokens, its own right token after every five wrong ones:
+/// the right token forgets none of its failures, so the guesses are throttled as if it never
+/// came (at the API and at the console's sign-in alike).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_holder_cannot_reset_its_own_throttle() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let service = start(dir.path(), admin_port).await;
+    let started = Instant::now();
+    let mut api_throttled = 0;
+    for round in 0..200 {
+        for guess in 0..5 {
+            let token = format!("guess-{round}-{guess}");
+            if api(ATTACKER, admin_port, "GET /v1/dispatch", &token).await.0 == 429 {
+                api_throttled += 1;
+            }
+        }
+        api(ATTACKER, admin_port, "GET /v1/dispatch", READ_TOKEN).await;
+    }
+    let api_took = started.elapsed();
+    let started = Instant::now();
+    let mut console_throttled = 0;
+    for round in 0..100 {
+        for guess in 0..5 {
+            let token = format!("guess-{round}-{guess}");
+            if sign_in(ATTACKER, admin_port, &token).await.0 == 429 {
+                console_throttled += 1;
+            }
+        }
+        sign_in(ATTACKER, admin_port, READ_TOKEN).await;
+    }
+    let console_took = started.elapsed();
+    eprintln!(
+        "resetting: {api_throttled} of 1000 API guesses throttled in {api_took:?}, \
+         {console_throttled} of 500 sign-in guesses in {console_took:?}"
+    );
+    // Five free failures, then a wait that outlasts the loop but for a few retries.
+    assert!(api_throttled >= 1000 - 20, "{api_throttled} of 1000");
+    assert!(console_throttled >= 500 - 20, "{console_throttled} of 500");
+    // Another address is not held by the token holder's failures.
+    let (status, _) = api(OPERATOR, admin_port, "GET /v1/dispatch", OPERATOR_TOKEN).await;
+    assert_eq!(status, 200);
+    service.stop_cleanly().await;
+}
+
+/// A burst of wrong API tokens is in the log within a minute of its first, with no further
+/// try to write it (the line was written by the next try, or at shutdown).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_refusals_is_summed_up_within_a_minute() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let service = start(dir.path(), admin_port).await;
+    let started = Instant::now();
+    for i in 0..999 {
+        api(ATTACKER, admin_port, "GET /v1/dispatch", &format!("guess-{i}")).await;
+    }
+    let sent = started.elapsed();
+    let mut counted = 0;
+    while counted < 999 {
+        assert!(
+            started.elapsed() < Duration::from_secs(75),
+            "{counted} of 999 summed up after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        counted = summaries(dir.path(), "admin API").1;
+    }
+    eprintln!(
+        "summary: 999 refusals sent in {sent:?}, all in the log {:?} after the first",
+        started.elapsed()
+    );
+    service.stop_cleanly().await;
+}
+
 /// A reader signing in 300 times pushes out its own oldest sessions, never an operator's.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_token_holder_cannot_sign_out_another() {

@@ -1,5 +1,5 @@
 //! The console's doors open to strangers and its own sessions: sign-in (throttled per peer,
-//! never locked for the right token), sign-out, sign-out everywhere, and CSP reports.
+//! never locked for the right token by another's failures), sign-out, sign-out everywhere, and CSP reports.
 
 use std::net::SocketAddr;
 
@@ -56,7 +56,6 @@ impl Console {
                 ),
             );
         };
-        self.sign_ins.succeeded(peer.ip());
         let (role, name) = (who.role, who.name.clone());
         let id = match self.sessions.start(who) {
             Ok(id) => id,
