@@ -1,6 +1,11 @@
 //! `Credentials`: the secrets the configuration names in files, each read once per start.
 
-use super::{Config, LedgerConfig, PostgresUrl, Secret, TokenRole};
+use std::path::Path;
+
+use super::{
+    CertificateSource, Config, LedgerConfig, PostgresUrl, PostgresUrlSource, Secret, TlsConfig,
+    TokenRole,
+};
 
 /// What the service starts with: every credential the configuration names, as read once (by
 /// the start-up check, which judges these very values: a file replaced afterwards changes
@@ -78,6 +83,45 @@ impl Credentials {
             database_url,
         };
         (credentials, unread)
+    }
+}
+
+impl Config {
+    /// Every file that holds a secret, under its key: the listeners' private keys, the signing
+    /// secrets, Sume's API key, the PostgreSQL URL (its password) and the admin tokens.
+    pub fn secret_files(&self) -> Vec<(String, &Path)> {
+        let mut files: Vec<(String, &Path)> = Vec::new();
+        if let Some(CertificateSource::Files { key, .. }) =
+            self.server.tls.as_ref().map(TlsConfig::source)
+        {
+            files.push(("server.tls.key_file".into(), key));
+        }
+        if let Some(tls) = self.admin.as_ref().and_then(|admin| admin.tls.as_ref()) {
+            files.push(("admin.tls.key_file".into(), &tls.key_file));
+        }
+        if let Some(file) = self.signature.secrets_file.as_deref() {
+            files.push(("signature.secrets_file".into(), file));
+        }
+        if let Some(api) = &self.sume_api {
+            files.push(("sume_api.api_key_file".into(), &api.api_key_file));
+        }
+        if let LedgerConfig::Postgres(postgres) = &self.database {
+            if let PostgresUrlSource::File(file) = &postgres.url {
+                files.push(("database.url_file".into(), file));
+            }
+        }
+        if let Some(admin) = &self.admin {
+            if let Some(file) = admin.token_file.as_deref() {
+                files.push(("admin.token_file".into(), file));
+            }
+            if let Some(file) = admin.read_token_file.as_deref() {
+                files.push(("admin.read_token_file".into(), file));
+            }
+            for named in &admin.tokens {
+                files.push((format!("admin.tokens {:?}", named.name), &named.file));
+            }
+        }
+        files
     }
 }
 

@@ -406,10 +406,14 @@ fn alpn_certificate(name: &str, digest: &[u8]) -> anyhow::Result<CertifiedKey> {
 fn write_whole(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
     let temporary = path.with_extension("tmp");
     let written = (|| {
+        // A temporary file left by a crash keeps its mode when opened: made anew, it has ours.
+        match std::fs::remove_file(&temporary) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
         let mut file = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(mode)
             .open(&temporary)?;
         file.write_all(bytes)?;
@@ -423,6 +427,21 @@ fn write_whole(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a `.key.tmp` left at 0644 lent its mode to the new key.
+    #[test]
+    fn a_file_is_written_with_its_mode_whatever_was_left_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("hooks.example.key.pem");
+        let leftover = key.with_extension("tmp");
+        std::fs::write(&leftover, "half a key").unwrap();
+        std::fs::set_permissions(&leftover, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_whole(&key, b"the key", 0o600).unwrap();
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(std::fs::read(&key).unwrap(), b"the key");
+        assert!(!leftover.exists());
+    }
 
     #[test]
     fn failed_orders_wait_longer_each_time_and_never_past_six_hours() {
