@@ -248,8 +248,10 @@ async fn sign_out_everywhere_ends_only_the_tokens_own_sessions() {
     service.stop_cleanly().await;
 }
 
-/// Reached through a TLS proxy named `https://...` in `allowed_hosts`, the cookie is `Secure`;
-/// reached in clear on loopback, it is not (a browser would not send it back).
+/// Reached through a TLS proxy named `https://...` in `allowed_hosts`, the cookie is
+/// `__Secure-` and `Secure`, under `/console` (other sites may share the proxy's host), and it
+/// is the one read back; reached in clear on loopback, it has neither (a browser would not
+/// send it back).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cookie_is_secure_over_tls() {
     let dir = tempfile::tempdir().unwrap();
@@ -276,10 +278,19 @@ async fn the_cookie_is_secure_over_tls() {
         .find(|line| line.starts_with("set-cookie:"))
         .unwrap();
     assert!(cookie.ends_with("; Secure"), "{cookie}");
+    assert!(
+        cookie.starts_with("set-cookie: __Secure-sume_console=") && cookie.contains("Path=/console;"),
+        "{cookie}"
+    );
+    let session = cookie.trim_start_matches("set-cookie: ").split(';').next().unwrap();
+    let signed_in = [("cookie", session), proxied[0], proxied[1]];
+    let (status, _) = exchange(OPERATOR, admin_port, "GET /console/", &signed_in, "").await;
+    assert_eq!(status, 200, "the __Secure- cookie is read back");
     let (status, answer) =
         exchange(OPERATOR, admin_port, "POST /console/sign-in", &[], &form).await;
     assert_eq!(status, 303);
     assert!(!answer.contains("Secure"), "{answer}");
+    assert!(answer.contains("set-cookie: sume_console="), "{answer}");
     service.stop_cleanly().await;
 }
 

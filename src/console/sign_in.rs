@@ -2,6 +2,7 @@
 //! never locked for the right token by another's failures), sign-out, sign-out everywhere, and CSP reports.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -11,7 +12,8 @@ use hyper::{Response, StatusCode};
 
 use super::http::{form_value, page, read_form, redirect, text};
 use super::pages::{self, Viewer};
-use super::{session, Console, COOKIE, CSP_REPORTS_KEPT, CSP_REPORTS_PER_PEER};
+use super::session::{Cookie, SESSION_LIFETIME};
+use super::{Console, CSP_REPORTS_KEPT, CSP_REPORTS_PER_PEER};
 use crate::access::Identity;
 use crate::metrics::METRICS;
 
@@ -22,7 +24,7 @@ impl Console {
         &self,
         body: Incoming,
         peer: SocketAddr,
-        tls: bool,
+        jar: Cookie,
     ) -> Response<Full<Bytes>> {
         if let Err(wait) = self.sign_ins.check(peer.ip()) {
             let message = format!(
@@ -66,29 +68,20 @@ impl Console {
         };
         tracing::info!(%peer, role = role.label(), name = name.as_deref().unwrap_or("-"), "console sign-in");
         let mut response = redirect("/console/");
-        let secure = if tls { "; Secure" } else { "" };
-        let cookie = format!(
-            "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
-            session::SESSION_LIFETIME.as_secs()
-        );
-        response.headers_mut().insert(
-            header::SET_COOKIE,
-            HeaderValue::from_str(&cookie).expect("hex and ASCII"),
-        );
+        response
+            .headers_mut()
+            .insert(header::SET_COOKIE, jar.set(&id, SESSION_LIFETIME));
         response
     }
 
-    pub(super) fn sign_out(&self, session: Option<&str>) -> Response<Full<Bytes>> {
+    pub(super) fn sign_out(&self, session: Option<&str>, jar: Cookie) -> Response<Full<Bytes>> {
         if let Some(id) = session {
             self.sessions.end(id);
         }
         let mut response = redirect("/console/sign-in");
-        response.headers_mut().insert(
-            header::SET_COOKIE,
-            HeaderValue::from_static(
-                "sume_console=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0",
-            ),
-        );
+        response
+            .headers_mut()
+            .insert(header::SET_COOKIE, jar.set("", Duration::ZERO));
         response
     }
 
@@ -98,6 +91,7 @@ impl Console {
         &self,
         who: &Identity,
         viewer: &Viewer,
+        jar: Cookie,
     ) -> Response<Full<Bytes>> {
         let ended = self.sessions.end_everywhere(who);
         tracing::info!(
@@ -118,12 +112,9 @@ impl Console {
                 ),
             ),
         );
-        response.headers_mut().insert(
-            header::SET_COOKIE,
-            HeaderValue::from_static(
-                "sume_console=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0",
-            ),
-        );
+        response
+            .headers_mut()
+            .insert(header::SET_COOKIE, jar.set("", Duration::ZERO));
         response
     }
 
