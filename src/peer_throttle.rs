@@ -281,7 +281,11 @@ mod tests {
         let throttle = PeerThrottle::summing_up_every("test", Duration::from_millis(200));
         throttle.failed(GUESSER);
         let unlogged = || throttle.shared.state.lock().unwrap().unlogged.len();
-        assert_eq!(unlogged(), 0, "the first try after a quiet time is said at once");
+        assert_eq!(
+            unlogged(),
+            0,
+            "the first try after a quiet time is said at once"
+        );
         throttle.failed(GUESSER);
         throttle.failed(OPERATOR);
         assert_eq!(unlogged(), 2, "the next wait for the interval");

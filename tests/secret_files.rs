@@ -6,10 +6,10 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use common::free_port;
 use common::peers::OPERATOR_TOKEN;
 use common::service::cli;
 use common::tls::TestCa;
-use common::free_port;
 
 fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
@@ -68,7 +68,10 @@ fn check_config_strict_refuses_every_exposed_secret_file() {
             "{key}: {out}"
         );
     }
-    assert!(!out.contains("admin.token_file"), "0640 is the install's: {out}");
+    assert!(
+        !out.contains("admin.token_file"),
+        "0640 is the install's: {out}"
+    );
     // `serve` would start (it warns): the refusal is said as --strict's own.
     assert!(err.contains("--strict refuses 5"), "{err}");
     assert!(!err.contains("`serve` would refuse it"), "{err}");
@@ -76,7 +79,9 @@ fn check_config_strict_refuses_every_exposed_secret_file() {
     let lenient = cli(&config, &["check-config"]);
     assert!(lenient.status.success());
     let out = String::from_utf8_lossy(&lenient.stdout);
-    let exposed = out.lines().filter(|line| line.contains("is open to others"));
+    let exposed = out
+        .lines()
+        .filter(|line| line.contains("is open to others"));
     assert_eq!(exposed.count(), 5, "warnings without --strict: {out}");
 
     for (name, _, _) in files {

@@ -261,9 +261,7 @@ impl Console {
             (&Method::POST, "/console/sign-in") => {
                 return self.sign_in(request.into_body(), peer, jar).await
             }
-            (&Method::POST, "/console/sign-out") => {
-                return self.sign_out(session.as_deref(), jar)
-            }
+            (&Method::POST, "/console/sign-out") => return self.sign_out(session.as_deref(), jar),
             _ => {}
         }
         let Some(who) = signed_in else {

@@ -42,7 +42,11 @@ impl Cookie {
     /// `Set-Cookie` for session `id`, for `lifetime` (an empty id and zero: the session's end).
     pub fn set(self, id: &str, lifetime: Duration) -> HeaderValue {
         let (name, path) = self.name_and_path();
-        let secure = if self == Cookie::Plain { "" } else { "; Secure" };
+        let secure = if self == Cookie::Plain {
+            ""
+        } else {
+            "; Secure"
+        };
         let cookie = format!(
             "{name}={id}; Path={path}; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
             lifetime.as_secs()

@@ -1,7 +1,8 @@
 //! The console's doors open to strangers and its own sessions: sign-in (throttled per peer,
 //! never locked for the right token by another's failures), sign-out, sign-out everywhere, and CSP reports.
 
-use std::net::SocketAddr;
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -118,8 +119,10 @@ impl Console {
         response
     }
 
-    /// Keeps the report (at most [`CSP_REPORTS_PER_PEER`] of each peer: a stranger cannot
-    /// push out the others'), counted in `sume_console_csp_reports_total`.
+    /// Keeps the report (at most [`CSP_REPORTS_PER_PEER`] of each peer), counted in
+    /// `sume_console_csp_reports_total`. When the list is full the report pushed out is the
+    /// oldest of the peer that holds the most: a few addresses posting their fill push out
+    /// only each other's, never every other address's.
     pub(super) async fn csp_report(
         &self,
         body: Incoming,
@@ -135,14 +138,35 @@ impl Console {
             .iter()
             .filter(|(from, _)| *from == peer.ip())
             .count();
-        if of_peer >= CSP_REPORTS_PER_PEER {
-            let oldest = reports.iter().position(|(from, _)| *from == peer.ip());
-            reports.remove(oldest.expect("the peer has some"));
-        } else if reports.len() == CSP_REPORTS_KEPT {
-            reports.pop_front();
+        let pushed_out = if of_peer >= CSP_REPORTS_PER_PEER {
+            Some(peer.ip())
+        } else if reports.len() >= CSP_REPORTS_KEPT {
+            holding_most(&reports)
+        } else {
+            None
+        };
+        if let Some(from) = pushed_out {
+            let oldest = reports.iter().position(|(held_by, _)| *held_by == from);
+            reports.remove(oldest.expect("the peer holds some"));
         }
         reports.push_back((peer.ip(), body.chars().take(2048).collect()));
         tracing::debug!("console: a Content-Security-Policy violation was reported");
         text(StatusCode::NO_CONTENT, "")
     }
+}
+
+/// The peer holding the most reports; of those tied, the one whose oldest report is oldest.
+fn holding_most(reports: &VecDeque<(IpAddr, String)>) -> Option<IpAddr> {
+    let mut held: Vec<(IpAddr, usize)> = Vec::new();
+    for (from, _) in reports {
+        match held.iter_mut().find(|(peer, _)| peer == from) {
+            Some((_, count)) => *count += 1,
+            None => held.push((*from, 1)),
+        }
+    }
+    // `held` is in the order of each peer's oldest report: the first of the most wins a tie.
+    held.iter()
+        .rev()
+        .max_by_key(|(_, count)| *count)
+        .map(|(peer, _)| *peer)
 }
