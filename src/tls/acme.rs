@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::certificate::{About, Certificate};
 use super::{fit, CertificateStore};
-use crate::config::{AcmeChallenge, AcmeConfig};
+use crate::config::{redact_url, AcmeChallenge, AcmeConfig};
 use crate::metrics::METRICS;
 
 /// The ALPN protocol of TLS-ALPN-01 validations (RFC 8737).
@@ -229,7 +229,7 @@ impl Acme {
                     (failures, retry_at) = (0, None);
                     tracing::info!(
                         listener,
-                        directory = %self.config.directory,
+                        directory = %redact_url(&self.config.directory),
                         names = %certificate.about.names.join(","),
                         not_after = %humantime::format_rfc3339_seconds(certificate.about.not_after),
                         took_ms = started.elapsed().as_millis() as u64,
@@ -244,7 +244,7 @@ impl Acme {
                     METRICS.tls.record_certificate_failure(listener, operation);
                     tracing::error!(
                         listener,
-                        directory = %self.config.directory,
+                        directory = %redact_url(&self.config.directory),
                         error = format!("{error:#}"),
                         retry_in_s = retry_delay(failures).as_secs(),
                         serving = current.is_some(),
@@ -363,7 +363,7 @@ impl Acme {
             .await
             .context("cannot create an ACME account")?;
         write_whole(&path, &serde_json::to_vec(&credentials)?, 0o600)?;
-        tracing::info!(listener = self.listener, directory = %self.config.directory, "ACME account created");
+        tracing::info!(listener = self.listener, directory = %redact_url(&self.config.directory), "ACME account created");
         Ok(account)
     }
 }

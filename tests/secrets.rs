@@ -1,5 +1,6 @@
-//! Files that hold a secret, against the real binary: `check-config --strict` refuses each one
-//! others may read or write, whichever key names it, and says what `serve` itself would do.
+//! Secrets the receiver is given, against the real binary: `check-config --strict` refuses each
+//! file holding one that others may read or write, whichever key names it, and says what `serve`
+//! itself would do; a URL with a user, password or query is logged without them.
 
 mod common;
 
@@ -7,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use common::free_port;
+use common::service::{write_config, Service};
 use common::peers::OPERATOR_TOKEN;
 use common::service::cli;
 use common::tls::TestCa;
@@ -93,4 +95,40 @@ fn check_config_strict_refuses_every_exposed_secret_file() {
         "{}",
         String::from_utf8_lossy(&strict.stdout)
     );
+}
+
+/// Regression: the ACME directory's URL was logged whole, `user:password@` and query with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_url_is_logged_without_its_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    // Nothing listens there: the order fails at once, and its failure is logged.
+    let directory = format!(
+        "https://acme-user:Hunter2Pass@127.0.0.1:{}/dir?key=Hunter2Query",
+        free_port()
+    );
+    let acme = format!(
+        "[server.tls.acme]\ndomains = [\"receiver.sume.test\"]\ndirectory = \"{directory}\"\n\
+         cache_dir = \"acme\"\n"
+    );
+    let config = write_config(dir.path(), port, "", &acme);
+    let service = Service::start(&config, port).await;
+    let log_path = dir.path().join("service.log");
+    let started = std::time::Instant::now();
+    let log = loop {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if log.contains("TLS certificate order failed") {
+            break log;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "no failed order logged:\n{log}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    service.stop_cleanly().await;
+    assert!(log.contains("https://127.0.0.1:"), "{log}");
+    for secret in ["Hunter2", "acme-user"] {
+        assert!(!log.contains(secret), "{secret} in the log:\n{log}");
+    }
 }
