@@ -569,7 +569,8 @@ async fn the_small_doors_are_bounded() {
 }
 
 /// A job_id with a right-to-left override and a zero-width space is shown escaped
-/// (`\u{202e}`) in the console, not reversing the text after it.
+/// (`\u{202e}`) in the console, not reversing the text after it: in the list, and on the
+/// job's page, in its title and in its payload pane.
 #[tokio::test(flavor = "multi_thread")]
 async fn format_characters_in_ids_are_shown_escaped() {
     let dir = tempfile::tempdir().unwrap();
@@ -597,6 +598,32 @@ async fn format_characters_in_ids_are_shown_escaped() {
     .await;
     assert_eq!(status, 200);
     assert!(page.contains("invoice\\u{202e}fdp.exe\\u{200b}"), "{page}");
+    assert!(
+        !page.contains('\u{202e}') && !page.contains('\u{200b}'),
+        "{page}"
+    );
+    let href = page
+        .split("href=\"")
+        .map(|rest| rest.split('"').next().unwrap())
+        .find(|href| href.starts_with("/console/jobs/invoice"))
+        .expect("a link to the job");
+    let (status, page) = exchange(
+        OPERATOR,
+        admin_port,
+        &format!("GET {href}"),
+        &[("cookie", &cookie)],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200);
+    let payload = page
+        .split("class=\"payload\"")
+        .nth(1)
+        .expect("a payload pane");
+    assert!(
+        payload.contains("invoice\\u{202e}fdp.exe\\u{200b}"),
+        "{page}"
+    );
     assert!(
         !page.contains('\u{202e}') && !page.contains('\u{200b}'),
         "{page}"

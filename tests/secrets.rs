@@ -8,9 +8,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use common::free_port;
-use common::service::{write_config, Service};
 use common::peers::OPERATOR_TOKEN;
 use common::service::cli;
+use common::service::{write_config, Service};
 use common::tls::TestCa;
 
 fn chmod(path: &Path, mode: u32) {

@@ -376,9 +376,12 @@ fn a_plain_admin_listener_off_loopback_needs_an_explicit_key() {
 fn metrics_served_off_loopback_are_warned_of() {
     let dir = tempfile::tempdir().unwrap();
     let warnings = |text: &str| {
-        Config::parse(&format!("[signature]\nsecrets = [\"whsec_a\"]\n{text}"), dir.path())
-            .unwrap()
-            .warnings()
+        Config::parse(
+            &format!("[signature]\nsecrets = [\"whsec_a\"]\n{text}"),
+            dir.path(),
+        )
+        .unwrap()
+        .warnings()
     };
     let said = |warnings: &[String]| warnings.iter().any(|w| w.contains("/metrics"));
     assert!(said(&warnings("[server]\nlisten = \"0.0.0.0:8080\"\n")));
