@@ -134,34 +134,16 @@ async fn a_token_holder_cannot_reset_its_own_throttle() {
     let dir = tempfile::tempdir().unwrap();
     let admin_port = free_port();
     let service = start(dir.path(), admin_port).await;
-    let started = Instant::now();
-    let mut api_throttled = 0;
-    for round in 0..200 {
-        for guess in 0..5 {
-            let token = format!("guess-{round}-{guess}");
-            if api(ATTACKER, admin_port, "GET /v1/dispatch", &token)
-                .await
-                .0
-                == 429
-            {
-                api_throttled += 1;
-            }
-        }
-        api(ATTACKER, admin_port, "GET /v1/dispatch", READ_TOKEN).await;
-    }
-    let api_took = started.elapsed();
-    let started = Instant::now();
-    let mut console_throttled = 0;
-    for round in 0..100 {
-        for guess in 0..5 {
-            let token = format!("guess-{round}-{guess}");
-            if sign_in(ATTACKER, admin_port, &token).await.0 == 429 {
-                console_throttled += 1;
-            }
-        }
-        sign_in(ATTACKER, admin_port, READ_TOKEN).await;
-    }
-    let console_took = started.elapsed();
+    let (api_throttled, api_took) = guess_between_right_tokens(200, |token| async move {
+        api(ATTACKER, admin_port, "GET /v1/dispatch", &token)
+            .await
+            .0
+    })
+    .await;
+    let (console_throttled, console_took) = guess_between_right_tokens(100, |token| async move {
+        sign_in(ATTACKER, admin_port, &token).await.0
+    })
+    .await;
     eprintln!(
         "resetting: {api_throttled} of 1000 API guesses throttled in {api_took:?}, \
          {console_throttled} of 500 sign-in guesses in {console_took:?}"
@@ -173,6 +155,26 @@ async fn a_token_holder_cannot_reset_its_own_throttle() {
     let (status, _) = api(OPERATOR, admin_port, "GET /v1/dispatch", OPERATOR_TOKEN).await;
     assert_eq!(status, 200);
     service.stop_cleanly().await;
+}
+
+/// `rounds` of five wrong tokens and then the right one, each tried by `try_token` (its
+/// status): how many of the wrong ones were throttled (`429`), and how long it all took.
+async fn guess_between_right_tokens<F, Answer>(rounds: usize, try_token: F) -> (usize, Duration)
+where
+    F: Fn(String) -> Answer,
+    Answer: std::future::Future<Output = u16>,
+{
+    let started = Instant::now();
+    let mut throttled = 0;
+    for round in 0..rounds {
+        for guess in 0..5 {
+            if try_token(format!("guess-{round}-{guess}")).await == 429 {
+                throttled += 1;
+            }
+        }
+        try_token(READ_TOKEN.to_owned()).await;
+    }
+    (throttled, started.elapsed())
 }
 
 /// A burst of wrong API tokens is in the log within a minute of its first, with no further
