@@ -589,15 +589,8 @@ async fn format_characters_in_ids_are_shown_escaped() {
         200
     );
     let (_, cookie) = sign_in(OPERATOR, admin_port, OPERATOR_TOKEN).await;
-    let cookie = format!("sume_console={}", cookie.unwrap());
-    let (status, page) = exchange(
-        OPERATOR,
-        admin_port,
-        "GET /console/jobs",
-        &[("cookie", &cookie)],
-        "",
-    )
-    .await;
+    let cookie = cookie.unwrap();
+    let (status, page) = page_text(admin_port, &cookie, "/console/jobs").await;
     assert_eq!(status, 200);
     assert!(page.contains("invoice\\u{202e}fdp.exe\\u{200b}"), "{page}");
     assert!(
@@ -609,14 +602,7 @@ async fn format_characters_in_ids_are_shown_escaped() {
         .map(|rest| rest.split('"').next().unwrap())
         .find(|href| href.starts_with("/console/jobs/invoice"))
         .expect("a link to the job");
-    let (status, page) = exchange(
-        OPERATOR,
-        admin_port,
-        &format!("GET {href}"),
-        &[("cookie", &cookie)],
-        "",
-    )
-    .await;
+    let (status, page) = page_text(admin_port, &cookie, href).await;
     assert_eq!(status, 200);
     let payload = page
         .split("class=\"payload\"")
