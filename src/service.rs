@@ -57,8 +57,9 @@ pub async fn run(
         None => None,
     };
     // The check's warnings hold the configuration's own (computed once, there) and the
-    // certificates'; `serve` only warns of weak tokens (`check-config --strict` refuses them).
-    for warning in findings.warnings.iter().chain(&findings.weak_tokens) {
+    // certificates'; `serve` only warns of weak or exposed secrets (`check-config --strict`,
+    // the unit's check before each start, refuses them).
+    for warning in findings.warnings.iter().chain(&findings.weak_secrets) {
         tracing::warn!("{warning}");
     }
     process::return_freed_memory();

@@ -126,6 +126,92 @@ async fn a_guesser_cannot_lock_the_right_token_out() {
     );
 }
 
+/// A token holder guessing at others' tokens, its own right token after every five wrong ones:
+/// the right token forgets none of its failures, so the guesses are throttled as if it never
+/// came (at the API and at the console's sign-in alike).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_holder_cannot_reset_its_own_throttle() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let service = start(dir.path(), admin_port).await;
+    let (api_throttled, api_took) = guess_between_right_tokens(200, |token| async move {
+        api(ATTACKER, admin_port, "GET /v1/dispatch", &token)
+            .await
+            .0
+    })
+    .await;
+    let (console_throttled, console_took) = guess_between_right_tokens(100, |token| async move {
+        sign_in(ATTACKER, admin_port, &token).await.0
+    })
+    .await;
+    eprintln!(
+        "resetting: {api_throttled} of 1000 API guesses throttled in {api_took:?}, \
+         {console_throttled} of 500 sign-in guesses in {console_took:?}"
+    );
+    // Five free failures, then a wait that outlasts the loop but for a few retries.
+    assert!(api_throttled >= 1000 - 20, "{api_throttled} of 1000");
+    assert!(console_throttled >= 500 - 20, "{console_throttled} of 500");
+    // Another address is not held by the token holder's failures.
+    let (status, _) = api(OPERATOR, admin_port, "GET /v1/dispatch", OPERATOR_TOKEN).await;
+    assert_eq!(status, 200);
+    service.stop_cleanly().await;
+}
+
+/// `rounds` of five wrong tokens and then the right one, each tried by `try_token` (its
+/// status): how many of the wrong ones were throttled (`429`), and how long it all took.
+async fn guess_between_right_tokens<F, Answer>(rounds: usize, try_token: F) -> (usize, Duration)
+where
+    F: Fn(String) -> Answer,
+    Answer: std::future::Future<Output = u16>,
+{
+    let started = Instant::now();
+    let mut throttled = 0;
+    for round in 0..rounds {
+        for guess in 0..5 {
+            if try_token(format!("guess-{round}-{guess}")).await == 429 {
+                throttled += 1;
+            }
+        }
+        try_token(READ_TOKEN.to_owned()).await;
+    }
+    (throttled, started.elapsed())
+}
+
+/// A burst of wrong API tokens is in the log within a minute of its first, with no further
+/// try to write it (the line was written by the next try, or at shutdown).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_refusals_is_summed_up_within_a_minute() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let service = start(dir.path(), admin_port).await;
+    let started = Instant::now();
+    for i in 0..999 {
+        api(
+            ATTACKER,
+            admin_port,
+            "GET /v1/dispatch",
+            &format!("guess-{i}"),
+        )
+        .await;
+    }
+    let sent = started.elapsed();
+    let mut counted = 0;
+    while counted < 999 {
+        assert!(
+            started.elapsed() < Duration::from_secs(75),
+            "{counted} of 999 summed up after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        counted = summaries(dir.path(), "admin API").1;
+    }
+    eprintln!(
+        "summary: 999 refusals sent in {sent:?}, all in the log {:?} after the first",
+        started.elapsed()
+    );
+    service.stop_cleanly().await;
+}
+
 /// A reader signing in 300 times pushes out its own oldest sessions, never an operator's.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_token_holder_cannot_sign_out_another() {
@@ -174,8 +260,10 @@ async fn sign_out_everywhere_ends_only_the_tokens_own_sessions() {
     service.stop_cleanly().await;
 }
 
-/// Reached through a TLS proxy named `https://...` in `allowed_hosts`, the cookie is `Secure`;
-/// reached in clear on loopback, it is not (a browser would not send it back).
+/// Reached through a TLS proxy named `https://...` in `allowed_hosts`, the cookie is
+/// `__Secure-` and `Secure`, under `/console` (other sites may share the proxy's host), and it
+/// is the one read back; reached in clear on loopback, it has neither (a browser would not
+/// send it back).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cookie_is_secure_over_tls() {
     let dir = tempfile::tempdir().unwrap();
@@ -202,10 +290,24 @@ async fn the_cookie_is_secure_over_tls() {
         .find(|line| line.starts_with("set-cookie:"))
         .unwrap();
     assert!(cookie.ends_with("; Secure"), "{cookie}");
+    assert!(
+        cookie.starts_with("set-cookie: __Secure-sume_console=")
+            && cookie.contains("Path=/console;"),
+        "{cookie}"
+    );
+    let session = cookie
+        .trim_start_matches("set-cookie: ")
+        .split(';')
+        .next()
+        .unwrap();
+    let signed_in = [("cookie", session), proxied[0], proxied[1]];
+    let (status, _) = exchange(OPERATOR, admin_port, "GET /console/", &signed_in, "").await;
+    assert_eq!(status, 200, "the __Secure- cookie is read back");
     let (status, answer) =
         exchange(OPERATOR, admin_port, "POST /console/sign-in", &[], &form).await;
     assert_eq!(status, 303);
     assert!(!answer.contains("Secure"), "{answer}");
+    assert!(answer.contains("set-cookie: sume_console="), "{answer}");
     service.stop_cleanly().await;
 }
 
@@ -374,25 +476,14 @@ fn check_config_strict_refuses_weak_admin_tokens() {
     assert!(!strict.status.success(), "--strict refuses weak tokens");
 }
 
-/// The small doors: CSP reports are bounded per peer and counted; `/metrics` and the health
-/// endpoints answer only the console's Host names; a reason is at most 500 characters.
+/// The small doors: CSP reports are bounded per peer, kept fairly (eight addresses posting
+/// their fill do not push out another's) and counted; `/metrics` and the health endpoints
+/// answer only the console's Host names; a reason is at most 500 characters.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_small_doors_are_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let admin_port = free_port();
     let service = start(dir.path(), admin_port).await;
-    for i in 0..70 {
-        let report = format!("{{\"csp-report\":{{\"blocked-uri\":\"attacker-{i}\"}}}}");
-        let (status, _) = exchange(
-            ATTACKER,
-            admin_port,
-            "POST /console/csp-report",
-            &[],
-            &report,
-        )
-        .await;
-        assert_eq!(status, 204);
-    }
     let (status, _) = exchange(
         OPERATOR,
         admin_port,
@@ -402,6 +493,23 @@ async fn the_small_doors_are_bounded() {
     )
     .await;
     assert_eq!(status, 204);
+    let attackers: Vec<std::net::IpAddr> = (2..10)
+        .map(|last| std::net::Ipv4Addr::new(127, 0, 0, last).into())
+        .collect();
+    for i in 0..20 {
+        for (a, attacker) in attackers.iter().enumerate() {
+            let report = format!("{{\"csp-report\":{{\"blocked-uri\":\"attacker-{a}-{i}\"}}}}");
+            let (status, _) = exchange(
+                *attacker,
+                admin_port,
+                "POST /console/csp-report",
+                &[],
+                &report,
+            )
+            .await;
+            assert_eq!(status, 204);
+        }
+    }
     let (_, cookie) = sign_in(OPERATOR, admin_port, OPERATOR_TOKEN).await;
     let cookie = format!("sume_console={}", cookie.unwrap());
     let (_, answer) = exchange(
@@ -412,12 +520,17 @@ async fn the_small_doors_are_bounded() {
         "",
     )
     .await;
-    let kept_of_attacker = answer.matches("attacker-").count();
-    assert!(kept_of_attacker <= 8, "one peer keeps at most 8: {answer}");
+    for a in 0..attackers.len() {
+        let kept = answer.matches(&format!("attacker-{a}-")).count();
+        assert!(
+            kept <= 8,
+            "one peer keeps at most 8: {kept} of attacker {a}"
+        );
+    }
     assert!(answer.contains("operator-report"), "{answer}");
     let (_, metrics) = exchange(OPERATOR, admin_port, "GET /metrics", &[], "").await;
     assert!(
-        metrics.contains("sume_console_csp_reports_total 71"),
+        metrics.contains("sume_console_csp_reports_total 161"),
         "{metrics}"
     );
 
@@ -458,7 +571,8 @@ async fn the_small_doors_are_bounded() {
 }
 
 /// A job_id with a right-to-left override and a zero-width space is shown escaped
-/// (`\u{202e}`) in the console, not reversing the text after it.
+/// (`\u{202e}`) in the console, not reversing the text after it: in the list, and on the
+/// job's page, in its title and in its payload pane.
 #[tokio::test(flavor = "multi_thread")]
 async fn format_characters_in_ids_are_shown_escaped() {
     let dir = tempfile::tempdir().unwrap();
@@ -475,17 +589,29 @@ async fn format_characters_in_ids_are_shown_escaped() {
         200
     );
     let (_, cookie) = sign_in(OPERATOR, admin_port, OPERATOR_TOKEN).await;
-    let cookie = format!("sume_console={}", cookie.unwrap());
-    let (status, page) = exchange(
-        OPERATOR,
-        admin_port,
-        "GET /console/jobs",
-        &[("cookie", &cookie)],
-        "",
-    )
-    .await;
+    let cookie = cookie.unwrap();
+    let (status, page) = page_text(admin_port, &cookie, "/console/jobs").await;
     assert_eq!(status, 200);
     assert!(page.contains("invoice\\u{202e}fdp.exe\\u{200b}"), "{page}");
+    assert!(
+        !page.contains('\u{202e}') && !page.contains('\u{200b}'),
+        "{page}"
+    );
+    let href = page
+        .split("href=\"")
+        .map(|rest| rest.split('"').next().unwrap())
+        .find(|href| href.starts_with("/console/jobs/invoice"))
+        .expect("a link to the job");
+    let (status, page) = page_text(admin_port, &cookie, href).await;
+    assert_eq!(status, 200);
+    let payload = page
+        .split("class=\"payload\"")
+        .nth(1)
+        .expect("a payload pane");
+    assert!(
+        payload.contains("invoice\\u{202e}fdp.exe\\u{200b}"),
+        "{page}"
+    );
     assert!(
         !page.contains('\u{202e}') && !page.contains('\u{200b}'),
         "{page}"

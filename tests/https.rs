@@ -412,6 +412,11 @@ async fn the_admin_listener_speaks_https_from_its_own_files() {
     assert_eq!(signed_in.status, 303, "{signed_in:?}");
     let cookie = signed_in.headers["set-cookie"].to_str().unwrap().to_owned();
     assert!(cookie.contains("; Secure"), "{cookie}");
+    // The listener is the console's whole host: a __Host- cookie, for all of it.
+    assert!(
+        cookie.starts_with("__Host-sume_console=") && cookie.contains("; Path=/;"),
+        "{cookie}"
+    );
     let session = cookie.split(';').next().unwrap().to_owned();
     let config = send(
         hyper::Method::GET,

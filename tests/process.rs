@@ -188,6 +188,7 @@ fn check_config_names_the_bad_key() {
 /// before a start and a reload, refuses it.
 #[test]
 fn check_config_strict_refuses_an_unreadable_secrets_file() {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.toml");
     let secrets = dir.path().join("secrets");
@@ -204,6 +205,8 @@ fn check_config_strict_refuses_an_unreadable_secrets_file() {
     let said = String::from_utf8_lossy(&strict.stdout);
     assert!(said.contains("error") && said.contains("secrets"), "{said}");
     std::fs::write(&secrets, "whsec_rotated_0123456789\n").unwrap();
+    // Readable by the service's user only: others reading it is refused too.
+    std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o600)).unwrap();
     let strict = cli(&config, &["check-config", "--strict"]);
     assert!(strict.status.success(), "{strict:?}");
 }

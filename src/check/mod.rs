@@ -19,9 +19,10 @@ pub struct Findings {
     pub warnings: Vec<String>,
     /// Facts worth seeing before a start (each listener's certificate).
     pub notes: Vec<String>,
-    /// Admin tokens that are weak or exposed (short, open to others or group-writable, one
-    /// token under two names): warnings, and errors for `check-config --strict` (`serve` warns only).
-    pub weak_tokens: Vec<String>,
+    /// Secrets that are weak or exposed (a private key or secret file open to others or
+    /// writable by its group; an admin token short, or one token under two names): warnings,
+    /// and errors for `check-config --strict` (`serve` warns only).
+    pub weak_secrets: Vec<String>,
     /// Every credential as the check read it, what `serve` then runs with; `None` when one
     /// could not be read (an error, or with [`Unreadable::Warning`] perhaps a warning).
     pub credentials: Option<Credentials>,
@@ -48,8 +49,9 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
     for Unread { key, error } in &unread {
         credential(&mut findings, unreadable, key, error);
     }
+    findings.weak_secrets = exposed_files(config);
     if let (Some(admin), Some(tokens)) = (&config.admin, &credentials.admin_tokens) {
-        findings.weak_tokens = weak_tokens(admin, tokens);
+        findings.weak_secrets.extend(weak_tokens(admin, tokens));
     }
     tls::check(&mut findings, unreadable, config, &credentials);
     findings.credentials = unread.is_empty().then_some(credentials);
@@ -123,36 +125,42 @@ fn directory_writable(dir: &Path) -> Result<(), String> {
     }
 }
 
-/// What is weak or exposed in the admin tokens: a file others may read or write, or its group
-/// write, a token shorter than [`MIN_TOKEN_CHARS`], one token under two keys (the first match
-/// would win, silently). The tokens are those read (`tokens`), never shown.
+/// Each file holding a secret that others may read or write, or its group write. The install
+/// makes them root's, readable by the service's group (0640): group read is how the service
+/// reads them; anything more is too much.
+fn exposed_files(config: &Config) -> Vec<String> {
+    let mut exposed = Vec::new();
+    for (key, file) in config.secret_files() {
+        let Ok(metadata) = std::fs::metadata(file) else {
+            continue; // Unreadable: said by the credential or certificate check.
+        };
+        let mode = metadata.permissions().mode() & 0o777;
+        if mode & 0o027 != 0 {
+            exposed.push(format!(
+                "{key}: {} is open to others or writable by its group (mode {mode:04o}): \
+                 chmod 0640 (owner root, group the service's) or 0600",
+                file.display()
+            ));
+        }
+    }
+    exposed
+}
+
+/// What is weak in the admin tokens: a token shorter than [`MIN_TOKEN_CHARS`], one token under
+/// two keys (the first match would win, silently). The tokens are those read (`tokens`), never
+/// shown.
 fn weak_tokens(admin: &AdminConfig, tokens: &AdminTokens) -> Vec<String> {
-    let mut files: Vec<(String, &Path, Option<&Secret>)> = Vec::new();
-    if let Some(file) = admin.token_file.as_deref() {
-        files.push(("admin.token_file".into(), file, tokens.operator.as_ref()));
-    }
-    if let Some(file) = admin.read_token_file.as_deref() {
-        files.push(("admin.read_token_file".into(), file, tokens.read.as_ref()));
-    }
+    let mut held: Vec<(String, Option<&Secret>)> = vec![
+        ("admin.token_file".into(), tokens.operator.as_ref()),
+        ("admin.read_token_file".into(), tokens.read.as_ref()),
+    ];
     for (index, named) in admin.tokens.iter().enumerate() {
         let token = tokens.named.get(index).map(|(_, _, token)| token);
-        files.push((format!("admin.tokens {:?}", named.name), &named.file, token));
+        held.push((format!("admin.tokens {:?}", named.name), token));
     }
     let mut weak = Vec::new();
     let mut seen: Vec<(String, &str)> = Vec::new();
-    for (key, file, token) in files {
-        if let Ok(metadata) = std::fs::metadata(file) {
-            let mode = metadata.permissions().mode() & 0o777;
-            // The install makes token files root's, readable by the service's group (0640):
-            // group read is how the service reads them; anything more is too much.
-            if mode & 0o027 != 0 {
-                weak.push(format!(
-                    "{key}: {} is open to others or writable by its group (mode {mode:04o}): \
-                     chmod 0640 (owner root, group the service's) or 0600",
-                    file.display()
-                ));
-            }
-        }
+    for (key, token) in held {
         let Some(token) = token.map(Secret::expose) else {
             continue;
         };
@@ -306,7 +314,7 @@ mod tests {
             ),
             Unreadable::Error,
         );
-        let weak = findings.weak_tokens.join("\n");
+        let weak = findings.weak_secrets.join("\n");
         assert!(
             weak.contains("admin.token_file") && weak.contains("mode 0666"),
             "{weak}"
@@ -316,7 +324,7 @@ mod tests {
             weak.contains("admin.tokens \"bob\" holds the same token as admin.tokens \"alice\""),
             "{weak}"
         );
-        assert_eq!(findings.weak_tokens.len(), 3, "{weak}");
+        assert_eq!(findings.weak_secrets.len(), 3, "{weak}");
         assert!(!weak.contains(&strong), "never the token itself");
     }
 

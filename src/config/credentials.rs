@@ -1,6 +1,11 @@
 //! `Credentials`: the secrets the configuration names in files, each read once per start.
 
-use super::{CertificateSource, Config, LedgerConfig, Listener, PostgresUrl, Secret, TokenRole};
+use std::path::Path;
+
+use super::{
+    CertificateSource, Config, LedgerConfig, Listener, PostgresUrl, PostgresUrlSource, Secret,
+    TokenRole,
+};
 use crate::tls::certificate::Certificate;
 
 /// What the service starts with: every credential the configuration names, as read once (by
@@ -101,6 +106,42 @@ impl Credentials {
             .iter()
             .position(|(of, _)| *of == listener)?;
         Some(self.certificates.swap_remove(at).1)
+    }
+}
+
+impl Config {
+    /// Every file that holds a secret, under its key: the listeners' private keys, the signing
+    /// secrets, Sume's API key, the PostgreSQL URL (its password) and the admin tokens.
+    pub fn secret_files(&self) -> Vec<(String, &Path)> {
+        let mut files: Vec<(String, &Path)> = Vec::new();
+        for (listener, tls) in self.tls_listeners() {
+            if let CertificateSource::Files { key, .. } = &tls.source {
+                files.push((format!("{}.key_file", listener.table()), key));
+            }
+        }
+        if let Some(file) = self.signature.secrets_file.as_deref() {
+            files.push(("signature.secrets_file".into(), file));
+        }
+        if let Some(api) = &self.sume_api {
+            files.push(("sume_api.api_key_file".into(), &api.api_key_file));
+        }
+        if let LedgerConfig::Postgres(postgres) = &self.database {
+            if let PostgresUrlSource::File(file) = &postgres.url {
+                files.push(("database.url_file".into(), file));
+            }
+        }
+        if let Some(admin) = &self.admin {
+            if let Some(file) = admin.token_file.as_deref() {
+                files.push(("admin.token_file".into(), file));
+            }
+            if let Some(file) = admin.read_token_file.as_deref() {
+                files.push(("admin.read_token_file".into(), file));
+            }
+            for named in &admin.tokens {
+                files.push((format!("admin.tokens {:?}", named.name), &named.file));
+            }
+        }
+        files
     }
 }
 

@@ -336,6 +336,14 @@ impl Config {
                 self.server.listen
             ));
         }
+        if !self.server.listen.ip().is_loopback() && self.server.expose_metrics {
+            warnings.push(format!(
+                "server.listen {} is not a loopback address and serves /metrics to anyone who \
+                 reaches it (server.expose_metrics, on by default): set it to false and scrape \
+                 the admin listener",
+                self.server.listen
+            ));
+        }
         if let Some(HandlerKind::Url(url)) = self.handler.as_ref().map(|handler| &handler.kind) {
             let basic = HandlerUrl::parse(url).is_ok_and(|target| target.basic_auth.is_some());
             if basic && url.starts_with("http:") {
@@ -349,14 +357,22 @@ impl Config {
         if let Some(admin) = &self.admin {
             if admin.token_file.is_none() {
                 warnings.push("[admin] has no token_file: the admin listener is off".into());
-            } else if !admin.listen.ip().is_loopback() && !admin.has_tls() {
-                // Refused without `allow_plain_http` (see `validate`): allowed, still said.
+            } else if !admin.listen.ip().is_loopback() {
                 warnings.push(format!(
-                    "admin.listen {} is not a loopback address and speaks plain HTTP \
-                     (admin.allow_plain_http): tokens and the console's cookie cross the \
-                     network readable",
+                    "admin.listen {} is not a loopback address: its /metrics needs no token, \
+                     only one of the console's names as Host, which anyone may send: let a \
+                     firewall keep the port to the scraper and the operators",
                     admin.listen
                 ));
+                if !admin.has_tls() {
+                    // Refused without `allow_plain_http` (see `validate`): allowed, still said.
+                    warnings.push(format!(
+                        "admin.listen {} is not a loopback address and speaks plain HTTP \
+                         (admin.allow_plain_http): tokens and the console's cookie cross the \
+                         network readable",
+                        admin.listen
+                    ));
+                }
             }
         }
         warnings

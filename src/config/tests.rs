@@ -370,3 +370,30 @@ fn a_plain_admin_listener_off_loopback_needs_an_explicit_key() {
     );
     assert!(loopback.is_ok());
 }
+
+/// Regression: `/metrics` was served to the internet by default, with no word of it.
+#[test]
+fn metrics_served_off_loopback_are_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let warnings = |text: &str| {
+        Config::parse(
+            &format!("[signature]\nsecrets = [\"whsec_a\"]\n{text}"),
+            dir.path(),
+        )
+        .unwrap()
+        .warnings()
+    };
+    let said = |warnings: &[String]| warnings.iter().any(|w| w.contains("/metrics"));
+    assert!(said(&warnings("[server]\nlisten = \"0.0.0.0:8080\"\n")));
+    assert!(!said(&warnings(
+        "[server]\nlisten = \"0.0.0.0:8080\"\nexpose_metrics = false\n"
+    )));
+    assert!(!said(&warnings("[server]\nlisten = \"127.0.0.1:8080\"\n")));
+    let admin = |listen: &str| {
+        warnings(&format!(
+            "[admin]\nlisten = \"{listen}\"\ntoken_file = \"t\"\nallow_plain_http = true\n"
+        ))
+    };
+    assert!(said(&admin("0.0.0.0:8081")));
+    assert!(!said(&admin("127.0.0.1:8081")));
+}

@@ -248,7 +248,7 @@ impl AcmeConfig {
         if !self.directory.starts_with("https://") {
             problems.push(format!(
                 "{table}.acme.directory must be an https:// URL, got {:?}",
-                self.directory
+                super::redact_url(&self.directory)
             ));
         }
         for contact in &self.contact {

@@ -53,15 +53,6 @@ pub(super) fn same_origin(headers: &HeaderMap, host: &str, tls: bool) -> bool {
         })
 }
 
-pub(super) fn cookie(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .find_map(|pair| pair.trim().strip_prefix("sume_console=").map(str::to_owned))
-}
-
 pub(super) async fn read_form(body: Incoming) -> Result<String, Box<Response<Full<Bytes>>>> {
     let read =
         tokio::time::timeout(FORM_READ_TIMEOUT, Limited::new(body, FORM_BYTES).collect()).await;

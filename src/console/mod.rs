@@ -43,9 +43,9 @@ use crate::worker::Queue;
 use fresh::Fresh;
 pub use health::{HealthSource, ReceiverHealth};
 pub use http::form_value;
-use http::{cookie, page, read_form, redirect, same_origin, secure, text};
+use http::{page, read_form, redirect, same_origin, secure, text};
 use pages::Viewer;
-use session::Sessions;
+use session::{Cookie, Sessions};
 
 /// Console requests doing ledger work at once; more wait their turn briefly, then get 503.
 /// A slot is taken only once the request is signed in and its form read: a stranger's slow
@@ -58,7 +58,6 @@ const FORM_BYTES: usize = 8 * 1024;
 const FORM_READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a request waits for a slot before its 503.
 const SLOT_WAIT: Duration = Duration::from_secs(2);
-const COOKIE: &str = "sume_console";
 /// CSP reports kept for `GET /console/api/csp-reports`, and how many of them one peer may
 /// hold (a stranger cannot push out everyone else's).
 const CSP_REPORTS_KEPT: usize = 64;
@@ -198,10 +197,16 @@ impl Console {
         self.hosts.iter().any(|ours| ours == host)
     }
 
-    /// Whether this request reached the console over TLS (here, or at a proxy named `https://`
-    /// in `allowed_hosts`): its cookie is `Secure`, its forms come from an `https://` origin.
-    fn over_tls(&self, host: &str) -> bool {
-        self.served_over_tls || self.tls_hosts.iter().any(|ours| ours == host)
+    /// The session cookie of a request to `host`: over TLS here, at a proxy named `https://`
+    /// in `allowed_hosts`, or in plain HTTP (the forms' origin is `https://` but in the last).
+    fn session_cookie(&self, host: &str) -> Cookie {
+        if self.served_over_tls {
+            Cookie::Host
+        } else if self.tls_hosts.iter().any(|ours| ours == host) {
+            Cookie::Secure
+        } else {
+            Cookie::Plain
+        }
     }
 
     async fn answer(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
@@ -234,11 +239,12 @@ impl Console {
             return response;
         }
         let method = request.method().clone();
-        let tls = self.over_tls(&host);
+        let jar = self.session_cookie(&host);
+        let tls = jar != Cookie::Plain;
         if method == Method::POST && !same_origin(request.headers(), &host, tls) {
             return text(StatusCode::FORBIDDEN, "a form from another site: refused");
         }
-        let session = cookie(request.headers());
+        let session = jar.read(request.headers());
         let signed_in = session.as_deref().and_then(|id| self.sessions.session(id));
         // The doors open to strangers: none takes a slot, and the sign-in's throttle is
         // looked at before its form is read.
@@ -253,9 +259,9 @@ impl Console {
                 )
             }
             (&Method::POST, "/console/sign-in") => {
-                return self.sign_in(request.into_body(), peer, tls).await
+                return self.sign_in(request.into_body(), peer, jar).await
             }
-            (&Method::POST, "/console/sign-out") => return self.sign_out(session.as_deref()),
+            (&Method::POST, "/console/sign-out") => return self.sign_out(session.as_deref(), jar),
             _ => {}
         }
         let Some(who) = signed_in else {
@@ -271,7 +277,7 @@ impl Console {
             may_act: self.actions && who.role == Role::Operator,
         };
         if (&method, path.as_str()) == (&Method::POST, "/console/sign-out-everywhere") {
-            return self.sign_out_everywhere(&who, &viewer);
+            return self.sign_out_everywhere(&who, &viewer, jar);
         }
         // Who acts: a named token's name; the shared tokens know only where the request came
         // from.

@@ -9,7 +9,7 @@ use super::verdict::{plural, Level, Verdict};
 use super::Role;
 use super::{assets, charts};
 use crate::ledger::{DeadGroup, Dispatch, DispatchStop, Expectation, JobDetail, JobPage, State};
-use crate::logging::Escaped;
+use crate::logging::{Escaped, EscapedLines};
 use crate::metrics::Snapshot;
 use crate::refusals::Refusal;
 use crate::rollup::LastHour;
@@ -377,7 +377,7 @@ pub fn job(viewer: &Viewer, job: &JobDetail, stops: &[DispatchStop]) -> Markup {
                 }
                 @if let Some(status) = attempt.exit_status { ", exit status " (status) }
                 @if let Some(status) = attempt.http_status { ", HTTP " (status) }
-                @if let Some(error) = &attempt.error { pre { (error) } }
+                @if let Some(error) = &attempt.error { pre { (EscapedLines(error)) } }
             },
         ));
     }
@@ -465,7 +465,7 @@ pub fn job(viewer: &Viewer, job: &JobDetail, stops: &[DispatchStop]) -> Markup {
                     .unwrap_or_else(|| body.clone());
                 @let cut = pretty.len() > BODY_SHOWN_BYTES;
                 @let shown = (0..=BODY_SHOWN_BYTES.min(pretty.len())).rev().find(|&at| pretty.is_char_boundary(at)).unwrap_or(0);
-                pre.payload { (&pretty[..shown]) }
+                pre.payload { (EscapedLines(&pretty[..shown])) }
                 p { @if cut { "Cut at 64 KiB. " } a href=(format!("{href}/body")) { "Download the body as received" } }
             }
             None => p.muted { "Purged by retention " (time(job.body_purged_at)) "." },

@@ -7,6 +7,7 @@ use std::io::Read;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use hyper::header::{self, HeaderMap, HeaderValue};
 use sha2::{Digest, Sha256};
 
 use crate::access::Identity;
@@ -16,6 +17,54 @@ pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// Sessions one token holds at once (browsers, machines); the sessions held together are at
 /// most this times the number of tokens, which the config bounds.
 pub const SESSIONS_PER_TOKEN: usize = 32;
+
+/// The session cookie as a request reached the console. `__Host-` where the admin listener
+/// speaks TLS itself: the whole host is the console's, so the cookie is the host's (`Path=/`)
+/// and neither a sibling domain nor a plain-HTTP page can plant one in its place. `__Secure-`
+/// at a TLS proxy, where other sites may share the host: it stays under `/console`. No prefix
+/// over plain HTTP (loopback, or `allow_plain_http`), where a browser refuses a prefixed one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cookie {
+    Host,
+    Secure,
+    Plain,
+}
+
+impl Cookie {
+    fn name_and_path(self) -> (&'static str, &'static str) {
+        match self {
+            Cookie::Host => ("__Host-sume_console", "/"),
+            Cookie::Secure => ("__Secure-sume_console", "/console"),
+            Cookie::Plain => ("sume_console", "/console"),
+        }
+    }
+
+    /// `Set-Cookie` for session `id`, for `lifetime` (an empty id and zero: the session's end).
+    pub fn set(self, id: &str, lifetime: Duration) -> HeaderValue {
+        let (name, path) = self.name_and_path();
+        let secure = if self == Cookie::Plain {
+            ""
+        } else {
+            "; Secure"
+        };
+        let cookie = format!(
+            "{name}={id}; Path={path}; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+            lifetime.as_secs()
+        );
+        HeaderValue::from_str(&cookie).expect("hex and ASCII")
+    }
+
+    /// The session id the request's cookies hold under this cookie's name.
+    pub fn read(self, headers: &HeaderMap) -> Option<String> {
+        let prefix = format!("{}=", self.name_and_path().0);
+        headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(';'))
+            .find_map(|pair| pair.trim().strip_prefix(prefix.as_str()).map(str::to_owned))
+    }
+}
 
 /// A live session: who signed in, when it ends.
 type Live = (Identity, Instant);

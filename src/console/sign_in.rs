@@ -1,7 +1,9 @@
 //! The console's doors open to strangers and its own sessions: sign-in (throttled per peer,
-//! never locked for the right token), sign-out, sign-out everywhere, and CSP reports.
+//! never locked for the right token by another's failures), sign-out, sign-out everywhere, and CSP reports.
 
-use std::net::SocketAddr;
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -11,7 +13,8 @@ use hyper::{Response, StatusCode};
 
 use super::http::{form_value, page, read_form, redirect, text};
 use super::pages::{self, Viewer};
-use super::{session, Console, COOKIE, CSP_REPORTS_KEPT, CSP_REPORTS_PER_PEER};
+use super::session::{Cookie, SESSION_LIFETIME};
+use super::{Console, CSP_REPORTS_KEPT, CSP_REPORTS_PER_PEER};
 use crate::access::Identity;
 use crate::metrics::METRICS;
 
@@ -22,7 +25,7 @@ impl Console {
         &self,
         body: Incoming,
         peer: SocketAddr,
-        tls: bool,
+        jar: Cookie,
     ) -> Response<Full<Bytes>> {
         if let Err(wait) = self.sign_ins.check(peer.ip()) {
             let message = format!(
@@ -56,7 +59,6 @@ impl Console {
                 ),
             );
         };
-        self.sign_ins.succeeded(peer.ip());
         let (role, name) = (who.role, who.name.clone());
         let id = match self.sessions.start(who) {
             Ok(id) => id,
@@ -67,29 +69,20 @@ impl Console {
         };
         tracing::info!(%peer, role = role.label(), name = name.as_deref().unwrap_or("-"), "console sign-in");
         let mut response = redirect("/console/");
-        let secure = if tls { "; Secure" } else { "" };
-        let cookie = format!(
-            "{COOKIE}={id}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
-            session::SESSION_LIFETIME.as_secs()
-        );
-        response.headers_mut().insert(
-            header::SET_COOKIE,
-            HeaderValue::from_str(&cookie).expect("hex and ASCII"),
-        );
+        response
+            .headers_mut()
+            .insert(header::SET_COOKIE, jar.set(&id, SESSION_LIFETIME));
         response
     }
 
-    pub(super) fn sign_out(&self, session: Option<&str>) -> Response<Full<Bytes>> {
+    pub(super) fn sign_out(&self, session: Option<&str>, jar: Cookie) -> Response<Full<Bytes>> {
         if let Some(id) = session {
             self.sessions.end(id);
         }
         let mut response = redirect("/console/sign-in");
-        response.headers_mut().insert(
-            header::SET_COOKIE,
-            HeaderValue::from_static(
-                "sume_console=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0",
-            ),
-        );
+        response
+            .headers_mut()
+            .insert(header::SET_COOKIE, jar.set("", Duration::ZERO));
         response
     }
 
@@ -99,6 +92,7 @@ impl Console {
         &self,
         who: &Identity,
         viewer: &Viewer,
+        jar: Cookie,
     ) -> Response<Full<Bytes>> {
         let ended = self.sessions.end_everywhere(who);
         tracing::info!(
@@ -119,17 +113,16 @@ impl Console {
                 ),
             ),
         );
-        response.headers_mut().insert(
-            header::SET_COOKIE,
-            HeaderValue::from_static(
-                "sume_console=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0",
-            ),
-        );
+        response
+            .headers_mut()
+            .insert(header::SET_COOKIE, jar.set("", Duration::ZERO));
         response
     }
 
-    /// Keeps the report (at most [`CSP_REPORTS_PER_PEER`] of each peer: a stranger cannot
-    /// push out the others'), counted in `sume_console_csp_reports_total`.
+    /// Keeps the report (at most [`CSP_REPORTS_PER_PEER`] of each peer), counted in
+    /// `sume_console_csp_reports_total`. When the list is full the report pushed out is the
+    /// oldest of the peer that holds the most: a few addresses posting their fill push out
+    /// only each other's, never every other address's.
     pub(super) async fn csp_report(
         &self,
         body: Incoming,
@@ -145,14 +138,35 @@ impl Console {
             .iter()
             .filter(|(from, _)| *from == peer.ip())
             .count();
-        if of_peer >= CSP_REPORTS_PER_PEER {
-            let oldest = reports.iter().position(|(from, _)| *from == peer.ip());
-            reports.remove(oldest.expect("the peer has some"));
-        } else if reports.len() == CSP_REPORTS_KEPT {
-            reports.pop_front();
+        let pushed_out = if of_peer >= CSP_REPORTS_PER_PEER {
+            Some(peer.ip())
+        } else if reports.len() >= CSP_REPORTS_KEPT {
+            holding_most(&reports)
+        } else {
+            None
+        };
+        if let Some(from) = pushed_out {
+            let oldest = reports.iter().position(|(held_by, _)| *held_by == from);
+            reports.remove(oldest.expect("the peer holds some"));
         }
         reports.push_back((peer.ip(), body.chars().take(2048).collect()));
         tracing::debug!("console: a Content-Security-Policy violation was reported");
         text(StatusCode::NO_CONTENT, "")
     }
+}
+
+/// The peer holding the most reports; of those tied, the one whose oldest report is oldest.
+fn holding_most(reports: &VecDeque<(IpAddr, String)>) -> Option<IpAddr> {
+    let mut held: Vec<(IpAddr, usize)> = Vec::new();
+    for (from, _) in reports {
+        match held.iter_mut().find(|(peer, _)| peer == from) {
+            Some((_, count)) => *count += 1,
+            None => held.push((*from, 1)),
+        }
+    }
+    // `held` is in the order of each peer's oldest report: the first of the most wins a tie.
+    held.iter()
+        .rev()
+        .max_by_key(|(_, count)| *count)
+        .map(|(peer, _)| *peer)
 }

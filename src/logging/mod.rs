@@ -66,6 +66,10 @@ fn resolve(format: LogFormat) -> LogFormat {
 /// end up in a journal or JSON field.
 pub struct Escaped<T>(pub T);
 
+/// As [`Escaped`], but keeping line breaks and tabs: a text of many lines shown as such (a
+/// payload, an attempt's error in the console), whose format characters are shown escaped.
+pub struct EscapedLines<T>(pub T);
+
 /// Unicode's format characters that change how text around them looks without showing
 /// themselves: the bidi marks, embeddings, overrides and isolates, zero-width ones, the BOM.
 fn is_format(c: char) -> bool {
@@ -82,22 +86,39 @@ fn is_format(c: char) -> bool {
     )
 }
 
+/// Writes `value` with the characters `escaped` says escaped (`\u{202e}`).
+fn write_escaped(
+    f: &mut fmt::Formatter<'_>,
+    value: &dyn fmt::Display,
+    escaped: fn(char) -> bool,
+) -> fmt::Result {
+    struct Escaping<'a, 'b>(&'a mut fmt::Formatter<'b>, fn(char) -> bool);
+    impl fmt::Write for Escaping<'_, '_> {
+        fn write_str(&mut self, text: &str) -> fmt::Result {
+            for c in text.chars() {
+                if (self.1)(c) {
+                    write!(self.0, "{}", c.escape_default())?;
+                } else {
+                    self.0.write_char(c)?;
+                }
+            }
+            Ok(())
+        }
+    }
+    write!(Escaping(f, escaped), "{value}")
+}
+
 impl<T: fmt::Display> fmt::Display for Escaped<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        struct EscapeControls<'a, 'b>(&'a mut fmt::Formatter<'b>);
-        impl fmt::Write for EscapeControls<'_, '_> {
-            fn write_str(&mut self, text: &str) -> fmt::Result {
-                for c in text.chars() {
-                    if c.is_control() || is_format(c) {
-                        write!(self.0, "{}", c.escape_default())?;
-                    } else {
-                        self.0.write_char(c)?;
-                    }
-                }
-                Ok(())
-            }
-        }
-        write!(EscapeControls(f), "{}", self.0)
+        write_escaped(f, &self.0, |c| c.is_control() || is_format(c))
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for EscapedLines<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_escaped(f, &self.0, |c| {
+            (c.is_control() && !matches!(c, '\n' | '\t')) || is_format(c)
+        })
     }
 }
 
@@ -118,6 +139,10 @@ mod tests {
         assert_eq!(
             Escaped("job\u{202e}gpj.exe\u{200b}").to_string(),
             "job\\u{202e}gpj.exe\\u{200b}"
+        );
+        assert_eq!(
+            EscapedLines("{\n\t\"a\": \"\u{202e}b\r\"\n}").to_string(),
+            "{\n\t\"a\": \"\\u{202e}b\\r\"\n}"
         );
     }
 }

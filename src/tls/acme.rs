@@ -27,7 +27,7 @@ use super::certificate::{About, Certificate};
 use super::challenges::Challenges;
 use super::store::CertificateStore;
 use super::{fit, Hangups};
-use crate::config::{AcmeChallenge, AcmeConfig, Listener};
+use crate::config::{redact_url, AcmeChallenge, AcmeConfig, Listener};
 use crate::metrics::METRICS;
 
 /// The longest one order may take, validations included.
@@ -192,7 +192,7 @@ impl Acme {
                     (failures, retry_at) = (0, None);
                     tracing::info!(
                         %listener,
-                        directory = %self.config.directory,
+                        directory = %redact_url(&self.config.directory),
                         names = %certificate.about.names.join(","),
                         not_after = %humantime::format_rfc3339_seconds(certificate.about.not_after),
                         took_ms = started.elapsed().as_millis() as u64,
@@ -207,7 +207,7 @@ impl Acme {
                     METRICS.tls.record_certificate_failure(listener, operation);
                     tracing::error!(
                         %listener,
-                        directory = %self.config.directory,
+                        directory = %redact_url(&self.config.directory),
                         error = format!("{error:#}"),
                         retry_in_s = retry_delay(failures).as_secs(),
                         serving = current.is_some(),
@@ -318,7 +318,7 @@ impl Acme {
             .await
             .context("cannot create an ACME account")?;
         write_whole(&path, &serde_json::to_vec(&credentials)?, 0o600)?;
-        tracing::info!(listener = %self.listener, directory = %self.config.directory, "ACME account created");
+        tracing::info!(listener = %self.listener, directory = %redact_url(&self.config.directory), "ACME account created");
         Ok(account)
     }
 }
@@ -351,10 +351,14 @@ fn retry_delay(failures: u32) -> Duration {
 fn write_whole(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
     let temporary = path.with_extension("tmp");
     let written = (|| {
+        // A temporary file left by a crash keeps its mode when opened: made anew, it has ours.
+        match std::fs::remove_file(&temporary) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
         let mut file = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(mode)
             .open(&temporary)?;
         file.write_all(bytes)?;
@@ -368,6 +372,21 @@ fn write_whole(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a `.key.tmp` left at 0644 lent its mode to the new key.
+    #[test]
+    fn a_file_is_written_with_its_mode_whatever_was_left_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("hooks.example.key.pem");
+        let leftover = key.with_extension("tmp");
+        std::fs::write(&leftover, "half a key").unwrap();
+        std::fs::set_permissions(&leftover, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_whole(&key, b"the key", 0o600).unwrap();
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(std::fs::read(&key).unwrap(), b"the key");
+        assert!(!leftover.exists());
+    }
 
     #[test]
     fn failed_orders_wait_longer_each_time_and_never_past_six_hours() {

@@ -124,6 +124,11 @@ pub async fn sign_in(from: IpAddr, admin_port: u16, token: &str) -> (u16, Option
 }
 
 pub async fn page(admin_port: u16, cookie: &str, path: &str) -> u16 {
+    page_text(admin_port, cookie, path).await.0
+}
+
+/// A page the operator loads with session `cookie`: its status and the whole answer.
+pub async fn page_text(admin_port: u16, cookie: &str, path: &str) -> (u16, String) {
     let cookie = format!("sume_console={cookie}");
     exchange(
         OPERATOR,
@@ -133,7 +138,6 @@ pub async fn page(admin_port: u16, cookie: &str, path: &str) -> u16 {
         "",
     )
     .await
-    .0
 }
 
 pub fn log(dir: &Path) -> String {
