@@ -16,10 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
-use bytes::Bytes;
 use instant_acme::{
-    Account, AccountCredentials, AuthorizationStatus, BodyWrapper, ChallengeType, Identifier,
-    NewAccount, NewOrder, OrderStatus, RetryPolicy,
+    Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
+    NewOrder, OrderStatus, RetryPolicy,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::sign::CertifiedKey;
@@ -29,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::certificate::{About, Certificate};
 use super::{fit, CertificateStore};
 use crate::config::{AcmeChallenge, AcmeConfig};
+use crate::http_client::AcmeClient;
 use crate::metrics::METRICS;
 
 /// The ALPN protocol of TLS-ALPN-01 validations (RFC 8737).
@@ -331,12 +331,8 @@ impl Acme {
 
     /// The cached account, or a new one (written in the cache before it is used).
     async fn account(&self) -> anyhow::Result<Account> {
-        let connector =
-            crate::http_client::connector_trusting(self.config.directory_ca_file.as_deref())
-                .context("tls.acme.directory_ca_file")?;
-        let client: hyper_util::client::legacy::Client<_, BodyWrapper<Bytes>> =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build(connector);
+        let client = AcmeClient::trusting(self.config.directory_ca_file.as_deref())
+            .context("tls.acme.directory_ca_file")?;
         let builder = Account::builder_with_http(Box::new(client));
         let path = self.account_path();
         if path.exists() {
