@@ -1,5 +1,5 @@
-//! A small HTTP/1 client (hyper-util's pooled client, http and https) with a deadline and a
-//! bounded answer body.
+//! A small HTTP/1 client (hyper-util's pooled client, http and https): each answer within a
+//! deadline and a size, for the handler, Sume's API and the ACME account.
 
 use std::future::Future;
 use std::path::Path;
