@@ -291,6 +291,10 @@ async fn post(
             };
             (Failure::new(error.to_string()), sign)
         })?;
+    if let Some(why) = &answer.cut {
+        // Judged by its status line alone, as curl would: a body cut short loses only its end.
+        tracing::debug!(job_id = %attempt.job_id, status = %answer.status, why = %Escaped(why), "the handler's answer broke off after its status");
+    }
     if answer.status.is_success() {
         return Ok(());
     }

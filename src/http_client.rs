@@ -1,7 +1,9 @@
-//! A small HTTP/1 client (hyper-util's pooled client, http and https) with a deadline and a
-//! bounded answer body.
+//! A small HTTP/1 client (hyper-util's pooled client, http and https): each answer within a
+//! deadline and a size, for the handler, Sume's API and the ACME account.
 
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,6 +13,7 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use instant_acme::{BodyWrapper, BytesResponse};
 
 use crate::tls::certificate::add_ca_file;
 
@@ -40,7 +43,7 @@ pub fn client_trusting(ca_file: Option<&Path>) -> anyhow::Result<HttpClient> {
 }
 
 /// The connector of [`client_trusting`], for a client with another body type.
-pub fn connector_trusting(ca_file: Option<&Path>) -> anyhow::Result<HttpsConnector<HttpConnector>> {
+fn connector_trusting(ca_file: Option<&Path>) -> anyhow::Result<HttpsConnector<HttpConnector>> {
     let mut roots = rustls::RootCertStore::empty();
     // Unreadable system certificates leave the CA file's alone, which may be all it needs.
     roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
@@ -63,6 +66,10 @@ pub struct Answer {
     pub status: StatusCode,
     pub headers: hyper::HeaderMap,
     pub body: Bytes,
+    /// Why the body ended before its end, if it did: the connection broke, or closed without
+    /// TLS's close_notify (as Python's `http.server` over `ssl` does). The status stands, as
+    /// curl and urllib judge it; only the body may be short.
+    pub cut: Option<String>,
 }
 
 /// Why an exchange failed: the handler's hold tells a downstream that is not there from one
@@ -79,6 +86,55 @@ pub enum SendError {
     Failed(String),
 }
 
+/// How an answer's body went on past the head [`read_head`] kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Rest {
+    /// The head is the whole body.
+    None,
+    /// More than the head: not read.
+    Unread,
+    /// It broke off, saying why.
+    Cut(String),
+}
+
+/// The first `max` bytes of `body`; past them it is not read, and the connection goes with it.
+pub(crate) async fn read_head<B>(mut body: B, max: usize) -> (Vec<u8>, Rest)
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: std::error::Error,
+{
+    let mut kept = Vec::new();
+    loop {
+        let Some(frame) = body.frame().await else {
+            return (kept, Rest::None);
+        };
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(error) => return (kept, Rest::Cut(with_causes(&error))),
+        };
+        if let Some(data) = frame.data_ref() {
+            let room = max - kept.len();
+            if data.len() > room {
+                kept.extend_from_slice(&data[..room]);
+                return (kept, Rest::Unread);
+            }
+            kept.extend_from_slice(data);
+        }
+    }
+}
+
+/// An error with its sources: hyper's own text is only the outermost ("client error
+/// (Connect)", "error reading a body from connection"), the cause is in its sources.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
 /// Sends `request` and reads the answer, all within `deadline`. The error says what went wrong.
 pub async fn send(
     client: &HttpClient,
@@ -88,48 +144,94 @@ pub async fn send(
 ) -> Result<Answer, SendError> {
     let exchange = async {
         let response = client.request(request).await.map_err(|e| {
-            // hyper-util's error says only "client error (Connect)": the cause (refused, no
-            // such host, a certificate not trusted) is in its sources.
-            let mut text = format!("request failed: {e}");
-            let mut source = std::error::Error::source(&e);
-            while let Some(cause) = source {
-                text.push_str(&format!(": {cause}"));
-                source = cause.source();
-            }
+            let text = format!("request failed: {}", with_causes(&e));
             if e.is_connect() {
                 SendError::Unreachable(text)
             } else {
                 SendError::Failed(text)
             }
         })?;
-        let (parts, mut body) = response.into_parts();
-        let mut kept = Vec::new();
-        // Keep the head of the answer; past that, stop reading and let the connection go.
-        while kept.len() < max_body {
-            let Some(frame) = body.frame().await else {
-                break;
-            };
-            let frame =
-                frame.map_err(|e| SendError::Failed(format!("reading the answer failed: {e}")))?;
-            if let Some(data) = frame.data_ref() {
-                let room = max_body - kept.len();
-                kept.extend_from_slice(&data[..data.len().min(room)]);
-            }
-        }
+        let (parts, body) = response.into_parts();
+        let (kept, rest) = read_head(body, max_body).await;
         Ok(Answer {
             status: parts.status,
             headers: parts.headers,
             body: Bytes::from(kept),
+            cut: match rest {
+                Rest::Cut(why) => Some(why),
+                Rest::None | Rest::Unread => None,
+            },
         })
     };
     tokio::time::timeout(deadline, exchange)
         .await
-        .unwrap_or_else(|_| {
-            Err(SendError::TimedOut(format!(
-                "no answer within {}",
-                humantime::format_duration(deadline)
-            )))
+        .unwrap_or_else(|_| Err(timed_out(deadline)))
+}
+
+fn timed_out(deadline: Duration) -> SendError {
+    SendError::TimedOut(format!(
+        "no answer within {}",
+        humantime::format_duration(deadline)
+    ))
+}
+
+/// The largest ACME answer read: a directory, an order or a certificate chain is a few KiB.
+pub const ACME_MAX_ANSWER: usize = 1024 * 1024;
+/// The longest one ACME exchange may take, its whole answer read.
+pub const ACME_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The HTTP client an ACME account uses (instant-acme's `Account::builder_with_http`): each
+/// answer whole within [`ACME_DEADLINE`] and [`ACME_MAX_ANSWER`] bytes, or an error that says
+/// which. instant-acme's own client reads an answer to its end however long it is.
+pub struct AcmeClient {
+    client: Client<HttpsConnector<HttpConnector>, BodyWrapper<Bytes>>,
+    deadline: Duration,
+}
+
+impl AcmeClient {
+    /// Trusting the system's CA certificates and those in `ca_file`, as [`client_trusting`].
+    pub fn trusting(ca_file: Option<&Path>) -> anyhow::Result<AcmeClient> {
+        Ok(AcmeClient {
+            client: Client::builder(TokioExecutor::new()).build(connector_trusting(ca_file)?),
+            deadline: ACME_DEADLINE,
         })
+    }
+}
+
+impl instant_acme::HttpClient for AcmeClient {
+    fn request(
+        &self,
+        request: Request<BodyWrapper<Bytes>>,
+    ) -> Pin<Box<dyn Future<Output = Result<BytesResponse, instant_acme::Error>> + Send>> {
+        let (response, deadline) = (self.client.request(request), self.deadline);
+        Box::pin(async move {
+            let exchange = async {
+                let (parts, body) = response
+                    .await
+                    .map_err(|e| format!("request failed: {}", with_causes(&e)))?
+                    .into_parts();
+                match read_head(body, ACME_MAX_ANSWER).await {
+                    (kept, Rest::None) => Ok(BytesResponse {
+                        parts,
+                        body: Box::new(Bytes::from(kept)),
+                    }),
+                    (_, Rest::Unread) => Err(format!(
+                        "the answer ({}) is longer than {} KiB",
+                        parts.status,
+                        ACME_MAX_ANSWER / 1024
+                    )),
+                    // A chain cut between two certificates would still parse: not taken.
+                    (_, Rest::Cut(why)) => {
+                        Err(format!("the answer ({}) broke off: {why}", parts.status))
+                    }
+                }
+            };
+            let answer = tokio::time::timeout(deadline, exchange)
+                .await
+                .unwrap_or_else(|_| Err(timed_out(deadline).to_string()));
+            answer.map_err(|text| instant_acme::Error::Other(text.into()))
+        })
+    }
 }
 
 /// An answer's `Retry-After`: delay-seconds or an HTTP-date (RFC 9110, 10.2.3), as a wait
@@ -156,6 +258,48 @@ mod tests {
         let mut headers = hyper::HeaderMap::new();
         headers.insert(hyper::header::RETRY_AFTER, value.parse().unwrap());
         headers
+    }
+
+    /// A server of its own on 127.0.0.1 that answers 200 and then a byte of body every 50 ms
+    /// until its client goes away.
+    async fn dripping_server() -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request).await;
+            let mut sent = stream.write_all(b"HTTP/1.1 200 OK\r\n\r\n{").await;
+            while sent.is_ok() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                sent = stream.write_all(b" ").await;
+            }
+        });
+        address
+    }
+
+    #[tokio::test]
+    async fn an_acme_answer_slower_than_the_deadline_fails_saying_so() {
+        use instant_acme::HttpClient as _;
+        let address = dripping_server().await;
+        let client = AcmeClient {
+            deadline: Duration::from_millis(300),
+            ..AcmeClient::trusting(None).unwrap()
+        };
+        let request = Request::get(format!("http://{address}/directory"))
+            .body(BodyWrapper::default())
+            .unwrap();
+        let started = std::time::Instant::now();
+        let Err(error) = client.request(request).await else {
+            panic!("a dripping answer was taken");
+        };
+        assert_eq!(error.to_string(), "no answer within 300ms");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

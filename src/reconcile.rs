@@ -193,10 +193,11 @@ impl Reconciler {
             return Ok(again(None, Some(format!("Sume answered {status}"))));
         }
         let Some((job_status, event_type)) = parse_status(&answer.body) else {
-            return Ok(again(
-                None,
-                Some("status answer is not a JSON object with a string `status`".into()),
-            ));
+            let mut error = "status answer is not a JSON object with a string `status`".to_owned();
+            if let Some(why) = &answer.cut {
+                error.push_str(&format!(" (it broke off: {why})"));
+            }
+            return Ok(again(None, Some(error)));
         };
         if !self.terminal.contains(&job_status) {
             return Ok(again(Some(job_status), None));

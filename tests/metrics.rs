@@ -117,3 +117,60 @@ async fn metrics_count_exactly_what_happened() {
         "{text}"
     );
 }
+
+/// Regression: the attempt was counted after its end was written, so a reader who saw the job
+/// `done` could scrape before the count (tests/alerts.rs failed so, one run in twenty). Here the
+/// `sqlite3` shell holds the write lock when the handler ends: the attempt is counted while its
+/// job is still `running`, before its end can be written. The real binary: its count is its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_attempt_is_counted_before_its_end_is_written() {
+    use common::service::{signed_delivery, write_config, Service};
+    use common::sqlite_shell::SqliteShell;
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let port = free_port();
+    let handler = format!(
+        "[handler]\ncommand = [\"sh\", \"-c\", \"while [ ! -e '{}' ]; do sleep 0.02; done\"]\n",
+        go.display()
+    );
+    let config = write_config(dir.path(), port, "", &handler);
+    let service = Service::start(&config, port).await;
+    let delivery = signed_delivery(port, SECRET, &job_body("counted"));
+    let client = sume_receiver::http_client::new_client();
+    let answer = sume_receiver::http_client::send(&client, delivery, Duration::from_secs(5), 4096)
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200);
+    let db = dir.path().join("ledger.sqlite3");
+    let state = || {
+        rusqlite::Connection::open(&db)
+            .unwrap()
+            .query_row(
+                "SELECT state FROM jobs WHERE job_id = 'counted'",
+                [],
+                |row| row.get::<_, String>(0),
+            )
+            .unwrap()
+    };
+    assert!(eventually(Duration::from_secs(10), || state() == "running").await);
+
+    let shell = SqliteShell::holding_the_write_lock(&db);
+    std::fs::write(&go, "").unwrap();
+    let metrics_url = format!("http://127.0.0.1:{port}/metrics");
+    let done = r#"sume_attempts_total{result="done"}"#;
+    let mut counted = None;
+    for _ in 0..500 {
+        let scrape = send_to(Method::GET, &metrics_url, &[]).await;
+        let text = String::from_utf8_lossy(&scrape.body).into_owned();
+        if sample(&text, done) == Some(1.0) {
+            counted = Some(text);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(counted.is_some(), "the attempt was not counted within 10 s");
+    assert_eq!(state(), "running", "its end was written under the lock");
+    shell.let_go();
+    assert!(eventually(Duration::from_secs(10), || state() == "done").await);
+    service.stop_cleanly().await;
+}

@@ -15,10 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
-use bytes::Bytes;
 use instant_acme::{
-    Account, AccountCredentials, AuthorizationStatus, BodyWrapper, ChallengeType, Identifier,
-    NewAccount, NewOrder, OrderStatus, RetryPolicy,
+    Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
+    NewOrder, OrderStatus, RetryPolicy,
 };
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
@@ -28,6 +27,7 @@ use super::challenges::Challenges;
 use super::store::CertificateStore;
 use super::{fit, Hangups};
 use crate::config::{redact_url, AcmeChallenge, AcmeConfig, Listener};
+use crate::http_client::AcmeClient;
 use crate::metrics::METRICS;
 
 /// The longest one order may take, validations included.
@@ -286,12 +286,8 @@ impl Acme {
 
     /// The cached account, or a new one (written in the cache before it is used).
     async fn account(&self) -> anyhow::Result<Account> {
-        let connector =
-            crate::http_client::connector_trusting(self.config.directory_ca_file.as_deref())
-                .context("tls.acme.directory_ca_file")?;
-        let client: hyper_util::client::legacy::Client<_, BodyWrapper<Bytes>> =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build(connector);
+        let client = AcmeClient::trusting(self.config.directory_ca_file.as_deref())
+            .context("tls.acme.directory_ca_file")?;
         let builder = Account::builder_with_http(Box::new(client));
         let path = self.account_path();
         if path.exists() {

@@ -443,8 +443,13 @@ impl JobRun {
                 .await;
         }
         let (end, retry_in) = self.end_of(&attempt, failure);
+        let elapsed = at.elapsed();
+        // Counted before the end is written, not after: a reader of /metrics who has seen the
+        // job `done` (or dead) must find its attempt counted. The attempt ran either way, also
+        // when the ledger then refuses its end.
+        METRICS.record_attempt_end(attempt_result(&end), Some(elapsed.as_secs_f64()));
         let recorded = self.record_end(&attempt, &end, lease_until).await;
-        after_end(&attempt, &end, recorded, at.elapsed(), retry_in)
+        after_end(&attempt, &end, recorded, elapsed, retry_in)
     }
 
     /// How a counted attempt ends: done, failed with a retry after its backoff (and that
@@ -554,7 +559,16 @@ fn after_end(
     }
 }
 
-/// Counts a recorded end and says it in the journal.
+/// What the metrics call an attempt that ends so.
+fn attempt_result(end: &AttemptEnd) -> AttemptResult {
+    match end.outcome().0 {
+        State::Done => AttemptResult::Done,
+        State::Dead => AttemptResult::Dead,
+        _ => AttemptResult::Failed,
+    }
+}
+
+/// Says a recorded end in the journal.
 fn log_end(
     attempt: &Attempt,
     end: &AttemptEnd,
@@ -562,12 +576,6 @@ fn log_end(
     elapsed: Duration,
     retry_in: Option<Duration>,
 ) {
-    let result = match state {
-        State::Done => AttemptResult::Done,
-        State::Dead => AttemptResult::Dead,
-        _ => AttemptResult::Failed,
-    };
-    METRICS.record_attempt_end(result, Some(elapsed.as_secs_f64()));
     let elapsed_ms = elapsed.as_millis() as u64;
     let job_id = &attempt.job_id;
     match (end, state) {

@@ -63,6 +63,18 @@ impl TestCa {
 }
 
 impl Pair {
+    /// A TLS server's acceptor presenting this pair.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        use rustls::pki_types::PrivateKeyDer;
+        let chain = vec![CertificateDer::from_pem_slice(self.cert.as_bytes()).unwrap()];
+        let key = PrivateKeyDer::from_pem_slice(self.key.as_bytes()).unwrap();
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        tokio_rustls::TlsAcceptor::from(Arc::new(config))
+    }
+
     /// Writes `cert.pem` and `key.pem` in `dir`, each by a rename over the old file (as
     /// certbot and cert-manager replace them).
     pub fn install(&self, dir: &Path) {
@@ -155,14 +167,7 @@ pub struct HttpsDownstream {
 
 impl HttpsDownstream {
     pub async fn start(pair: &Pair) -> HttpsDownstream {
-        use rustls::pki_types::PrivateKeyDer;
-        let chain = vec![CertificateDer::from_pem_slice(pair.cert.as_bytes()).unwrap()];
-        let key = PrivateKeyDer::from_pem_slice(pair.key.as_bytes()).unwrap();
-        let config = rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let acceptor = pair.acceptor();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let seen: Seen = Arc::default();
