@@ -93,6 +93,7 @@ impl Router for Admin {
             return error_response(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
         };
         self.api_auth.succeeded(peer.ip());
+        crate::connections::earned();
         let path = request.uri().path().to_owned();
         let query = request.uri().query().unwrap_or("").to_owned();
         let method = request.method().clone();
