@@ -305,13 +305,15 @@ mod tests {
 
     #[test]
     fn at_the_limit_only_a_connection_past_its_grace_is_shed() {
-        let open = Open::new(64);
+        let mut open = Open::new(64);
+        // Opened long enough ago for a connection to have been sheddable past its grace.
+        open.epoch -= 2 * GRACE;
         let peer: IpAddr = "192.0.2.1".parse().unwrap();
         let (_, young, _) = open.register(peer);
         assert!(matches!(open.shed_oldest(), Room::At(_)));
         assert!(young.asked() == Ask::Nothing);
         let (_, old, _) = open.register(peer);
-        // Sheddable since the epoch's first microsecond: long past the grace.
+        // Sheddable since the epoch's first microsecond: past the grace.
         old.since.store(1, Ordering::Relaxed);
         assert!(matches!(open.shed_oldest(), Room::Made));
         assert!(old.asked() == Ask::Close && young.asked() == Ask::Nothing);
