@@ -32,10 +32,9 @@ const GRACE: Duration = Duration::from_millis(500);
 pub enum Room {
     /// A connection was asked to close: its slot is free once its task ends.
     Made,
-    /// The oldest sheddable connection becomes sheddable then.
+    /// Nothing to shed before then: the oldest sheddable connection's grace ends, or, with
+    /// every connection vouched for, one grace from now (one may be between requests by then).
     At(Instant),
-    /// Every connection is vouched for: only one ending makes room.
-    None,
 }
 
 tokio::task_local! {
@@ -198,10 +197,12 @@ impl Open {
         let mut connections = self.connections.lock().expect("not poisoned");
         let of_peer = connections.of_peer.entry(tracked.peer).or_default();
         *of_peer += 1;
-        // Only a peer past its share pays for the scan. Its own connections: no grace.
+        // Only a peer past its share pays for the scan. A burst of its deliveries is not
+        // pushed out by itself: each has its grace.
         let own = (*of_peer > self.per_peer)
             .then(|| oldest(&connections.open, |other| other.peer == tracked.peer))
-            .flatten();
+            .flatten()
+            .filter(|own| self.past_grace(own));
         if let Some(own) = own {
             own.ask(Ask::Close);
         }
@@ -231,15 +232,22 @@ impl Open {
     pub fn shed_oldest(&self) -> Room {
         let connections = self.connections.lock().expect("not poisoned");
         let Some(oldest) = oldest(&connections.open, |_| true) else {
-            return Room::None;
+            return Room::At(Instant::now() + GRACE);
         };
-        let since = oldest.since.load(Ordering::Relaxed);
-        let sheddable_at = Duration::from_micros(since) + GRACE;
-        if self.epoch.elapsed() < sheddable_at {
-            return Room::At(self.epoch + sheddable_at);
+        if !self.past_grace(oldest) {
+            return Room::At(self.sheddable_at(oldest));
         }
         oldest.ask(Ask::Close);
         Room::Made
+    }
+
+    /// When `tracked`, sheddable now, may be shed.
+    fn sheddable_at(&self, tracked: &Tracked) -> Instant {
+        self.epoch + Duration::from_micros(tracked.since.load(Ordering::Relaxed)) + GRACE
+    }
+
+    fn past_grace(&self, tracked: &Tracked) -> bool {
+        Instant::now() >= self.sheddable_at(tracked)
     }
 
     pub fn ask_all(&self, ask: Ask) {
@@ -284,7 +292,8 @@ mod tests {
 
     #[test]
     fn a_peer_past_its_share_pushes_out_its_own_oldest_sheddable_connection() {
-        let open = Open::new(64);
+        let mut open = Open::new(64);
+        open.epoch -= 2 * GRACE;
         let (stranger, other): (IpAddr, IpAddr) =
             ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
         let (_, elsewhere, _) = open.register(other);
@@ -297,7 +306,11 @@ mod tests {
             waiting.push(tracked);
         }
         let (_, _, shed) = open.register(stranger);
-        assert!(shed, "the ninth connection of one peer pushes one out");
+        assert!(!shed, "a burst of young connections is not pushed out");
+        // Sheddable since the epoch's first microsecond: past the grace.
+        waiting[0].since.store(1, Ordering::Relaxed);
+        let (_, _, shed) = open.register(stranger);
+        assert!(shed, "one past its share pushes one out");
         assert!(waiting[0].asked() == Ask::Close, "its oldest sheddable one");
         assert!(vouched.asked() == Ask::Nothing, "not the one vouched for");
         assert!(elsewhere.asked() == Ask::Nothing, "not another peer's");
@@ -319,7 +332,7 @@ mod tests {
         assert!(old.asked() == Ask::Close && young.asked() == Ask::Nothing);
         young.earned();
         assert!(
-            matches!(open.shed_oldest(), Room::None),
+            matches!(open.shed_oldest(), Room::At(_)),
             "nothing left to shed"
         );
     }

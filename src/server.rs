@@ -197,31 +197,31 @@ async fn metrics(ledger: &Ledger) -> Response<Full<Bytes>> {
     )
 }
 
-/// A slot at the connection limit: the oldest sheddable connection's, once it is past its
-/// grace, or the first to end. `None` on shutdown.
+/// A slot at the connection limit: the first to end, or the oldest sheddable connection's once
+/// it is past its grace. `None` on shutdown.
 async fn room(
     open: &Open,
     connections: &Arc<Semaphore>,
     shutdown: &CancellationToken,
 ) -> Option<OwnedSemaphorePermit> {
     loop {
-        let retry_at = match open.shed_oldest() {
+        let look_again = match open.shed_oldest() {
+            // The slot is the one that connection's task gives back: wait for it alone.
             Room::Made => {
                 METRICS.record_connection_shed();
                 None
             }
             Room::At(at) => Some(at),
-            Room::None => None,
         };
-        let retry = async {
-            match retry_at {
+        let look_again = async {
+            match look_again {
                 Some(at) => tokio::time::sleep_until(at.into()).await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
             permit = connections.clone().acquire_owned() => return Some(permit.expect("never closed")),
-            () = retry => {}
+            () = look_again => {}
             () = shutdown.cancelled() => return None,
         }
     }
