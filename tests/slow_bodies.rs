@@ -321,108 +321,121 @@ impl Everyone<'_> {
     }
 }
 
+/// Which listeners strangers attack, at what pace, how many, with which `[server]` keys.
+struct Siege {
+    server_keys: &'static str,
+    tls: bool,
+    strangers: usize,
+    /// Webhook bodies: their declared length and pace.
+    bodies: Option<(usize, Pace)>,
+    /// Sign-in forms and CSP reports: their declared length and pace.
+    forms: Option<(usize, Pace)>,
+}
+
+impl Siege {
+    /// `strangers` per listener attacked, against the binary with `server_keys`.
+    fn of(strangers: usize, server_keys: &'static str) -> Siege {
+        Siege {
+            server_keys,
+            tls: false,
+            strangers,
+            bodies: None,
+            forms: None,
+        }
+    }
+
+    fn over_tls(self) -> Siege {
+        Siege { tls: true, ..self }
+    }
+
+    fn bodies(self, length: usize, pace: Pace) -> Siege {
+        let bodies = Some((length, pace));
+        Siege { bodies, ..self }
+    }
+
+    fn forms(self, length: usize, pace: Pace) -> Siege {
+        let forms = Some((length, pace));
+        Siege { forms, ..self }
+    }
+
+    /// Starts the binary, lets the strangers take their slots, then the sender (where bodies
+    /// are attacked) and the operator (where forms are) must [`Everyone::get_in`].
+    async fn hold(self, label: &str) {
+        let _turn = ONE_AT_A_TIME.lock().await;
+        raise_open_files_limit(self.strangers as u64);
+        let dir = tempfile::tempdir().unwrap();
+        let ca = self.tls.then(TestCa::new);
+        let (service, webhook, admin) = start(dir.path(), self.server_keys, ca.as_ref()).await;
+        let cookie = admin.sign_in().await;
+        let mut strangers = JoinSet::new();
+        if let Some((length, pace)) = self.bodies {
+            Attack::webhook(&webhook, length, pace).launch(self.strangers, &mut strangers);
+        }
+        if let Some((length, pace)) = self.forms {
+            Attack::console(&admin, length, pace).launch(self.strangers, &mut strangers);
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let everyone = Everyone {
+            webhook: self.bodies.map(|_| &webhook),
+            admin: self.forms.map(|_| (&admin, cookie.as_str())),
+        };
+        everyone.get_in(label).await;
+        strangers.abort_all();
+        service.stop_cleanly().await;
+    }
+}
+
 /// The review's measure: 120 strangers per listener, a byte every half second, against
 /// `max_connections = 64` (before: 2 of 5 deliveries within 2 s, 16 of 30 pages and
 /// `/healthz`).
 #[tokio::test(flavor = "multi_thread")]
 async fn trickled_bodies_past_the_limit_keep_no_one_out() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (service, webhook, admin) = start(dir.path(), "max_connections = 64\n", None).await;
-    let cookie = admin.sign_in().await;
-    let mut strangers = JoinSet::new();
-    Attack::webhook(&webhook, 200, TRICKLE).launch(120, &mut strangers);
-    Attack::console(&admin, 200, TRICKLE).launch(120, &mut strangers);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let everyone = Everyone {
-        webhook: Some(&webhook),
-        admin: Some((&admin, &cookie)),
-    };
-    everyone.get_in("trickle").await;
-    strangers.abort_all();
-    service.stop_cleanly().await;
+    Siege::of(120, "max_connections = 64\n")
+        .bodies(200, TRICKLE)
+        .forms(200, TRICKLE)
+        .hold("trickle")
+        .await;
 }
 
 /// Over TLS, webhook bodies above the minimum rate that would each hold their slot for the
 /// whole minute of `body_read_timeout`: only shedding lets the sender in.
 #[tokio::test(flavor = "multi_thread")]
 async fn steady_bodies_past_the_limit_are_shed_over_tls() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::new();
-    let keys = "max_connections = 64\nbody_read_timeout = \"60s\"\n";
-    let (service, webhook, _) = start(dir.path(), keys, Some(&ca)).await;
-    let mut strangers = JoinSet::new();
-    Attack::webhook(&webhook, 60_000, STEADY).launch(120, &mut strangers);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let everyone = Everyone {
-        webhook: Some(&webhook),
-        admin: None,
-    };
-    everyone.get_in("steady bodies over TLS").await;
-    strangers.abort_all();
-    service.stop_cleanly().await;
+    Siege::of(120, "max_connections = 64\nbody_read_timeout = \"60s\"\n")
+        .over_tls()
+        .bodies(60_000, STEADY)
+        .hold("steady bodies over TLS")
+        .await;
 }
 
 /// The same on the admin listener over TLS: forms and CSP reports at 1,000 bytes a second,
 /// each held up to the form's 2 s deadline but for the shedding.
 #[tokio::test(flavor = "multi_thread")]
 async fn steady_forms_past_the_limit_are_shed_over_tls() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::new();
-    let (service, _, admin) = start(dir.path(), "max_connections = 64\n", Some(&ca)).await;
-    let cookie = admin.sign_in().await;
-    let mut strangers = JoinSet::new();
-    Attack::console(&admin, 8000, STEADY).launch(120, &mut strangers);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let everyone = Everyone {
-        webhook: None,
-        admin: Some((&admin, &cookie)),
-    };
-    everyone.get_in("steady forms over TLS").await;
-    strangers.abort_all();
-    service.stop_cleanly().await;
+    Siege::of(120, "max_connections = 64\n")
+        .over_tls()
+        .forms(8000, STEADY)
+        .hold("steady forms over TLS")
+        .await;
 }
 
 /// 1,100 strangers' webhook bodies against the default 1,024 connections.
 #[tokio::test(flavor = "multi_thread")]
 async fn eleven_hundred_slow_bodies_against_the_default_limit() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    raise_open_files_limit(1100);
-    let dir = tempfile::tempdir().unwrap();
-    let (service, webhook, _) = start(dir.path(), "", None).await;
-    let mut strangers = JoinSet::new();
-    Attack::webhook(&webhook, 200, TRICKLE).launch(1100, &mut strangers);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let everyone = Everyone {
-        webhook: Some(&webhook),
-        admin: None,
-    };
-    everyone.get_in("1,100 slow bodies").await;
-    strangers.abort_all();
-    service.stop_cleanly().await;
+    Siege::of(1100, "")
+        .bodies(200, TRICKLE)
+        .hold("1,100 slow bodies")
+        .await;
 }
 
 /// 1,100 strangers' slow forms against the default 1,024 connections of the admin listener
 /// (before: 19 of 19 `/healthz` failed).
 #[tokio::test(flavor = "multi_thread")]
 async fn eleven_hundred_slow_forms_against_the_default_limit() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    raise_open_files_limit(1100);
-    let dir = tempfile::tempdir().unwrap();
-    let (service, _, admin) = start(dir.path(), "", None).await;
-    let cookie = admin.sign_in().await;
-    let mut strangers = JoinSet::new();
-    Attack::console(&admin, 200, TRICKLE).launch(1100, &mut strangers);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let everyone = Everyone {
-        webhook: None,
-        admin: Some((&admin, &cookie)),
-    };
-    everyone.get_in("1,100 slow forms").await;
-    strangers.abort_all();
-    service.stop_cleanly().await;
+    Siege::of(1100, "")
+        .forms(200, TRICKLE)
+        .hold("1,100 slow forms")
+        .await;
 }
 
 /// Regression: a body a byte every half second held its connection until `body_read_timeout`.
