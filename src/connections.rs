@@ -104,7 +104,7 @@ impl Tracked {
         self.since.store(0, Ordering::Relaxed);
     }
 
-    /// Sheddable from now on (a request answered, a new connection).
+    /// Sheddable from now on (a new connection, a request answered, a body begun).
     pub fn between_requests(&self) {
         let micros = self.epoch.elapsed().as_micros().max(1);
         self.since
@@ -113,14 +113,16 @@ impl Tracked {
 
     /// Routes `request` with this connection as the one [`earned`] marks. A request without
     /// a body has nothing a stranger could stretch: it earns its slot at once. One with a
-    /// body stays sheddable, since the connection began to wait for its head, until the
-    /// router vouches for it.
+    /// body is sheddable until the router vouches for it, with a grace of its own from its
+    /// head on (a keep-alive connection idle for a minute may carry a real delivery).
     pub async fn route<F: std::future::Future>(
         self: &Arc<Self>,
         has_body: bool,
         route: F,
     ) -> F::Output {
-        if !has_body {
+        if has_body {
+            self.between_requests();
+        } else {
             self.earned();
         }
         SLOT.scope(self.clone(), route).await
