@@ -121,7 +121,7 @@ impl Door {
     /// A console session of the operator token.
     async fn sign_in(&self) -> String {
         let body = format!("token={OPERATOR_TOKEN}");
-        let head = form_head(&self.host(), "/console/sign-in", body.len());
+        let head = form_head(&self.host(), "/console/sign-in", body.len(), "");
         let (status, _, answer) = self.ask(&format!("{head}{body}")).await;
         assert_eq!(status, 303, "{answer}");
         let cookie = answer
@@ -132,12 +132,12 @@ impl Door {
     }
 }
 
-/// The head of a browser's form post of `length` bytes.
-fn form_head(host: &str, path: &str, length: usize) -> String {
+/// The head of a browser's form post of `length` bytes, with `cookie` (a session's, or none).
+fn form_head(host: &str, path: &str, length: usize, cookie: &str) -> String {
     format!(
         "POST {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\
          sec-fetch-site: same-origin\r\ncontent-type: application/x-www-form-urlencoded\r\n\
-         content-length: {length}\r\n\r\n"
+         content-length: {length}\r\n{cookie}\r\n"
     )
 }
 
@@ -173,7 +173,7 @@ impl Attack {
     fn console(door: &Door, length: usize, pace: Pace) -> Attack {
         let heads = ["/console/sign-in", "/console/csp-report"]
             .iter()
-            .map(|path| form_head(&door.host(), path, length))
+            .map(|path| form_head(&door.host(), path, length, ""))
             .collect();
         Attack {
             door: door.clone(),
@@ -436,6 +436,43 @@ async fn eleven_hundred_slow_forms_against_the_default_limit() {
         .forms(200, TRICKLE)
         .hold("1,100 slow forms")
         .await;
+}
+
+/// A signed-in operator's action form, sent at 1,000 bytes a second for 1.5 s while strangers'
+/// forms churn through every slot of the admin listener: its live session keeps its slot, and
+/// it is answered, never shed.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operators_slow_form_keeps_its_slot() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (service, _, admin) = start(dir.path(), "max_connections = 64\n", None).await;
+    let cookie = format!("cookie: {}\r\n", admin.sign_in().await);
+    let mut strangers = JoinSet::new();
+    Attack::console(&admin, 8000, STEADY).launch(120, &mut strangers);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let body = format!("reason=slow&pad={}", "x".repeat(1500 - 16));
+    let head = form_head(
+        &admin.host(),
+        "/console/dispatch/pause",
+        body.len(),
+        &cookie,
+    );
+    let mut stream = admin.open(OPERATOR).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    for chunk in body.as_bytes().chunks(STEADY.chunk) {
+        tokio::time::sleep(STEADY.every).await;
+        stream
+            .write_all(chunk)
+            .await
+            .expect("the form's connection was kept");
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("Dispatch paused"), "{answer}");
+    strangers.abort_all();
+    service.stop_cleanly().await;
 }
 
 /// Regression: a body a byte every half second held its connection until `body_read_timeout`.
