@@ -6,8 +6,8 @@
 //! anything authenticated it (a webhook body before its HMAC, a sign-in form, a CSP report).
 //! It earns its slot when its request has no body to wait for, or when the router calls
 //! [`earned`] (a valid signature, a live console session, a valid bearer token). At the
-//! connection limit the connection sheddable for longest makes room; a peer address (an IPv6
-//! /64) that holds more than its share pushes out its own oldest sheddable one.
+//! connection limit the connection sheddable for longest makes room, once past a grace; a
+//! peer address (an IPv6 /64) past its share makes room for its new connection out of its own.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use atomic_waker::AtomicWaker;
 use hyper_util::server::graceful::GracefulConnection;
 
-/// A peer holds at most this fraction of `max_connections` (and never fewer than
-/// [`PEER_FLOOR`]) before its own oldest sheddable connection makes room for its new one.
+/// Past this fraction of `max_connections` (and never below [`PEER_FLOOR`]), a peer's new
+/// connection pushes out its own oldest sheddable one past its grace, not a stranger's.
 const PEER_SHARE: usize = 8;
 const PEER_FLOOR: usize = 8;
 /// How long a connection is safe from the connection limit's shedding: long enough for a real
