@@ -20,7 +20,7 @@ use atomic_waker::AtomicWaker;
 use hyper_util::server::graceful::GracefulConnection;
 
 /// Past this fraction of `max_connections` (and never below [`PEER_FLOOR`]), a peer's new
-/// connection pushes out its own oldest sheddable one past its grace, not a stranger's.
+/// connection pushes out its own oldest sheddable one past its grace, not another peer's.
 const PEER_SHARE: usize = 8;
 const PEER_FLOOR: usize = 8;
 /// How long a connection is safe from the connection limit's shedding: long enough for a real
