@@ -100,6 +100,7 @@ impl Router for Admin {
             }
             return error_response(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
         };
+        crate::connections::earned();
         let path = request.uri().path().to_owned();
         let query = request.uri().query().unwrap_or("").to_owned();
         let method = request.method().clone();

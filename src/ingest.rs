@@ -21,6 +21,7 @@ use crate::job_id::JobId;
 use crate::ledger::{ClaimOutcome, Ledger, NewClaim, Source, StorageError};
 use crate::logging::Escaped;
 use crate::metrics::{DeliveryOutcome, METRICS};
+use crate::paced_body::{PaceError, Paced, MIN_BYTES_PER_SECOND};
 use crate::payload::{Field, KeyFields};
 use crate::raw_body::RawBody;
 use crate::refusals::Refusals;
@@ -50,7 +51,7 @@ pub enum IngestError {
     BadSignature(#[from] SignatureError),
     #[error("could not read the request body: {0}")]
     BodyRead(String),
-    #[error("the body did not arrive within {0:?}")]
+    #[error("the body did not arrive within {0:?}, or slower than {MIN_BYTES_PER_SECOND} bytes a second after its first second")]
     BodyTimeout(Duration),
     #[error("{0}")]
     BadPayload(String),
@@ -375,12 +376,11 @@ impl Ingest {
         let skew = prechecked.signed.skew_secs(now);
         let reserved = prechecked.declared_length.unwrap_or(self.max_body_bytes);
         let _budget = self.budget.reserve(reserved).await?;
-        let read = read_body(body, reserved, self.max_body_bytes);
-        let body = tokio::time::timeout(self.body_read_timeout, read)
-            .await
-            .map_err(|_| IngestError::BodyTimeout(self.body_read_timeout))??;
+        let body = read_body(body, reserved, self.max_body_bytes, self.body_read_timeout).await?;
         let secrets = self.secrets.read().expect("not poisoned").clone();
         let secret = prechecked.signed.verify_which(&secrets, &body)?;
+        // Signed by one who knows a secret: no longer a stranger's slot to take.
+        crate::connections::earned();
         ROLLUP.record_verified(secret, skew);
         METRICS.record_clock_skew(skew);
 
@@ -410,17 +410,23 @@ impl Ingest {
 /// Reads the body: a body that arrives in one piece (the usual case) is that piece of the
 /// connection's read buffer, not a copy; one in several pieces is joined into one buffer of the
 /// reserved size. More than `limit` bytes (a chunked body that never declared its length) is
-/// refused as soon as it arrives.
+/// refused as soon as it arrives. The whole body within `within`, and at the minimum rate
+/// after its first second ([`Paced`]).
 async fn read_body(
-    mut body: Incoming,
+    body: Incoming,
     reserved: usize,
     limit: usize,
+    within: Duration,
 ) -> Result<Bytes, IngestError> {
+    let mut body = Paced::new(body, within);
     let mut first: Option<Bytes> = None;
     let mut joined = Vec::new();
     let mut length = 0;
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|error| IngestError::BodyRead(error.to_string()))?;
+        let frame = frame.map_err(|error| match error {
+            PaceError::TooSlow => IngestError::BodyTimeout(within),
+            PaceError::Body(error) => IngestError::BodyRead(error.to_string()),
+        })?;
         let Ok(data) = frame.into_data() else {
             continue;
         };

@@ -49,14 +49,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 async fn serve(config: Config) -> anyhow::Result<()> {
     // Installed before anything else: a SIGTERM during startup must still shut down cleanly.
     let shutdown = shutdown_signal()?;
-    let listener = tokio::net::TcpListener::bind(config.server.listen)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot listen on {} (server.listen or --listen)",
-                config.server.listen
-            )
-        })?;
+    let listener = sume_receiver::server::bind(config.server.listen).with_context(|| {
+        format!(
+            "cannot listen on {} (server.listen or --listen)",
+            config.server.listen
+        )
+    })?;
     sume_receiver::run(config, listener, shutdown).await
 }
 

@@ -1,28 +1,24 @@
 //! The HTTP server: accept loop, hardened hyper settings, routing, graceful shutdown.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use hyper::header::{HeaderValue, ALLOW};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulConnection;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
+use crate::connections::{Ask, Open, Room};
 use crate::ingest::Ingest;
 use crate::ledger::{now_ms, Ledger, StorageError};
 use crate::metrics::{FilesystemSpace, Scrape, METRICS};
@@ -33,6 +29,11 @@ use crate::worker::Queue;
 
 /// How long a scrape of `/metrics` waits for the ledger.
 const LEDGER_READ_PER_SCRAPE: Duration = Duration::from_secs(5);
+/// Connections the kernel queues for the accept loop (capped by `net.core.somaxconn`, 4096
+/// since Linux 5.4). Above tokio's 1024: at the default `max_connections`, strangers cut off or
+/// shed together reconnect together, and a queue of 1024 dropped a real sender's SYN among
+/// them (its retry comes a second later).
+const LISTEN_BACKLOG: u32 = 4096;
 /// The pause after a failed accept that nothing could make room for.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// The pause after shedding a connection to free its descriptor: long enough for its task to
@@ -210,149 +211,46 @@ async fn metrics(ledger: &Ledger, webhook_tls: Option<&Tls>) -> Response<Full<By
     )
 }
 
-/// The open connections, and since when each has waited for a request head (not inside a
-/// request): at the connection limit, the one that has waited longest makes room. A stranger
-/// can hold every slot with heads sent a byte at a time, each until `header_read_timeout`;
-/// shedding them lets a real sender in at once. A connection inside a request is not shed; one
-/// whose head completes in the very instant it is picked may be, and its client sees a reset,
-/// never a 2xx (Sume retries).
-struct Open {
-    epoch: Instant,
-    connections: Mutex<(u64, HashMap<u64, Arc<Tracked>>)>,
-}
-
-/// One open connection, as the accept loop and the shutdown see it.
-struct Tracked {
-    epoch: Instant,
-    /// Microseconds since `epoch` when the connection began to wait; 0 inside a request.
-    since: AtomicU64,
-    /// What the server asks of the connection (an [`Ask`]); it only ever rises.
-    asked: AtomicU8,
-    /// The connection's task, woken when `asked` rises. Registering it is two atomic
-    /// operations per poll, where a cancellation token or a watch channel takes a lock each.
-    waker: AtomicWaker,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum Ask {
-    Nothing = 0,
-    /// Answer the request in progress, if any, then close (shutdown).
-    Drain = 1,
-    /// Close now (shed, or the shutdown grace is over).
-    Close = 2,
-}
-
-impl Tracked {
-    fn in_request(&self) {
-        self.since.store(0, Ordering::Relaxed);
-    }
-
-    fn between_requests(&self) {
-        let micros = self.epoch.elapsed().as_micros().max(1);
-        self.since
-            .store(micros.try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
-    }
-
-    fn ask(&self, ask: Ask) {
-        self.asked.fetch_max(ask as u8, Ordering::SeqCst);
-        self.waker.wake();
-    }
-
-    fn asked(&self) -> Ask {
-        match self.asked.load(Ordering::SeqCst) {
-            0 => Ask::Nothing,
-            1 => Ask::Drain,
-            _ => Ask::Close,
-        }
-    }
-
-    /// Runs `step` (a TLS handshake) unless the server asks the connection to drain or close
-    /// first: before its first request, a connection has nothing to finish.
-    async fn unless_asked<F: std::future::Future>(&self, step: F) -> Option<F::Output> {
-        let mut step = std::pin::pin!(step);
-        std::future::poll_fn(|cx| {
-            self.waker.register(cx.waker());
-            if self.asked() != Ask::Nothing {
-                return Poll::Ready(None);
+/// A slot at the connection limit: the first to end, or the oldest sheddable connection's once
+/// it is past its grace. `None` on shutdown.
+async fn room(
+    open: &Open,
+    connections: &Arc<Semaphore>,
+    shutdown: &CancellationToken,
+) -> Option<OwnedSemaphorePermit> {
+    loop {
+        let look_again = match open.shed_oldest() {
+            // The slot is the one that connection's task gives back: wait for it alone.
+            Room::Made => {
+                METRICS.record_connection_shed();
+                None
             }
-            step.as_mut().poll(cx).map(Some)
-        })
-        .await
-    }
-
-    /// Serves `connection` until it ends or is asked to close; asked to drain, it finishes
-    /// the request in progress (hyper's graceful shutdown of the connection).
-    async fn serve<C: GracefulConnection>(&self, connection: C) -> Result<(), C::Error> {
-        let mut connection = std::pin::pin!(connection);
-        let mut draining = false;
-        std::future::poll_fn(|cx| {
-            self.waker.register(cx.waker());
-            match self.asked() {
-                Ask::Close => return Poll::Ready(Ok(())),
-                Ask::Drain if !draining => {
-                    draining = true;
-                    connection.as_mut().graceful_shutdown();
-                }
-                Ask::Drain | Ask::Nothing => {}
-            }
-            connection.as_mut().poll(cx)
-        })
-        .await
-    }
-}
-
-impl Open {
-    fn new() -> Open {
-        Open {
-            epoch: Instant::now(),
-            connections: Mutex::default(),
-        }
-    }
-
-    fn register(&self) -> (u64, Arc<Tracked>) {
-        let tracked = Arc::new(Tracked {
-            epoch: self.epoch,
-            since: AtomicU64::new(0),
-            asked: AtomicU8::new(Ask::Nothing as u8),
-            waker: AtomicWaker::new(),
-        });
-        tracked.between_requests();
-        let mut connections = self.connections.lock().expect("not poisoned");
-        let (last_id, open) = &mut *connections;
-        *last_id += 1;
-        open.insert(*last_id, tracked.clone());
-        (*last_id, tracked)
-    }
-
-    fn unregister(&self, id: u64) {
-        self.connections.lock().expect("not poisoned").1.remove(&id);
-    }
-
-    /// Closes the connection that has waited longest for a request head; whether there was one.
-    fn shed_longest_waiting(&self) -> bool {
-        let connections = self.connections.lock().expect("not poisoned");
-        let longest = connections
-            .1
-            .values()
-            .filter(|tracked| tracked.asked() != Ask::Close)
-            .filter_map(|tracked| {
-                let since = tracked.since.load(Ordering::Relaxed);
-                (since != 0).then_some((since, tracked))
-            })
-            .min_by_key(|(since, _)| *since);
-        let Some((_, tracked)) = longest else {
-            return false;
+            Room::At(at) => Some(at),
         };
-        tracked.ask(Ask::Close);
-        true
-    }
-
-    fn ask_all(&self, ask: Ask) {
-        for tracked in self.connections.lock().expect("not poisoned").1.values() {
-            tracked.ask(ask);
+        let look_again = async {
+            match look_again {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            permit = connections.clone().acquire_owned() => return Some(permit.expect("never closed")),
+            () = look_again => {}
+            () = shutdown.cancelled() => return None,
         }
     }
+}
+
+/// A listener on `address` with a backlog of [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as
+/// tokio's own `bind` sets it: a restart binds while the old connections linger).
+pub fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match address {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 fn is_out_of_descriptors(error: &std::io::Error) -> bool {
@@ -378,11 +276,12 @@ pub async fn serve<R: Router>(
         .max_buf_size(config.max_header_bytes)
         .keep_alive(true);
     // One permit per open connection. At the limit, a new connection takes the place of the
-    // one that has waited longest for a request head (a slow or idle client; see `Idle`);
-    // with every connection inside a request, it waits for one to end, and further ones wait
-    // in the kernel's backlog (or are refused when it is full) instead of becoming tasks.
+    // one that has been sheddable longest (a slow or idle client, or a body nobody vouched
+    // for; see `connections.rs`); with every connection vouched for, it waits for one to end,
+    // and further ones wait in the kernel's backlog (or are refused when it is full) instead
+    // of becoming tasks.
     let connections = Arc::new(Semaphore::new(config.max_connections));
-    let open = Arc::new(Open::new());
+    let open = Arc::new(Open::new(config.max_connections));
     let mut accept_failures = Throttled::new("accept failed; backing off");
     loop {
         let (stream, peer) = tokio::select! {
@@ -393,7 +292,7 @@ pub async fn serve<R: Router>(
                     // Out of file descriptors (a hard limit below max_connections): the
                     // connection that has waited longest for a head makes room, as at the
                     // connection limit. Anything else: back off instead of spinning.
-                    if is_out_of_descriptors(&error) && open.shed_longest_waiting() {
+                    if is_out_of_descriptors(&error) && matches!(open.shed_oldest(), Room::Made) {
                         METRICS.record_connection_shed();
                         tokio::time::sleep(SHED_PAUSE).await;
                     } else {
@@ -407,26 +306,24 @@ pub async fn serve<R: Router>(
         accept_failures.recovered();
         let permit = match connections.clone().try_acquire_owned() {
             Ok(permit) => permit,
-            Err(_) => {
-                if open.shed_longest_waiting() {
-                    METRICS.record_connection_shed();
-                }
-                tokio::select! {
-                    permit = connections.clone().acquire_owned() => permit.expect("never closed"),
-                    () = shutdown.cancelled() => break,
-                }
-            }
+            Err(_) => match room(&open, &connections, &shutdown).await {
+                Some(permit) => permit,
+                None => break,
+            },
         };
         let _ = stream.set_nodelay(true);
-        let (id, tracked) = open.register();
+        let (id, tracked, pushed_out) = open.register(peer.ip());
+        if pushed_out {
+            METRICS.record_connection_shed();
+        }
         let app = app.clone();
         let service = service_fn({
             let tracked = tracked.clone();
-            move |request| {
+            move |request: Request<Incoming>| {
                 let (app, tracked) = (app.clone(), tracked.clone());
                 async move {
-                    tracked.in_request();
-                    let response = app.route(request, peer).await;
+                    let has_body = !request.body().is_end_stream();
+                    let response = tracked.route(has_body, app.route(request, peer)).await;
                     tracked.between_requests();
                     Ok::<_, Infallible>(response)
                 }

@@ -298,7 +298,7 @@ async fn start_tls(
     };
     let tls = Tls::from_config(config, listener, read_at_start)?;
     if let Some((address, challenges)) = tls.http_challenges() {
-        let http = TcpListener::bind(address).await.with_context(|| {
+        let http = server::bind(address).with_context(|| {
             format!("cannot listen on {address} (tls.acme.http_listen, for http-01)")
         })?;
         tracing::info!(listen = %address, "ACME http-01 listener on");
@@ -331,8 +331,7 @@ async fn start_admin(
         named: tokens.named,
     });
     let address = admin_config.listen;
-    let listener = TcpListener::bind(address)
-        .await
+    let listener = server::bind(address)
         .with_context(|| format!("cannot listen on {address} (admin.listen)"))?;
     let tls = start_tls(
         admin_config.tls.as_ref(),

@@ -208,6 +208,8 @@ async fn silent_handshakes_are_shed_at_the_connection_limit_and_time_out() {
     for _ in 0..4 {
         silent.push(tokio::net::TcpStream::connect(server.addr).await.unwrap());
     }
+    // Past their grace (0.5 s), not yet their handshake deadline (1 s).
+    tokio::time::sleep(Duration::from_millis(600)).await;
     let started = Instant::now();
     let answer = server.deliver(&job_body("past-the-silent")).await;
     assert_eq!(answer.status, 200);

@@ -135,6 +135,16 @@ async fn stalled_body(server: &TestServer, length: usize) -> tokio::net::TcpStre
     stream
 }
 
+/// Sends a body's bytes, 100 every 100 ms (above the minimum rate: never cut off for its
+/// pace), until the connection closes: a body still arriving, neither stalled nor done.
+fn keep_arriving(mut writing: tokio::net::tcp::OwnedWriteHalf) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while writing.write_all(&[b' '; 100]).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
 /// The head of a signed delivery of `body`, sent alone on a new connection.
 async fn delivery_head_sent(server: &TestServer, body: &str) -> tokio::net::TcpStream {
     let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
@@ -213,14 +223,16 @@ async fn a_body_arriving_in_pieces_is_stored_as_sent() {
 async fn past_the_shutdown_grace_a_delivery_still_arriving_is_cut_off_unanswered() {
     let server = TestServer::start("[server]\nshutdown_grace = \"1s\"\n").await;
     let config = server.config.clone();
-    let body = job_body("never-finished");
-    let mut sending = delivery_head_sent(&server, &body).await;
-    sending.write_all(&body.as_bytes()[..10]).await.unwrap();
+    let (mut sending, writing) = stalled_body(&server, 100_000).await.into_split();
+    let _arriving = keep_arriving(writing);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let started = Instant::now();
     let stopping = tokio::spawn(server.stop());
-    assert_eq!(read_until_closed(&mut sending).await, "");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), sending.read_to_end(&mut answer));
+    let _ = read.await.expect("the server closed the connection");
+    assert_eq!(String::from_utf8_lossy(&answer), "");
     let elapsed = started.elapsed();
     assert!(
         elapsed >= Duration::from_millis(900),
@@ -259,8 +271,9 @@ async fn the_body_budget_turns_large_bodies_away_and_keeps_room_for_small_ones()
         "[server]\nmax_body_bytes = 1048576\nmax_inflight_body_bytes = 2097152\nbody_read_timeout = \"8s\"\n",
     )
     .await;
-    // 1 MiB of the 1.5 MiB for large bodies, held by a body that never comes.
-    let _held = stalled_body(&server, 1 << 20).await;
+    // 1 MiB of the 1.5 MiB for large bodies, held by a body still arriving.
+    let (_held, writing) = stalled_body(&server, 1 << 20).await.into_split();
+    let _arriving = keep_arriving(writing);
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let mut second = stalled_body(&server, 1 << 20).await;
@@ -292,22 +305,30 @@ async fn healthz_once(addr: std::net::SocketAddr) -> String {
 }
 
 /// Regression: nothing capped connections, so each one became a task and a descriptor. The
-/// cap holds for connections inside a request: those are never shed, a new one waits.
+/// cap holds for connections whose request is vouched for (signed deliveries, here waiting for
+/// a locked ledger): those are never shed, a new one waits.
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_past_max_connections_wait_until_one_closes() {
     let server = TestServer::start(
-        "[server]\nmax_connections = 3\nheader_read_timeout = \"20s\"\nbody_read_timeout = \"20s\"\n",
+        "[server]\nmax_connections = 3\nclaim_timeout = \"9s\"\n\n\
+         [database]\nbusy_timeout = \"9s\"\n",
     )
     .await;
+    let blocker = server.db();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
     let mut busy = Vec::new();
-    for _ in 0..3 {
-        busy.push(stalled_body(&server, 1000).await);
+    for n in 0..3 {
+        let body = job_body(&format!("waiting-{n}"));
+        let mut stream = delivery_head_sent(&server, &body).await;
+        stream.write_all(body.as_bytes()).await.unwrap();
+        busy.push(stream);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut fourth = tokio::spawn(healthz_once(server.addr));
-    let early = tokio::time::timeout(Duration::from_millis(700), &mut fourth).await;
+    // Past the grace after which a connection nobody vouched for would have been shed.
+    let early = tokio::time::timeout(Duration::from_millis(1500), &mut fourth).await;
     assert!(early.is_err(), "a fourth connection was served");
-    drop(busy.pop());
+    blocker.execute_batch("COMMIT").unwrap();
     let answer = tokio::time::timeout(Duration::from_secs(5), fourth)
         .await
         .expect("served once a connection closed")
@@ -317,7 +338,8 @@ async fn connections_past_max_connections_wait_until_one_closes() {
 
 /// Regression: slow heads held every slot until header_read_timeout (1,100 against 1,024
 /// slots: a signed sender waited p50 1.0 s, p99 2.9 s). At the limit, the connection that has
-/// waited longest for its head now makes room, and a sender gets in at once.
+/// waited longest for its head now makes room (once past its grace of 0.5 s), and a sender on
+/// a new connection gets in well before the slow heads' 60 s.
 #[tokio::test(flavor = "multi_thread")]
 async fn at_the_connection_limit_slow_heads_make_room_for_a_sender() {
     let server =
@@ -325,26 +347,31 @@ async fn at_the_connection_limit_slow_heads_make_room_for_a_sender() {
     let mut slow = slow_heads(server.addr, 40).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     for i in 0..5 {
-        // Well before the 60 s the slow heads could otherwise hold their slots.
-        let delivered = tokio::time::timeout(
-            Duration::from_secs(10),
-            server.deliver(&job_body(&format!("job-{i}"))),
-        )
-        .await
-        .expect("a sender waited behind slow heads");
+        // A client of its own: no connection kept from before the slow heads came.
+        let client = sume_receiver::http_client::new_client();
+        let (url, body) = (server.webhook_url(), job_body(&format!("job-{i}")));
+        let delivery = deliver_with(&client, &url, &body);
+        let delivered = tokio::time::timeout(Duration::from_secs(10), delivery)
+            .await
+            .expect("a sender waited behind slow heads");
         assert_eq!(delivered.status, 200);
     }
-    // The oldest slow heads were closed; the newest still wait for theirs.
+    // The oldest slow heads were closed, 8 at a time as their grace ran out; the newest may
+    // still wait for theirs.
     let mut closed = 0;
-    for stream in &mut slow {
+    for stream in &mut slow[..32] {
         let mut byte = [0u8; 1];
-        if let Ok(Ok(0)) =
-            tokio::time::timeout(Duration::from_millis(20), stream.read(&mut byte)).await
+        // Closed, or reset (shed before the server read what was sent).
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_secs(5), stream.read(&mut byte)).await
         {
             closed += 1;
         }
     }
-    assert!(closed >= 32, "only {closed} of 40 slow heads were shed");
+    assert_eq!(
+        closed, 32,
+        "only {closed} of the 32 oldest slow heads were shed"
+    );
     let metrics = server.metrics().await;
     assert!(metrics.contains("sume_connections_shed_total"), "{metrics}");
 }

@@ -1,7 +1,7 @@
 //! The console's HTTP pieces: security headers, cookies, forms, and plain answers.
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Response, StatusCode};
@@ -9,6 +9,7 @@ use maud::Markup;
 
 use super::{CONTENT_SECURITY_POLICY, FORM_BYTES, FORM_READ_TIMEOUT};
 use crate::job_id::JobId;
+use crate::paced_body::Paced;
 use crate::response::{html_response, text_response};
 
 /// An answer that ends a request early (boxed: it is large, and the rare path).
@@ -53,12 +54,12 @@ pub(super) fn same_origin(headers: &HeaderMap, host: &str, tls: bool) -> bool {
         })
 }
 
+/// A form within [`FORM_READ_TIMEOUT`], at the minimum rate after its first second.
 pub(super) async fn read_form(body: Incoming) -> Result<String, Box<Response<Full<Bytes>>>> {
-    let read =
-        tokio::time::timeout(FORM_READ_TIMEOUT, Limited::new(body, FORM_BYTES).collect()).await;
-    match read {
-        Ok(Ok(collected)) => Ok(String::from_utf8_lossy(&collected.to_bytes()).into_owned()),
-        Ok(Err(_)) => Err(Box::new(text(
+    let body = Paced::new(body, FORM_READ_TIMEOUT);
+    match Limited::new(body, FORM_BYTES).collect().await {
+        Ok(collected) => Ok(String::from_utf8_lossy(&collected.to_bytes()).into_owned()),
+        Err(error) if error.is::<LengthLimitError>() => Err(Box::new(text(
             StatusCode::PAYLOAD_TOO_LARGE,
             "a form is at most 8 KiB",
         ))),

@@ -271,6 +271,8 @@ impl Console {
                 text(StatusCode::UNAUTHORIZED, "sign in first")
             };
         };
+        // A live session: its form is no stranger's to cut short at the connection limit.
+        crate::connections::earned();
         let viewer = Viewer {
             role: who.role,
             name: who.name.clone(),

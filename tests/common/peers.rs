@@ -29,6 +29,16 @@ pub async fn start(dir: &Path, admin_port: u16) -> Service {
 
 /// [`start`], with more `[admin]` keys.
 pub async fn start_with(dir: &Path, admin_port: u16, admin_keys: &str) -> Service {
+    start_listeners(dir, admin_port, "", admin_keys).await.0
+}
+
+/// [`start_with`], with more `[server]` keys; and the webhook listener's port.
+pub async fn start_listeners(
+    dir: &Path,
+    admin_port: u16,
+    server_keys: &str,
+    admin_keys: &str,
+) -> (Service, u16) {
     for (file, token) in [
         ("admin_token", OPERATOR_TOKEN),
         ("read_token", READ_TOKEN),
@@ -45,7 +55,7 @@ pub async fn start_with(dir: &Path, admin_port: u16, admin_keys: &str) -> Servic
          [[admin.tokens]]\nname = \"alice\"\nfile = \"alice_token\"\nrole = \"operator\"\n\n\
          [[admin.tokens]]\nname = \"bob\"\nfile = \"bob_token\"\nrole = \"reader\"\n"
     );
-    let config = write_config(dir, port, "", &extra);
+    let config = write_config(dir, port, server_keys, &extra);
     let service = Service::start(&config, port).await;
     let started = Instant::now();
     while TcpStream::connect(("127.0.0.1", admin_port)).await.is_err() {
@@ -55,7 +65,7 @@ pub async fn start_with(dir: &Path, admin_port: u16, admin_keys: &str) -> Servic
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    service
+    (service, port)
 }
 
 /// A connection to the admin listener from `from`.

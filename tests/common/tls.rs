@@ -118,6 +118,16 @@ pub async fn connect(
     name: &str,
     ca_pem: &str,
 ) -> std::io::Result<TlsStream<TcpStream>> {
+    let connector = connector(ca_pem);
+    let stream = TcpStream::connect(address).await?;
+    let name = ServerName::try_from(name.to_owned()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), connector.connect(name, stream))
+        .await
+        .map_err(|_| std::io::Error::other("no handshake within 10 s"))?
+}
+
+/// A TLS client (HTTP/1.1) trusting the CA in `ca_pem`.
+pub fn connector(ca_pem: &str) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     for certificate in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(certificate.unwrap()).unwrap();
@@ -126,12 +136,7 @@ pub async fn connect(
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let stream = TcpStream::connect(address).await?;
-    let name = ServerName::try_from(name.to_owned()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), connector.connect(name, stream))
-        .await
-        .map_err(|_| std::io::Error::other("no handshake within 10 s"))?
+    tokio_rustls::TlsConnector::from(Arc::new(config))
 }
 
 /// The leaf certificate `address` presents to a client asking for `name`.
