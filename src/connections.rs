@@ -1,17 +1,18 @@
-//! The open connections of a listener: which of them a new one may push out, and the mark a
-//! request makes when it has earned its slot.
+//! The open connections of a listener: which a new one may push out, and how a request earns.
 //!
 //! A connection is sheddable while nobody has vouched for it: in its TLS handshake, waiting
-//! for a request head, between requests, or inside a request whose body is being read before
-//! anything authenticated it (a webhook body before its HMAC, a sign-in form, a CSP report).
-//! It earns its slot when its request has no body to wait for, or when the router calls
-//! [`earned`] (a valid signature, a live console session, a valid bearer token). At the
-//! connection limit the connection sheddable for longest makes room, once past a grace; a
-//! peer address (an IPv6 /64) past its share makes room for its new connection out of its own.
+//! for a request head, between requests, or inside a request before anything authenticated it
+//! (a webhook body before its HMAC, a sign-in form, a CSP report, a `GET /healthz`). Its
+//! request earns its slot when the router calls [`earned`] (a valid signature, a live console
+//! session, a valid bearer token). At the connection limit the connection sheddable for
+//! longest makes room, once past a grace. Only a connection whose last request was vouched
+//! for starts a fresh grace, at its answer and at its next head: a stranger's clock runs from
+//! his connect however often he asks. A peer address (an IPv6 /64) past its share makes room
+//! for its new connection out of its own.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -70,6 +71,9 @@ pub struct Tracked {
     peer: IpAddr,
     /// Microseconds since `epoch` when the connection became sheddable; 0 once earned.
     since: AtomicU64,
+    /// Whether something vouched for the connection's last request ([`earned`]), until its
+    /// next request's head.
+    vouched: AtomicBool,
     /// What the server asks of the connection (an [`Ask`]); it only ever rises.
     asked: AtomicU8,
     /// The connection's task, woken when `asked` rises. Registering it is two atomic
@@ -89,7 +93,7 @@ pub enum Ask {
 
 /// What a per-peer cap counts: the address, or an IPv6 address's /64 (one subscriber's
 /// network, where each address costs nothing).
-fn peer_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn peer_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -101,31 +105,31 @@ fn peer_key(ip: IpAddr) -> IpAddr {
 
 impl Tracked {
     fn earned(&self) {
+        self.vouched.store(true, Ordering::Relaxed);
         self.since.store(0, Ordering::Relaxed);
     }
 
-    /// Sheddable from now on (a new connection, a request answered, a body begun).
-    pub fn between_requests(&self) {
+    /// Sheddable from now on, with a grace from now.
+    fn sheddable_from_now(&self) {
         let micros = self.epoch.elapsed().as_micros().max(1);
         self.since
             .store(micros.try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
-    /// Routes `request` with this connection as the one [`earned`] marks. A request without
-    /// a body has nothing a stranger could stretch: it earns its slot at once. One with a
-    /// body is sheddable until the router vouches for it, with a grace of its own from its
-    /// head on (a keep-alive connection idle for a minute may carry a real delivery).
-    pub async fn route<F: std::future::Future>(
-        self: &Arc<Self>,
-        has_body: bool,
-        route: F,
-    ) -> F::Output {
-        if has_body {
-            self.between_requests();
-        } else {
-            self.earned();
+    /// Routes a request with this connection as the one [`earned`] marks. A connection whose
+    /// last request was vouched for gets a fresh grace from this one's head (a sender idle on
+    /// keep-alive for a minute is not shed mid-delivery) and from its answer; a stranger's
+    /// requests, with a body or without, leave his clock running: asking more often than the
+    /// grace earns him nothing.
+    pub async fn route<F: std::future::Future>(self: &Arc<Self>, route: F) -> F::Output {
+        if self.vouched.swap(false, Ordering::Relaxed) {
+            self.sheddable_from_now();
         }
-        SLOT.scope(self.clone(), route).await
+        let answer = SLOT.scope(self.clone(), route).await;
+        if self.vouched.load(Ordering::Relaxed) {
+            self.sheddable_from_now();
+        }
+        answer
     }
 
     pub fn ask(&self, ask: Ask) {
@@ -192,10 +196,11 @@ impl Open {
             epoch: self.epoch,
             peer: peer_key(peer),
             since: AtomicU64::new(0),
+            vouched: AtomicBool::new(false),
             asked: AtomicU8::new(Ask::Nothing as u8),
             waker: AtomicWaker::new(),
         });
-        tracked.between_requests();
+        tracked.sheddable_from_now();
         let mut connections = self.connections.lock().expect("not poisoned");
         let of_peer = connections.of_peer.entry(tracked.peer).or_default();
         *of_peer += 1;
@@ -316,6 +321,40 @@ mod tests {
         assert!(waiting[0].asked() == Ask::Close, "its oldest sheddable one");
         assert!(vouched.asked() == Ask::Nothing, "not the one vouched for");
         assert!(elsewhere.asked() == Ask::Nothing, "not another peer's");
+    }
+
+    /// Regression (a review of the shedding): each answered request restarted its connection's
+    /// grace, so a stranger asking every 0.4 s was never past it, and held his slot for good.
+    #[tokio::test]
+    async fn only_a_vouched_for_request_starts_a_fresh_grace() {
+        let mut open = Open::new(64);
+        open.epoch -= 2 * GRACE;
+        let peer: IpAddr = "192.0.2.1".parse().unwrap();
+        let (_, stranger, _) = open.register(peer);
+        // Sheddable since the epoch's first microsecond: past the grace.
+        stranger.since.store(1, Ordering::Relaxed);
+        stranger.route(async {}).await;
+        assert_eq!(
+            stranger.since.load(Ordering::Relaxed),
+            1,
+            "a request nobody vouched for leaves the clock running"
+        );
+        let (_, sender, _) = open.register(peer);
+        sender.since.store(1, Ordering::Relaxed);
+        sender.route(async { earned() }).await;
+        assert!(
+            sender.since.load(Ordering::Relaxed) > 1,
+            "a vouched-for answer starts a fresh grace"
+        );
+        assert!(matches!(open.shed_oldest(), Room::Made));
+        assert!(stranger.asked() == Ask::Close && sender.asked() == Ask::Nothing);
+        // The sender's next request, unvouched, has a grace from its head, then none.
+        sender.since.store(1, Ordering::Relaxed);
+        sender.route(async {}).await;
+        let head = sender.since.load(Ordering::Relaxed);
+        assert!(head > 1, "a known sender's next head starts a fresh grace");
+        sender.route(async {}).await;
+        assert_eq!(sender.since.load(Ordering::Relaxed), head, "but only once");
     }
 
     #[test]

@@ -88,7 +88,7 @@ pub enum SendError {
 
 /// How an answer's body went on past the head [`read_head`] kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Rest {
+enum Rest {
     /// The head is the whole body.
     None,
     /// More than the head: not read.
@@ -98,7 +98,7 @@ pub(crate) enum Rest {
 }
 
 /// The first `max` bytes of `body`; past them it is not read, and the connection goes with it.
-pub(crate) async fn read_head<B>(mut body: B, max: usize) -> (Vec<u8>, Rest)
+async fn read_head<B>(mut body: B, max: usize) -> (Vec<u8>, Rest)
 where
     B: hyper::body::Body<Data = Bytes> + Unpin,
     B::Error: std::error::Error,

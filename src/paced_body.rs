@@ -1,5 +1,7 @@
-//! A request body read under a deadline that moves with the bytes: after a first second, a
-//! body slower than a minimum rate is cut off (nginx and Apache's mod_reqtimeout do the same).
+//! A request body read under a deadline that moves with the bytes, and a minimum rate.
+//!
+//! After a first second, a body slower than the minimum rate is cut off (nginx and Apache's
+//! mod_reqtimeout do the same).
 
 use std::future::Future;
 use std::pin::Pin;

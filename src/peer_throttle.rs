@@ -28,7 +28,7 @@ pub const MAX_DELAY: Duration = Duration::from_secs(60);
 pub const GLOBAL_CEILING: u32 = 1000;
 pub const CEILING_WINDOW: Duration = Duration::from_secs(60);
 /// A peer's failures are forgotten this long after its last.
-pub const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
+const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
 /// Peers remembered at once; past it, the one that failed longest ago is forgotten.
 const MAX_PEERS: usize = 10_000;
 /// How often the refusals are summed up in the log.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::{Body, Incoming};
+use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -290,8 +290,8 @@ pub async fn serve<R: Router>(
                 Err(error) => {
                     accept_failures.warn(&error.to_string());
                     // Out of file descriptors (a hard limit below max_connections): the
-                    // connection that has waited longest for a head makes room, as at the
-                    // connection limit. Anything else: back off instead of spinning.
+                    // connection sheddable longest makes room, as at the connection limit.
+                    // Anything else: back off instead of spinning.
                     if is_out_of_descriptors(&error) && matches!(open.shed_oldest(), Room::Made) {
                         METRICS.record_connection_shed();
                         tokio::time::sleep(SHED_PAUSE).await;
@@ -322,9 +322,7 @@ pub async fn serve<R: Router>(
             move |request: Request<Incoming>| {
                 let (app, tracked) = (app.clone(), tracked.clone());
                 async move {
-                    let has_body = !request.body().is_end_stream();
-                    let response = tracked.route(has_body, app.route(request, peer)).await;
-                    tracked.between_requests();
+                    let response = tracked.route(app.route(request, peer)).await;
                     Ok::<_, Infallible>(response)
                 }
             }

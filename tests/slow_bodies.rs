@@ -141,12 +141,18 @@ fn form_head(host: &str, path: &str, length: usize, cookie: &str) -> String {
     )
 }
 
-/// What a stranger sends: a head declaring `length` bytes, then the body at his pace.
+/// What a stranger sends: a head, then what [`Sends`] says.
 struct Attack {
     door: Door,
     heads: Vec<String>,
-    length: usize,
-    pace: Pace,
+    sends: Sends,
+}
+
+enum Sends {
+    /// The body its head declares `length` bytes of, at his pace.
+    Body { length: usize, pace: Pace },
+    /// Nothing: the head is a whole request, sent again this long after each answer.
+    Again(Duration),
 }
 
 impl Attack {
@@ -164,8 +170,7 @@ impl Attack {
         Attack {
             door: door.clone(),
             heads: vec![head],
-            length,
-            pace,
+            sends: Sends::Body { length, pace },
         }
     }
 
@@ -178,8 +183,18 @@ impl Attack {
         Attack {
             door: door.clone(),
             heads,
-            length,
-            pace,
+            sends: Sends::Body { length, pace },
+        }
+    }
+
+    /// `GET /healthz` (no body, nothing to vouch for it) again `every` after each answer, on a
+    /// kept-alive connection.
+    fn asking_again(door: &Door, every: Duration) -> Attack {
+        let head = format!("GET /healthz HTTP/1.1\r\nhost: {}\r\n\r\n", door.host());
+        Attack {
+            door: door.clone(),
+            heads: vec![head],
+            sends: Sends::Again(every),
         }
     }
 
@@ -202,17 +217,31 @@ impl Attack {
         }
     }
 
-    /// Sends the head, then the body at the pace, until the receiver answers or closes.
+    /// Sends the head, then what the attack sends, until the receiver answers (a body) or
+    /// closes.
     async fn hold(&self, mut stream: Box<dyn Stream>, head: &str) {
+        let mut buffer = [0u8; 512];
+        let (length, pace) = match self.sends {
+            Sends::Body { length, pace } => (length, pace),
+            Sends::Again(every) => loop {
+                if stream.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                if matches!(stream.read(&mut buffer).await, Ok(0) | Err(_)) {
+                    return;
+                }
+                tokio::time::sleep(every).await;
+            },
+        };
         if stream.write_all(head.as_bytes()).await.is_err() {
             return;
         }
-        let (chunk, mut buffer) = (vec![b'x'; self.pace.chunk], [0u8; 512]);
+        let chunk = vec![b'x'; pace.chunk];
         let mut sent = 0;
-        while sent + chunk.len() < self.length {
+        while sent + chunk.len() < length {
             tokio::select! {
                 _ = stream.read(&mut buffer) => return,
-                () = tokio::time::sleep(self.pace.every) => {}
+                () = tokio::time::sleep(pace.every) => {}
             }
             if stream.write_all(&chunk).await.is_err() {
                 return;
@@ -330,6 +359,8 @@ struct Siege {
     bodies: Option<(usize, Pace)>,
     /// Sign-in forms and CSP reports: their declared length and pace.
     forms: Option<(usize, Pace)>,
+    /// `GET /healthz` on both listeners, again this long after each answer.
+    asking: Option<Duration>,
 }
 
 impl Siege {
@@ -341,6 +372,7 @@ impl Siege {
             strangers,
             bodies: None,
             forms: None,
+            asking: None,
         }
     }
 
@@ -356,6 +388,11 @@ impl Siege {
     fn forms(self, length: usize, pace: Pace) -> Siege {
         let forms = Some((length, pace));
         Siege { forms, ..self }
+    }
+
+    fn asking_again(self, every: Duration) -> Siege {
+        let asking = Some(every);
+        Siege { asking, ..self }
     }
 
     /// Starts the binary, lets the strangers take their slots, then the sender (where bodies
@@ -374,10 +411,16 @@ impl Siege {
         if let Some((length, pace)) = self.forms {
             Attack::console(&admin, length, pace).launch(self.strangers, &mut strangers);
         }
+        if let Some(every) = self.asking {
+            for door in [&webhook, &admin] {
+                Attack::asking_again(door, every).launch(self.strangers, &mut strangers);
+            }
+        }
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let everyone = Everyone {
-            webhook: self.bodies.map(|_| &webhook),
-            admin: self.forms.map(|_| (&admin, cookie.as_str())),
+            webhook: (self.bodies.is_some() || self.asking.is_some()).then_some(&webhook),
+            admin: (self.forms.is_some() || self.asking.is_some())
+                .then_some((&admin, cookie.as_str())),
         };
         everyone.get_in(label).await;
         strangers.abort_all();
@@ -394,6 +437,17 @@ async fn trickled_bodies_past_the_limit_keep_no_one_out() {
         .bodies(200, TRICKLE)
         .forms(200, TRICKLE)
         .hold("trickle")
+        .await;
+}
+
+/// Regression (a review of the shedding): each answer restarted its connection's grace, so
+/// strangers asking for `/healthz` more often than the grace, each on a kept-alive connection,
+/// were never shed and held every slot without anything vouching for them.
+#[tokio::test(flavor = "multi_thread")]
+async fn strangers_asking_again_and_again_past_the_limit_keep_no_one_out() {
+    Siege::of(120, "max_connections = 64\n")
+        .asking_again(Duration::from_millis(200))
+        .hold("asking again")
         .await;
 }
 

@@ -1,5 +1,4 @@
-//! What `check-config` and `serve` check of each listener's TLS: certificates, the ACME cache,
-//! the CA files a client trusts.
+//! What `check-config` and `serve` check of TLS: certificates, the ACME cache, CA files.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime};

@@ -54,11 +54,17 @@ pub fn redact_url(url: &str) -> String {
         Some((scheme, rest)) => (format!("{scheme}://"), rest),
         None => (String::new(), url),
     };
+    // The userinfo first: a password may hold a `?` or `#` (unescaped, as people type them),
+    // which must not be taken for the query's start and leave the rest of it in the log. An
+    // `@` after one of them may as well be the query's (`host?k=a@b`): neither is shown.
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let rest = match authority.rfind('@') {
+        Some(at) if authority[..at].contains(['?', '#']) => return format!("{scheme}[redacted]"),
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
     let rest = rest.split(['?', '#']).next().unwrap_or_default();
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let host = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     format!("{scheme}{host}{path}")
 }
 
@@ -88,6 +94,10 @@ mod tests {
             ("https://api.example", "https://api.example"),
             ("http://user@[::1]:80/a/b?x", "http://[::1]:80/a/b"),
             ("api.example/p?key=k", "api.example/p"),
+            ("https://api.example/p?k=a@b", "https://api.example/p"),
+            // Regression: the password's `?` was taken for the query: `https://u:pa` shown.
+            ("https://u:pa?ss@api.example/dir", "https://[redacted]"),
+            ("https://api.example?k=s3cret@b", "https://[redacted]"),
         ] {
             assert_eq!(redact_url(url), shown);
         }

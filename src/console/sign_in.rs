@@ -121,8 +121,8 @@ impl Console {
 
     /// Keeps the report (at most [`CSP_REPORTS_PER_PEER`] of each peer), counted in
     /// `sume_console_csp_reports_total`. When the list is full the report pushed out is the
-    /// oldest of the peer that holds the most: a few addresses posting their fill push out
-    /// only each other's, never every other address's.
+    /// oldest of the peer that holds the most: a few addresses (IPv6 /64s) posting their fill
+    /// push out only each other's, never every other address's.
     pub(super) async fn csp_report(
         &self,
         body: Incoming,
@@ -133,23 +133,27 @@ impl Console {
             Err(response) => return *response,
         };
         METRICS.record_csp_report();
+        // An IPv6 peer is its /64, where every address costs nothing.
+        let from = crate::connections::peer_key(peer.ip());
         let mut reports = self.csp_reports.lock().expect("not poisoned");
         let of_peer = reports
             .iter()
-            .filter(|(from, _)| *from == peer.ip())
+            .filter(|(held_by, _)| *held_by == from)
             .count();
         let pushed_out = if of_peer >= CSP_REPORTS_PER_PEER {
-            Some(peer.ip())
+            Some(from)
         } else if reports.len() >= CSP_REPORTS_KEPT {
             holding_most(&reports)
         } else {
             None
         };
-        if let Some(from) = pushed_out {
-            let oldest = reports.iter().position(|(held_by, _)| *held_by == from);
+        if let Some(pushed_out) = pushed_out {
+            let oldest = reports
+                .iter()
+                .position(|(held_by, _)| *held_by == pushed_out);
             reports.remove(oldest.expect("the peer holds some"));
         }
-        reports.push_back((peer.ip(), body.chars().take(2048).collect()));
+        reports.push_back((from, body.chars().take(2048).collect()));
         tracing::debug!("console: a Content-Security-Policy violation was reported");
         text(StatusCode::NO_CONTENT, "")
     }

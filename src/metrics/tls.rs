@@ -33,7 +33,7 @@ impl TlsMetrics {
         );
         registry.register(
             "sume_tls_certificate_failures",
-            "Certificates that could not be loaded or reloaded, by listener and operation (load, reload): the one in use stays",
+            "Certificates that could not be loaded or reloaded, by listener and operation (reload, obtain, renew): the one in use stays",
             self.certificate_failures.clone(),
         );
         registry.register(

@@ -1,5 +1,7 @@
-//! The answers to an ACME CA's validations while an order is open: TLS-ALPN-01 certificates
-//! (served by the listener's store) and HTTP-01 key authorizations (served on `http_listen`).
+//! The answers to an ACME CA's validations while an order is open.
+//!
+//! TLS-ALPN-01 certificates are served by the listener's store, HTTP-01 key authorizations on
+//! `http_listen`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
