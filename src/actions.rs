@@ -15,7 +15,7 @@ use crate::ledger::{
     duration_ms, now_ms, GroupRetry, Ledger, RetryError, StorageError, GROUP_RETRY_BATCH,
 };
 use crate::logging::Escaped;
-use crate::worker::Queue;
+use crate::worker::Queues;
 
 /// A reason (a cancel's, a pause's) is at most this many characters: it is kept in the ledger
 /// and shown on every page of the jobs it concerns.
@@ -90,7 +90,7 @@ impl Refused {
 /// none from the command line: the service's worker finds the change on its next look).
 pub struct Actions<'a> {
     pub ledger: &'a Ledger,
-    pub queue: Option<&'a Queue>,
+    pub queue: Option<&'a Queues>,
 }
 
 impl Actions<'_> {

@@ -138,6 +138,7 @@ mod tests {
             event_type: None,
             body: "{}".into(),
             source: Source::Webhook,
+            routing: crate::ledger::Routing::default_route(),
         };
         ledger.claim(claim).await.unwrap();
         let tally = DuplicateTally::default();

@@ -18,7 +18,7 @@ use crate::config::{Config, Secret};
 use crate::duplicates::DuplicateTally;
 use crate::event_type::EventType;
 use crate::job_id::JobId;
-use crate::ledger::{ClaimOutcome, Ledger, NewClaim, Source, StorageError};
+use crate::ledger::{ClaimOutcome, Ledger, NewClaim, Routing, Source, StorageError};
 use crate::logging::Escaped;
 use crate::metrics::{DeliveryOutcome, METRICS};
 use crate::paced_body::{PaceError, Paced, MIN_BYTES_PER_SECOND};
@@ -28,7 +28,7 @@ use crate::refusals::Refusals;
 use crate::response::json_response;
 use crate::rollup::ROLLUP;
 use crate::signature::{self, SignatureError, SignedHeaders};
-use crate::worker::Queue;
+use crate::worker::Queues;
 
 pub const TIMESTAMP_HEADER: &str = "x-sume-webhook-timestamp";
 pub const SIGNATURE_HEADER: &str = "x-sume-webhook-signature";
@@ -258,8 +258,9 @@ pub struct Ingest {
     access_log: bool,
     budget: BodyBudget,
     ledger: Arc<Ledger>,
-    /// Where a new claim goes to be worked on; `None` when no handler is configured.
-    queue: Option<Queue>,
+    /// Where a new claim's work goes to be worked on, per route; none when no handler is
+    /// configured.
+    queue: Queues,
     /// The recent refusals, for the admin listener.
     refusals: Arc<Refusals>,
     duplicates: Arc<DuplicateTally>,
@@ -272,7 +273,7 @@ impl Ingest {
         config: &Config,
         secrets: Vec<Secret>,
         ledger: Arc<Ledger>,
-        queue: Option<Queue>,
+        queue: Queues,
         (refusals, duplicates, recent): (
             Arc<Refusals>,
             Arc<DuplicateTally>,
@@ -296,9 +297,9 @@ impl Ingest {
         }
     }
 
-    /// The worker's queue; `None` when no handler is configured.
-    pub fn queue(&self) -> Option<&Queue> {
-        self.queue.as_ref()
+    /// The workers' queues, one per route; none when no handler is configured.
+    pub fn queue(&self) -> &Queues {
+        &self.queue
     }
 
     pub fn replace_secrets(&self, secrets: Vec<Secret>) {
@@ -386,6 +387,7 @@ impl Ingest {
 
         let claim = parse_claim(body)?;
         let job_id = claim.job_id.clone();
+        let routes = claim.routing.routes().to_vec();
         let queued = Instant::now();
         if self.recent.contains(&job_id, queued) {
             METRICS.record_duplicate_from_memory();
@@ -399,9 +401,7 @@ impl Ingest {
         self.recent.remember(&job_id, queued);
         if outcome == ClaimOutcome::Claimed {
             tracing::debug!(job_id = %job_id, "job claimed");
-            if let Some(queue) = &self.queue {
-                queue.enqueue(&job_id);
-            }
+            self.queue.enqueue(&job_id, &routes);
         }
         Ok((job_id, outcome))
     }
@@ -479,6 +479,7 @@ pub fn parse_claim(body: Bytes) -> Result<NewClaim, IngestError> {
         event_type,
         body,
         source: Source::Webhook,
+        routing: Routing::default_route(),
     })
 }
 

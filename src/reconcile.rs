@@ -23,11 +23,11 @@ use crate::event_type::EventType;
 use crate::http_client::{self, Answer, HttpClient};
 use crate::job_id::JobId;
 use crate::ledger::{
-    duration_ms, now_ms, ClaimOutcome, Ledger, NewClaim, PollResult, Source, StorageError,
+    duration_ms, now_ms, ClaimOutcome, Ledger, NewClaim, PollResult, Routing, Source, StorageError,
 };
 use crate::logging::Escaped;
 use crate::metrics::{PollCall, METRICS};
-use crate::worker::Queue;
+use crate::worker::Queues;
 
 /// Largest status answer kept (it becomes the job's stored body).
 const MAX_ANSWER_BYTES: usize = 1024 * 1024;
@@ -53,7 +53,7 @@ pub struct Reconciler {
     api: SumeApiConfig,
     api_key: Secret,
     client: HttpClient,
-    queue: Option<Queue>,
+    queue: Queues,
     terminal: HashSet<String>,
     /// Earliest moment for the next call (the rate limit).
     next_call: Instant,
@@ -66,12 +66,7 @@ pub struct Reconciler {
 impl Reconciler {
     /// `api_key` as read at start ([`Credentials`](crate::config::Credentials)): a missing
     /// key file stops the start, not the first poll.
-    pub fn new(
-        ledger: Arc<Ledger>,
-        api: SumeApiConfig,
-        api_key: Secret,
-        queue: Option<Queue>,
-    ) -> Self {
+    pub fn new(ledger: Arc<Ledger>, api: SumeApiConfig, api_key: Secret, queue: Queues) -> Self {
         let terminal = api.terminal_statuses.iter().cloned().collect();
         Self {
             ledger,
@@ -213,7 +208,9 @@ impl Reconciler {
             event_type: Some(event_type),
             body: body.into(),
             source: Source::Poll,
+            routing: Routing::default_route(),
         };
+        let routes = claim.routing.routes().to_vec();
         let queued = std::time::Instant::now();
         let answered = self.ledger.claim(claim).await;
         METRICS.record_claim_wait(queued.elapsed());
@@ -221,9 +218,7 @@ impl Reconciler {
             ClaimOutcome::Claimed => {
                 tracing::info!(job_id = %job_id, status = %Escaped(&job_status), "job recovered by polling: its webhook never arrived");
                 METRICS.record_recovered();
-                if let Some(queue) = &self.queue {
-                    queue.enqueue(job_id);
-                }
+                self.queue.enqueue(job_id, &routes);
                 PollResult::Recovered { status: job_status }
             }
             ClaimOutcome::Duplicate => PollResult::Arrived { status: job_status },

@@ -111,30 +111,53 @@ pub async fn run_on(
     }
     tasks.spawn(minutes.clone().run(stop.clone()));
 
-    let queue: Option<worker::Queue> = match &config.handler {
-        Some(handler) => {
-            let (worker, queue) =
-                Worker::new(ledger.clone(), handler.clone(), config.sweeper.stale_after)?;
-            let sweeper = Sweeper::new(ledger.clone(), queue.clone(), handler.max_attempts);
-            let recovered = sweeper
-                .recover()
-                .await
-                .context("cannot recover unfinished jobs")?;
-            tracing::info!(
-                interrupted = recovered.leases_expired,
-                "recovered unfinished jobs"
-            );
+    let routes = config.route_handlers();
+    let mut queues = Vec::new();
+    let mut workers = Vec::new();
+    for (route, handler) in &routes {
+        let (worker, queue) = Worker::new(
+            route.clone(),
+            ledger.clone(),
+            handler.clone(),
+            config.sweeper.stale_after,
+        )?;
+        queues.push((route.clone(), queue));
+        workers.push(worker);
+    }
+    let queue = worker::Queues::new(queues);
+    if routes.is_empty() {
+        tracing::warn!(
+            "no [handler] configured: claimed jobs stay `claimed` for an external consumer"
+        );
+    } else {
+        let max_attempts: Vec<(String, u32)> = routes
+            .iter()
+            .map(|(route, handler)| (route.to_string(), handler.max_attempts))
+            .collect();
+        let default_max = routes[0].1.max_attempts;
+        let sweeper = Sweeper::new(
+            ledger.clone(),
+            queue.clone(),
+            Arc::new(move |route: &str| {
+                max_attempts
+                    .iter()
+                    .find(|(name, _)| name == route)
+                    .map_or(default_max, |(_, max)| *max)
+            }),
+        );
+        let recovered = sweeper
+            .recover()
+            .await
+            .context("cannot recover unfinished jobs")?;
+        tracing::info!(
+            interrupted = recovered.leases_expired,
+            "recovered unfinished jobs"
+        );
+        for worker in workers {
             tasks.spawn(worker.run(stop.clone(), config.server.shutdown_grace));
-            tasks.spawn(sweeper.run(config.sweeper.interval, stop.clone()));
-            Some(queue)
         }
-        None => {
-            tracing::warn!(
-                "no [handler] configured: claimed jobs stay `claimed` for an external consumer"
-            );
-            None
-        }
-    };
+        tasks.spawn(sweeper.run(config.sweeper.interval, stop.clone()));
+    }
 
     let recent = Arc::new(RecentlyAcknowledged::default());
     let vacuum = Vacuum::new(ledger.clone(), config.retention.clone(), stop.clone())
@@ -315,7 +338,7 @@ async fn start_tls(
 /// server to spawn.
 async fn start_admin(
     (config, tokens, certificate): (&Config, Option<AdminTokens>, Option<Certificate>),
-    (ledger, queue, refusals): (Arc<Ledger>, Option<worker::Queue>, Arc<Refusals>),
+    (ledger, queue, refusals): (Arc<Ledger>, worker::Queues, Arc<Refusals>),
     (tasks, webhook_tls): (&mut tokio::task::JoinSet<()>, Option<Arc<Tls>>),
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<impl Future<Output = ()> + use<>>> {

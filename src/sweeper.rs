@@ -11,12 +11,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ledger::{now_ms, Leases, Ledger, StorageError};
 use crate::metrics::METRICS;
-use crate::worker::Queue;
+use crate::worker::Queues;
 
 pub struct Sweeper {
     ledger: Arc<Ledger>,
-    queue: Queue,
-    max_attempts: u32,
+    queue: Queues,
+    /// Each route's `max_attempts`: a lease taken back on its last attempt makes its work dead.
+    /// A route no longer in the config keeps the default's: its work stays, due, unrun.
+    max_attempts: Arc<dyn Fn(&str) -> u32 + Send + Sync>,
 }
 
 /// What one sweep did.
@@ -26,7 +28,11 @@ pub struct SweepReport {
 }
 
 impl Sweeper {
-    pub fn new(ledger: Arc<Ledger>, queue: Queue, max_attempts: u32) -> Self {
+    pub fn new(
+        ledger: Arc<Ledger>,
+        queue: Queues,
+        max_attempts: Arc<dyn Fn(&str) -> u32 + Send + Sync>,
+    ) -> Self {
         Self {
             ledger,
             queue,
@@ -66,14 +72,18 @@ impl Sweeper {
         leases: Leases,
         reason: &'static str,
     ) -> Result<SweepReport, StorageError> {
-        let max_attempts = self.max_attempts;
+        let max_attempts = self.max_attempts.clone();
         let now = now_ms();
         let queue = self.queue.clone();
         let expired = self
             .ledger
-            .expire_leases(leases, now, max_attempts, reason, move |job_id| {
-                queue.holds(job_id)
-            })
+            .expire_leases(
+                leases,
+                now,
+                move |route| max_attempts(route),
+                reason,
+                move |job_id, route| queue.holds_work(job_id, route),
+            )
             .await?;
         if expired > 0 {
             METRICS.record_swept(expired);

@@ -10,6 +10,7 @@ use super::error::StorageError;
 use crate::event_type::EventType;
 use crate::job_id::JobId;
 use crate::raw_body::RawBody;
+use crate::route_name::RouteName;
 
 /// Milliseconds since the Unix epoch: the unit of every time column.
 pub fn now_ms() -> i64 {
@@ -103,6 +104,58 @@ pub struct NewClaim {
     pub event_type: Option<EventType>,
     pub body: RawBody,
     pub source: Source,
+    /// The work the claim writes with it, decided by the routes when it was received.
+    pub routing: Routing,
+}
+
+/// The work a claim writes in its own transaction: the routes the event takes, or, when none
+/// takes it, the job finished at once as the config says, never dropped unseen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Routing {
+    /// A row of work per route, each run, retried and held on its own (at least one).
+    Routes(Vec<RouteName>),
+    /// No route takes the event: the job is recorded `done` (no work) or `dead` with `error`.
+    Unrouted { state: FinishedState, error: String },
+}
+
+impl Routing {
+    /// The one route of `[handler]` (and of a receiver with no handler, whose jobs wait for
+    /// an external consumer).
+    pub fn default_route() -> Routing {
+        Routing::Routes(vec![RouteName::default_route()])
+    }
+
+    /// The routes the claim starts work on.
+    pub fn routes(&self) -> &[RouteName] {
+        match self {
+            Routing::Routes(routes) => routes,
+            Routing::Unrouted { .. } => &[],
+        }
+    }
+
+    /// The job's state as the claim writes it, and its error and finish time.
+    pub fn claimed_state(&self) -> (&'static str, Option<&str>) {
+        match self {
+            Routing::Routes(_) => ("claimed", None),
+            Routing::Unrouted { state, error } => (state.as_str(), Some(error)),
+        }
+    }
+}
+
+/// A job finished at its claim: the two ends of [`State`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishedState {
+    Done,
+    Dead,
+}
+
+impl FinishedState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishedState::Done => "done",
+            FinishedState::Dead => "dead",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +168,8 @@ pub enum ClaimOutcome {
 #[derive(Debug, Clone)]
 pub struct Attempt {
     pub job_id: JobId,
+    /// The route this attempt runs for; its number counts that route's attempts.
+    pub route: RouteName,
     /// 1-based number of this attempt.
     pub number: u32,
     pub event_type: Option<String>,
@@ -223,6 +278,7 @@ pub const HISTORY_PER_JOB: i64 = 100;
 /// One attempt in a job's history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AttemptRecord {
+    pub route: String,
     pub number: u32,
     /// first, poll, backoff, take_back, restart (after our shutdown gave the last one back),
     /// hold (after a hold gave the last one back), manual_retry, run_now
@@ -255,6 +311,7 @@ pub const RECEIVER_ACTOR: &str = "receiver";
 #[derive(Debug, Clone)]
 pub struct LeasedAttempt {
     pub job_id: String,
+    pub route: String,
     pub number: i64,
 }
 
@@ -561,6 +618,8 @@ impl StopKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DispatchStop {
     pub kind: StopKind,
+    /// A hold's route; `None` for a pause, which stops every route.
+    pub route: Option<String>,
     pub started_at: i64,
     /// Who paused; `None` for a hold.
     pub started_by: Option<String>,
@@ -572,10 +631,11 @@ pub struct DispatchStop {
     pub ended_by: Option<String>,
 }
 
-/// A hold (`src/hold/`): since when the workers of every receiver start no attempt but one
-/// probe at a time, why, and when the next probe may start.
+/// A route's hold (`src/hold/`): since when the workers of every receiver start no attempt of
+/// that route but one probe at a time, why, and when the next probe may start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Hold {
+    pub route: String,
     pub since: i64,
     pub reason: String,
     /// One failure that opened it, as the job's last error has it.

@@ -609,6 +609,14 @@ pub fn insert_jobs(
         ),
         &[],
     );
+    // Each job's work on the default route, as a claim writes it.
+    ledger_execute(
+        config,
+        "INSERT INTO job_routes (job_id, route, state, next_attempt_at, finished_at, updated_at)
+         SELECT job_id, 'default', state, next_attempt_at, finished_at, updated_at FROM jobs
+         WHERE NOT EXISTS (SELECT 1 FROM job_routes AS r WHERE r.job_id = jobs.job_id)",
+        &[],
+    );
 }
 
 /// The URL of a test's PostgreSQL ledger.

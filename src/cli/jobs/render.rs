@@ -150,8 +150,13 @@ pub(super) fn hold_lines(hold: Option<&ledger::Hold>, now: i64) -> String {
         humantime::format_duration(Duration::from_secs(((now - at) / 1000).unsigned_abs()))
     };
     let next_in = Duration::from_secs(((hold.next_probe_at - now).max(0) / 1000).unsigned_abs());
+    let route = if hold.route == sume_receiver::route_name::RouteName::DEFAULT {
+        String::new()
+    } else {
+        format!(" of route {}", Escaped(&hold.route))
+    };
     format!(
-        "handler hold: since {} ({} ago): {}\n  sample error: {}\n  next probe: {} (in {}); `jobs resume` ends the hold now\n",
+        "handler hold{route}: since {} ({} ago): {}\n  sample error: {}\n  next probe: {} (in {}); `jobs resume` ends the hold now\n",
         format_time(Some(hold.since)),
         ago(hold.since),
         Escaped(&hold.reason),

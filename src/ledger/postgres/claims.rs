@@ -314,6 +314,18 @@ pub(super) async fn insert_claims(
         .map(|c| c.event_type.as_ref().map(EventType::as_str))
         .collect();
     let bodies: Vec<&str> = claims.iter().map(|c| c.body.as_str()).collect();
+    let (states, errors): (Vec<&str>, Vec<Option<&str>>) =
+        claims.iter().map(|c| c.routing.claimed_state()).unzip();
+    let (work_job_ids, work_routes): (Vec<&str>, Vec<&str>) = claims
+        .iter()
+        .flat_map(|c| {
+            let job_id = c.job_id.as_str();
+            c.routing
+                .routes()
+                .iter()
+                .map(move |route| (job_id, route.as_str()))
+        })
+        .unzip();
     let now = now_ms();
     let (rows, cancelled_wait) = run_on!(pool, Rerun::Unsafe, |client| {
         let statement = client.prepare_cached(sql::INSERT_CLAIMS_SQL).await?;
@@ -321,7 +333,17 @@ pub(super) async fn insert_claims(
         let rows = client
             .query(
                 &statement,
-                &[&job_ids, &sources, &event_types, &bodies, &now],
+                &[
+                    &job_ids,
+                    &sources,
+                    &event_types,
+                    &bodies,
+                    &now,
+                    &states,
+                    &errors,
+                    &work_job_ids,
+                    &work_routes,
+                ],
             )
             .await?;
         Ok((rows, warnings.seen() != cancelled_waits))
