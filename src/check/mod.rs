@@ -62,9 +62,12 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
             findings.errors.push(error);
         }
     }
-    if let Some(HandlerKind::Command(argv)) = config.handler.as_ref().map(|h| &h.kind) {
-        if let Err(error) = executable(&argv[0]) {
-            findings.errors.push(format!("handler.command: {error}"));
+    for route in &config.routes.list {
+        if let HandlerKind::Command(argv) = &route.handler.kind {
+            if let Err(error) = executable(&argv[0]) {
+                let key = route.handler_key("command");
+                findings.errors.push(format!("{key}: {error}"));
+            }
         }
     }
     // Last: a caveat on everything above.
@@ -290,6 +293,25 @@ mod tests {
                 "{findings:?}"
             );
         }
+    }
+
+    /// Each route's program is checked, and named by its route's line.
+    #[test]
+    fn a_route_with_a_missing_program_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let routes = "[[route]]\nname = \"pager\"\nevent_types = [\"job.failed\"]\n\
+                      [route.handler]\ncommand = [\"true\"]\n\
+                      [[route]]\nname = \"archive\"\nevent_types = [\"*\"]\n\
+                      [route.handler]\ncommand = [\"no-such-archiver\"]\n";
+        let findings = check(&config(dir.path(), routes), Unreadable::Error);
+        assert_eq!(
+            findings.errors,
+            [
+                "route \"archive\" (line 10): handler.command: \"no-such-archiver\" is not an \
+              executable file (or not found in PATH)"
+            ],
+            "{findings:?}"
+        );
     }
 
     #[test]

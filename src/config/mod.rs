@@ -365,14 +365,17 @@ impl Config {
                 self.server.listen
             ));
         }
-        if let Some(HandlerKind::Url(url)) = self.handler.as_ref().map(|handler| &handler.kind) {
+        for route in &self.routes.list {
+            let HandlerKind::Url(url) = &route.handler.kind else {
+                continue;
+            };
             let basic = HandlerUrl::parse(url).is_ok_and(|target| target.basic_auth.is_some());
             if basic && url.starts_with("http:") {
-                warnings.push(
-                    "handler.url: its user:password@ is sent as Basic credentials over plain \
-                     http, readable on the way: use https"
-                        .to_owned(),
-                );
+                warnings.push(format!(
+                    "{}: its user:password@ is sent as Basic credentials over plain http, \
+                     readable on the way: use https",
+                    route.handler_key("url")
+                ));
             }
         }
         if let Some(admin) = &self.admin {

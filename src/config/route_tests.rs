@@ -126,7 +126,7 @@ fn handler_and_routes_together_are_refused() {
 
 #[test]
 fn events_take_the_routes_they_match_in_file_order() {
-    let config = parse(&ROUTES).unwrap();
+    let config = parse(ROUTES).unwrap();
     let routes = &config.routes;
     let critical = body(r#"{"queue":"critical","region":"eu"}"#);
     // Pager has `continue`: the event goes on, and archive takes it too.
@@ -319,7 +319,7 @@ fn routes_are_capped() {
 /// the rules says (the first match without `continue` ends the walk).
 #[test]
 fn random_events_are_matched_as_the_rules_say() {
-    let config = parse(&ROUTES).unwrap();
+    let config = parse(ROUTES).unwrap();
     let alphabet = [
         "job",
         ".",

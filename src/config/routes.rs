@@ -72,6 +72,15 @@ impl Route {
             None => "[handler]".to_owned(),
         }
     }
+
+    /// One of its handler's keys as messages name it: `handler.command` for `[handler]`'s
+    /// route, `route "pager" (line 12): handler.command` for a `[[route]]`'s.
+    pub fn handler_key(&self, key: &str) -> String {
+        match self.line {
+            Some(_) => format!("{}: handler.{key}", self.describe()),
+            None => format!("handler.{key}"),
+        }
+    }
 }
 
 /// `routing.unmatched`: what becomes of an event no route takes. Never a silent drop.
