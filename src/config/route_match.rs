@@ -85,6 +85,17 @@ impl EventTypePattern {
     }
 }
 
+/// As written in the file.
+impl fmt::Display for EventTypePattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EventTypePattern::Any => f.write_str("*"),
+            EventTypePattern::Exact(name) => f.write_str(name),
+            EventTypePattern::Glob { prefix, suffix } => write!(f, "{prefix}*{suffix}"),
+        }
+    }
+}
+
 impl TryFrom<String> for EventTypePattern {
     type Error = String;
 
@@ -252,6 +263,37 @@ mod tests {
         assert!(!pattern("job.*").matches(Some("job")));
         assert!(!pattern("a*a").matches(Some("a")));
         assert!(pattern("a*a").matches(Some("aa")));
+    }
+
+    /// The prefix-and-suffix check against a plain backtracking wildcard match, on random
+    /// patterns and types over a small alphabet (where overlaps are frequent).
+    #[test]
+    fn globs_match_as_a_backtracking_matcher_would() {
+        fn reference(pattern: &[u8], text: &[u8]) -> bool {
+            match pattern.split_first() {
+                None => text.is_empty(),
+                Some((b'*', rest)) => (0..=text.len()).any(|skip| reference(rest, &text[skip..])),
+                Some((byte, rest)) => text.first() == Some(byte) && reference(rest, &text[1..]),
+            }
+        }
+        let mut rng = fastrand::Rng::with_seed(51);
+        let letter = |rng: &mut fastrand::Rng| [b'a', b'b', b'.'][rng.usize(..3)];
+        for _ in 0..50_000 {
+            let text: Vec<u8> = (0..rng.usize(0..7)).map(|_| letter(&mut rng)).collect();
+            let mut pattern: Vec<u8> = (0..rng.usize(1..5)).map(|_| letter(&mut rng)).collect();
+            if rng.bool() {
+                pattern.insert(rng.usize(..=pattern.len()), b'*');
+            }
+            let pattern_text = String::from_utf8(pattern.clone()).unwrap();
+            let parsed = EventTypePattern::parse(&pattern_text).unwrap();
+            assert_eq!(parsed.to_string(), pattern_text);
+            let text_str = String::from_utf8(text.clone()).unwrap();
+            assert_eq!(
+                parsed.matches(Some(&text_str)),
+                reference(&pattern, &text),
+                "{pattern_text:?} on {text_str:?}"
+            );
+        }
     }
 
     #[test]

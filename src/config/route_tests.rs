@@ -253,6 +253,14 @@ fn a_bad_route_is_named_by_its_line() {
     assert!(message.contains("missing field `handler`"), "{message}");
     let message = error(&format!(
         "{MINIMAL}{}",
+        route("pager", "event_types = [\"*\"]\n").replace("command", "concurency = 2\ncommand")
+    ));
+    assert!(
+        message.contains("line 7") && message.contains("unknown field `concurency`"),
+        "{message}"
+    );
+    let message = error(&format!(
+        "{MINIMAL}{}",
         route("dead", "event_types = [\"*\"]\n")
     ));
     assert!(
