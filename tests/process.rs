@@ -214,7 +214,7 @@ fn check_config_names_the_line_of_a_bad_route() {
     for wanted in [
         "route \"all\" (line 10): the name \"all\" is given twice (first on line 5)",
         "route \"all\" (line 10) is never reached: route \"all\" (line 5)",
-        "route \"empty\" (line 15) matches nothing",
+        "route \"empty\" (line 15) has no match",
         "routing.unmatched (line 20) is \"nowhere\"",
     ] {
         assert!(stderr.contains(wanted), "{wanted:?} missing from {stderr}");

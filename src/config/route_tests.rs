@@ -236,9 +236,9 @@ fn a_bad_route_is_named_by_its_line() {
         "a string (equality) or an array of strings",
     );
     // Refused by the checks, with the route's line.
-    check("", "route \"pager\" (line 3) matches nothing");
+    check("", "route \"pager\" (line 3) has no match");
     check("event_types = []\n", "(line 3): event_types is empty");
-    check("fields = {}\n", "(line 3): fields is empty");
+    check("fields = {}\n", "(line 3) has no match: fields is empty");
     check("fields = { queue = [] }\n", "fields.queue is an empty list");
     let message = error(&format!(
         "{MINIMAL}[[route]]\nname = \"Pager\"\n[route.handler]\ncommand = [\"true\"]\n"
@@ -369,4 +369,32 @@ fn random_events_are_matched_as_the_rules_say() {
         let selection = config.routes.select(event_type, &fields);
         assert_eq!(names(&selection), wanted, "{event_type:?} {fields:?}");
     }
+}
+
+/// The example config's commented-out routes, uncommented, are valid and route as it says;
+/// commented, they change nothing: the example keeps its one `[handler]`.
+#[test]
+fn the_example_routes_are_valid() {
+    let example = include_str!("../../config.example.toml");
+    assert_eq!(
+        parse(example).unwrap().routes.list[0].name.as_str(),
+        RouteName::DEFAULT
+    );
+    let start = example
+        .find("# [[route]]")
+        .expect("the example shows routes");
+    let end = example.find("# unmatched = ").unwrap();
+    let routes: String = example[start..end]
+        .lines()
+        .chain(["# unmatched = \"dead\""])
+        .map(|line| format!("{}\n", line.strip_prefix("# ").unwrap_or(line)))
+        .collect();
+    let config = parse(&format!("{MINIMAL}{routes}")).unwrap();
+    let critical = body(r#"{"queue":"critical","region":"us"}"#);
+    let selection = config.routes.select(Some("job.failed"), &critical);
+    assert_eq!(names(&selection), ["pager", "archive"]);
+    assert_eq!(
+        names(&config.routes.select(Some("job.completed"), &critical)),
+        ["archive"]
+    );
 }

@@ -192,7 +192,7 @@ pub(super) fn resolve(
         problems.push(format!(
             "[handler] and [[route]] (line {}) are both set: move [handler] into a [[route]] \
              with name = \"default\" and event_types = [\"*\"] (the name existing jobs belong \
-             to), after the routes it should not take from",
+             to), placed after the routes that should take their events first",
             line_number(text, first.span().start)
         ));
     }
@@ -275,8 +275,9 @@ fn route(table: RouteTable, line: usize, problems: &mut Vec<String>) -> Route {
     };
     let describe = route.describe();
     match (&table.event_types, &table.fields) {
+        // Refused rather than read as "everything": a forgotten match must not take it all.
         (None, None) => problems.push(format!(
-            "{describe} matches nothing: give it event_types ([\"*\"] for every event), fields, \
+            "{describe} has no match: give it event_types ([\"*\"] for every event), fields, \
              or both"
         )),
         (Some(types), _) if types.is_empty() => problems.push(format!(
@@ -284,7 +285,8 @@ fn route(table: RouteTable, line: usize, problems: &mut Vec<String>) -> Route {
              event)"
         )),
         (None, Some(fields)) if fields.is_empty() => problems.push(format!(
-            "{describe}: fields is empty and event_types is not set, so it matches nothing"
+            "{describe} has no match: fields is empty and event_types is not set (write \
+             event_types = [\"*\"] for every event)"
         )),
         _ => {}
     }
