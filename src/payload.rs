@@ -50,14 +50,14 @@ impl<'a> KeyFields<'a> {
     }
 
     /// As [`KeyFields::read`], keeping besides the top-level fields named in `routed` (sorted,
-    /// as `Routes::field_names` gives them) for the routes to match on, in the same one walk.
+    /// as [`crate::config::Routes::field_names`] gives them) for the routes to match on, in the same one walk.
     /// Such a field given twice is kept as neither value: no route matches on it, rather than
     /// on a value the handler's parser might not see.
     // The claim path calls it once it selects routes (issue 51); until then only the tests do.
     #[cfg_attr(not(test), allow(dead_code))]
     pub fn read_routed(
         text: &'a str,
-        routed: &[&'a str],
+        routed: &'a [String],
     ) -> Result<KeyFields<'a>, serde_json::Error> {
         let mut deserializer = serde_json::Deserializer::from_str(text);
         let fields = deserializer.deserialize_map(KeyFieldsVisitor { routed })?;
@@ -90,11 +90,11 @@ impl BodyFields for KeyFields<'_> {
     }
 }
 
-struct KeyFieldsVisitor<'r, 'a> {
-    routed: &'r [&'a str],
+struct KeyFieldsVisitor<'a> {
+    routed: &'a [String],
 }
 
-impl<'de> Visitor<'de> for KeyFieldsVisitor<'_, 'de> {
+impl<'de> Visitor<'de> for KeyFieldsVisitor<'de> {
     type Value = KeyFields<'de>;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
@@ -112,7 +112,7 @@ impl<'de> Visitor<'de> for KeyFieldsVisitor<'_, 'de> {
                 Key::Type => (&mut fields.type_, "type"),
                 Key::Event => (&mut fields.event, "event"),
                 Key::Routed(index) => {
-                    let name = self.routed[index];
+                    let name = self.routed[index].as_str();
                     let value = map.next_value::<Field>()?;
                     match fields.routed.iter_mut().find(|(seen, _)| *seen == name) {
                         Some((_, twice)) => *twice = Field::Other,
@@ -146,11 +146,11 @@ enum Key {
 
 /// Tells keys apart; the routes' field names are sorted, so a key is found by bisection.
 #[derive(Clone, Copy)]
-struct KeyVisitor<'r, 'a> {
-    routed: &'r [&'a str],
+struct KeyVisitor<'r> {
+    routed: &'r [String],
 }
 
-impl<'de> DeserializeSeed<'de> for KeyVisitor<'_, '_> {
+impl<'de> DeserializeSeed<'de> for KeyVisitor<'_> {
     type Value = Key;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Key, D::Error> {
@@ -158,7 +158,7 @@ impl<'de> DeserializeSeed<'de> for KeyVisitor<'_, '_> {
     }
 }
 
-impl Visitor<'_> for KeyVisitor<'_, '_> {
+impl Visitor<'_> for KeyVisitor<'_> {
     type Value = Key;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
@@ -171,7 +171,7 @@ impl Visitor<'_> for KeyVisitor<'_, '_> {
             "job_id" => Key::JobId,
             "type" => Key::Type,
             "event" => Key::Event,
-            _ => match self.routed.binary_search(&key) {
+            _ => match self.routed.binary_search_by(|name| name.as_str().cmp(key)) {
                 Ok(index) => Key::Routed(index),
                 Err(_) => Key::Other,
             },
@@ -253,7 +253,8 @@ mod tests {
     fn the_routes_fields_are_read_in_the_same_walk() {
         let text =
             r#"{"queue":"critical","region":7,"o":{"zone":"x"},"zone\u0031":"eu","type":"t"}"#;
-        let fields = KeyFields::read_routed(text, &["queue", "region", "type", "zone1"]).unwrap();
+        let routed = ["queue", "region", "type", "zone1"].map(String::from);
+        let fields = KeyFields::read_routed(text, &routed).unwrap();
         assert_eq!(fields.text("queue"), Some("critical"));
         assert_eq!(fields.text("region"), None, "a number is not a string");
         assert_eq!(
@@ -267,8 +268,34 @@ mod tests {
         // Not asked for: not kept.
         assert_eq!(KeyFields::read(text).unwrap().text("queue"), None);
         // Twice: neither value, and the delivery is still read.
-        let twice = KeyFields::read_routed(r#"{"queue":"a","queue":"b"}"#, &["queue"]).unwrap();
+        let queue = ["queue".to_owned()];
+        let twice = KeyFields::read_routed(r#"{"queue":"a","queue":"b"}"#, &queue).unwrap();
         assert_eq!(twice.text("queue"), None);
+    }
+
+    /// The claim path's one read is all the routes need: its fields, then the walk.
+    #[test]
+    fn routes_select_on_what_one_read_kept() {
+        let config = crate::config::Config::parse(
+            "[signature]\nsecrets = [\"whsec_a\"]\n\
+             [[route]]\nname = \"pager\"\nfields = { queue = \"critical\" }\n\
+             [route.handler]\ncommand = [\"true\"]\n\
+             [routing]\nunmatched = \"done\"\n",
+            std::path::Path::new("/"),
+        )
+        .unwrap();
+        let routes = &config.routes;
+        assert_eq!(routes.field_names(), ["queue"]);
+        let select = |body: &str| {
+            let fields = KeyFields::read_routed(body, routes.field_names()).unwrap();
+            format!("{:?}", routes.select(fields.event_type(), &fields))
+        };
+        assert!(
+            select(r#"{"job_id":"j","type":"job.failed","queue":"critical"}"#)
+                .starts_with("Matched"),
+        );
+        assert_eq!(select(r#"{"job_id":"j","queue":"bulk"}"#), "Done");
+        assert_eq!(select(r#"{"job_id":"j","queue":["critical"]}"#), "Done");
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
         }
     }
     findings.notes.extend(route_notes(&config.routes));
-    for route in &config.routes.list {
+    for route in config.routes.list() {
         if let HandlerKind::Command(argv) = &route.handler.kind {
             if let Err(error) = executable(&argv[0]) {
                 let key = route.handler_key("command");
@@ -134,11 +134,11 @@ fn directory_writable(dir: &Path) -> Result<(), String> {
 /// With `[[route]]`s, each as the service reads it (what it takes, and where it sends it) and
 /// what becomes of an event none takes: a route misread is seen before it misroutes.
 fn route_notes(routes: &Routes) -> Vec<String> {
-    if routes.list.iter().all(|route| route.line.is_none()) {
+    if routes.list().iter().all(|route| route.line.is_none()) {
         return Vec::new(); // `[handler]` alone takes everything, as it always has.
     }
     let mut notes: Vec<String> = routes
-        .list
+        .list()
         .iter()
         .map(|route| {
             let types: Vec<String> = route
@@ -161,7 +161,7 @@ fn route_notes(routes: &Routes) -> Vec<String> {
             )
         })
         .collect();
-    notes.push(match &routes.unmatched {
+    notes.push(match routes.unmatched() {
         Unmatched::Dead => "routing.unmatched: an event no route takes is dead, its error naming \
                             its type"
             .to_owned(),

@@ -33,7 +33,7 @@ pub(super) fn check(
             }
         }
     }
-    let handlers = config.routes.list.iter().map(|route| {
+    let handlers = config.routes.list().iter().map(|route| {
         let file = route.handler.ca_file.as_deref();
         (route.handler_key("ca_file"), file)
     });

@@ -365,7 +365,7 @@ impl Config {
                 self.server.listen
             ));
         }
-        for route in &self.routes.list {
+        for route in self.routes.list() {
             let HandlerKind::Url(url) = &route.handler.kind else {
                 continue;
             };

@@ -43,17 +43,17 @@ fn route(name: &str, matcher: &str) -> String {
 fn routes_are_read_in_file_order_with_their_handlers() {
     let config = parse(ROUTES).unwrap();
     let routes = &config.routes;
-    let names: Vec<&str> = routes.list.iter().map(|r| r.name.as_str()).collect();
+    let names: Vec<&str> = routes.list().iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["pager", "completed", "archive"]);
-    let pager = &routes.list[0];
+    let pager = &routes.list()[0];
     assert!(pager.fan_out);
     assert_eq!(pager.line, Some(3));
     assert_eq!(pager.describe(), "route \"pager\" (line 3)");
     assert_eq!(pager.matcher.fields.len(), 2);
     assert!(matches!(pager.handler.kind, HandlerKind::Url(_)));
-    assert_eq!(routes.list[1].line, Some(10));
-    assert_eq!(routes.list[2].handler.concurrency, 1);
-    assert_eq!(routes.unmatched, Unmatched::Dead, "the default");
+    assert_eq!(routes.list()[1].line, Some(10));
+    assert_eq!(routes.list()[2].handler.concurrency, 1);
+    assert_eq!(*routes.unmatched(), Unmatched::Dead, "the default");
     assert_eq!(routes.field_names(), ["queue", "region"]);
     assert!(config.handler.is_none());
 }
@@ -73,7 +73,7 @@ fn a_route_handler_takes_the_handler_keys_and_their_checks() {
     };
     let config = parse(&with_ca("https://h/")).unwrap();
     assert_eq!(
-        config.routes.list[1].handler.ca_file.as_deref(),
+        config.routes.list()[1].handler.ca_file.as_deref(),
         Some(Path::new("/base/ca.pem")),
         "taken from the config's directory"
     );
@@ -87,7 +87,7 @@ fn a_route_handler_takes_the_handler_keys_and_their_checks() {
 #[test]
 fn the_handler_table_alone_is_the_default_route_taking_everything() {
     let config = parse(&format!("{MINIMAL}[handler]\ncommand = [\"true\"]\n")).unwrap();
-    let [route] = config.routes.list.as_slice() else {
+    let [route] = config.routes.list() else {
         panic!("{:?}", config.routes);
     };
     assert_eq!(route.name.as_str(), RouteName::DEFAULT);
@@ -106,7 +106,7 @@ fn the_handler_table_alone_is_the_default_route_taking_everything() {
 #[test]
 fn no_handler_and_no_route_is_no_route() {
     let config = parse(MINIMAL).unwrap();
-    assert!(config.routes.list.is_empty());
+    assert!(config.routes.list().is_empty());
     assert!(matches!(
         config.routes.select(Some("job.completed"), &body("{}")),
         Selection::NoRoutes
@@ -377,7 +377,7 @@ fn random_events_are_matched_as_the_rules_say() {
 fn the_example_routes_are_valid() {
     let example = include_str!("../../config.example.toml");
     assert_eq!(
-        parse(example).unwrap().routes.list[0].name.as_str(),
+        parse(example).unwrap().routes.list()[0].name.as_str(),
         RouteName::DEFAULT
     );
     let start = example

@@ -43,13 +43,15 @@ pub(super) struct RoutingTable {
     unmatched: Option<Spanned<String>>,
 }
 
-/// Every route, in file order, and what happens to an event none of them takes.
+/// Every route, in file order, and what happens to an event none of them takes. Made once at
+/// load and never changed, so what is worked out from the routes (the fields they read) stays
+/// true.
 #[derive(Debug, Clone, Default)]
 pub struct Routes {
-    /// Empty when the config has neither `[handler]` nor `[[route]]`: jobs stay claimed for an
-    /// external consumer.
-    pub list: Vec<Route>,
-    pub unmatched: Unmatched,
+    list: Vec<Route>,
+    unmatched: Unmatched,
+    /// The top-level fields some route's match reads, sorted, each once.
+    field_names: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -132,6 +134,37 @@ pub fn unmatched_error(event_type: Option<&str>) -> String {
 }
 
 impl Routes {
+    fn new(list: Vec<Route>, unmatched: Unmatched) -> Routes {
+        let mut field_names: Vec<String> = list
+            .iter()
+            .flat_map(|route| &route.matcher.fields)
+            .map(|condition| condition.name.clone())
+            .collect();
+        field_names.sort_unstable();
+        field_names.dedup();
+        Routes {
+            list,
+            unmatched,
+            field_names,
+        }
+    }
+
+    /// Every route, in file order. Empty when the config has neither `[handler]` nor
+    /// `[[route]]`: jobs stay claimed for an external consumer.
+    pub fn list(&self) -> &[Route] {
+        &self.list
+    }
+
+    pub fn unmatched(&self) -> &Unmatched {
+        &self.unmatched
+    }
+
+    /// The top-level fields some route's match reads, sorted, each once: what the claim path
+    /// must keep from a body besides its job_id and type (`KeyFields::read_routed` takes them).
+    pub fn field_names(&self) -> &[String] {
+        &self.field_names
+    }
+
     /// The routes the event takes: the walk goes over the routes once, in file order, and
     /// stops at the first match without `continue`. `event_type` is the delivery's type as
     /// the claim path read it (`None` without one); `body` its top-level fields as read there.
@@ -161,20 +194,6 @@ impl Routes {
                 // Resolution refuses a name that is no route; dead is the visible answer anyway.
                 .map_or(Selection::Dead, Selection::Fallback),
         }
-    }
-
-    /// The top-level fields some route's match reads, each once: what the claim path must keep
-    /// from a body besides its job_id and type.
-    pub fn field_names(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self
-            .list
-            .iter()
-            .flat_map(|route| &route.matcher.fields)
-            .map(|condition| condition.name.as_str())
-            .collect();
-        names.sort_unstable();
-        names.dedup();
-        names
     }
 }
 
@@ -210,10 +229,7 @@ pub(super) fn resolve(
             handler: handler.clone(),
             line: None,
         });
-        return Routes {
-            list: list.into_iter().collect(),
-            unmatched: Unmatched::Dead,
-        };
+        return Routes::new(list.into_iter().collect(), Unmatched::Dead);
     }
     if tables.len() > MAX_ROUTES {
         problems.push(format!(
@@ -250,7 +266,7 @@ pub(super) fn resolve(
         None => Unmatched::Dead,
         Some(key) => unmatched(key, &list, text, problems),
     };
-    Routes { list, unmatched }
+    Routes::new(list, unmatched)
 }
 
 /// One `[[route]]`, its own problems added to `problems`.
