@@ -47,10 +47,11 @@ pub struct Config {
     pub signature: SignatureConfig,
     #[serde(default)]
     pub database: LedgerConfig,
-    /// No `[handler]` section: jobs stay `claimed` for an external consumer. The work side
-    /// reads [`Config::routes`], where `[handler]` is the route `default`.
+    /// No `[handler]` section: jobs stay `claimed` for an external consumer. Also in
+    /// [`Config::routes`], as the route `default`.
     pub handler: Option<HandlerConfig>,
-    /// `[[route]]` tables as the file has them: resolved into `routes` at load.
+    /// `[[route]]` and `[routing]` as the file has them: resolved into `routes` at load, and
+    /// emptied then.
     #[serde(default, rename = "route")]
     route_tables: Vec<toml::Spanned<RouteTable>>,
     routing: Option<RoutingTable>,
@@ -254,7 +255,7 @@ impl Config {
         let mut problems = Vec::new();
         config.routes = routes::resolve(
             std::mem::take(&mut config.route_tables),
-            config.routing.as_ref(),
+            config.routing.take(),
             config.handler.as_ref(),
             text,
             &mut problems,

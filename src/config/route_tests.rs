@@ -398,3 +398,13 @@ fn the_example_routes_are_valid() {
         ["archive"]
     );
 }
+
+#[test]
+fn a_route_url_with_a_password_over_http_is_warned_of_by_its_route() {
+    let config = parse(&ROUTES.replace("http://127.0.0.1", "http://u:p@127.0.0.1")).unwrap();
+    let warnings = config.warnings().join("\n");
+    assert!(
+        warnings.contains("route \"pager\" (line 3): handler.url: its user:password@ is sent"),
+        "{warnings}"
+    );
+}

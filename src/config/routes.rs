@@ -201,12 +201,12 @@ impl Routes {
 /// everything wrong with them at once.
 pub(super) fn resolve(
     tables: Vec<Spanned<RouteTable>>,
-    routing: Option<&RoutingTable>,
+    routing: Option<RoutingTable>,
     handler: Option<&HandlerConfig>,
     text: &str,
     problems: &mut Vec<String>,
 ) -> Routes {
-    let unmatched_key = routing.and_then(|routing| routing.unmatched.as_ref());
+    let unmatched_key = routing.and_then(|routing| routing.unmatched);
     if let (Some(_), Some(first)) = (handler, tables.first()) {
         problems.push(format!(
             "[handler] and [[route]] (line {}) are both set: move [handler] into a [[route]] \
@@ -264,7 +264,7 @@ pub(super) fn resolve(
     }
     let unmatched = match unmatched_key {
         None => Unmatched::Dead,
-        Some(key) => unmatched(key, &list, text, problems),
+        Some(key) => unmatched(&key, &list, text, problems),
     };
     Routes::new(list, unmatched)
 }
