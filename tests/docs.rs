@@ -63,14 +63,21 @@ fn accepted_fields(probe: &str) -> Option<Vec<String>> {
 }
 
 /// Every key the config file accepts, as `section.key`, and the keys of the tables within a
-/// section as `section.table.key` (`server.tls.acme.domains`).
+/// section as `section.table.key` (`server.tls.acme.domains`). A section that is an array of
+/// tables (`[[route]]`) gives its tables' keys (`route.name`).
 fn accepted_keys() -> BTreeSet<String> {
     let sections = accepted_fields("__probe = 1\n").expect("the top level is a table");
     assert!(sections.len() >= 8, "{sections:?}");
     let mut keys = BTreeSet::new();
-    let mut tables: Vec<String> = sections;
+    let mut tables: Vec<String> = sections.clone();
     while let Some(table) = tables.pop() {
-        let Some(fields) = accepted_fields(&format!("[{table}]\n__probe = 1\n")) else {
+        let fields = accepted_fields(&format!("[{table}]\n__probe = 1\n")).or_else(|| {
+            sections
+                .contains(&table)
+                .then(|| accepted_fields(&format!("[[{table}]]\n__probe = 1\n")))
+                .flatten()
+        });
+        let Some(fields) = fields else {
             continue;
         };
         assert!(!fields.is_empty(), "[{table}] accepts no key?");
