@@ -14,7 +14,7 @@ use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::acknowledged::RecentlyAcknowledged;
-use crate::config::{Config, Secret};
+use crate::config::{Config, Routes, Secret};
 use crate::duplicates::DuplicateTally;
 use crate::event_type::EventType;
 use crate::job_id::JobId;
@@ -203,7 +203,7 @@ pub fn check_delivery<S: AsRef<[u8]>>(
         });
     }
     prechecked.signed.verify(secrets, body)?;
-    parse_claim(Bytes::copy_from_slice(body))
+    parse_claim(Bytes::copy_from_slice(body), &Routes::default())
 }
 
 /// Bytes of request bodies held in memory at once, over all connections. A delivery reserves
@@ -261,6 +261,8 @@ pub struct Ingest {
     /// Where a new claim's work goes to be worked on, per route; none when no handler is
     /// configured.
     queue: Queues,
+    /// Which routes a delivery takes: decided at its claim, written with it.
+    routes: Arc<Routes>,
     /// The recent refusals, for the admin listener.
     refusals: Arc<Refusals>,
     duplicates: Arc<DuplicateTally>,
@@ -291,6 +293,7 @@ impl Ingest {
             budget: BodyBudget::new(server.max_inflight_body_bytes, server.max_body_bytes),
             ledger,
             queue,
+            routes: Arc::new(config.routes.clone()),
             refusals,
             duplicates,
             recent,
@@ -385,7 +388,7 @@ impl Ingest {
         ROLLUP.record_verified(secret, skew);
         METRICS.record_clock_skew(skew);
 
-        let claim = parse_claim(body)?;
+        let claim = parse_claim(body, &self.routes)?;
         let job_id = claim.job_id.clone();
         let routes = claim.routing.routes().to_vec();
         let queued = Instant::now();
@@ -459,27 +462,31 @@ fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// Reads the fields we key on from a verified body; the body itself is stored verbatim.
-pub fn parse_claim(body: Bytes) -> Result<NewClaim, IngestError> {
+/// Reads the fields we key on from a verified body, and decides the routes it takes from them
+/// in the same one read; the body itself is stored verbatim.
+pub fn parse_claim(body: Bytes, routes: &Routes) -> Result<NewClaim, IngestError> {
     let bad = |reason: String| IngestError::BadPayload(reason);
     let body = RawBody::from_utf8(body).map_err(|_| bad("body is not UTF-8".into()))?;
-    let (job_id, event_type) = {
-        let fields =
-            KeyFields::read(&body).map_err(|e| bad(format!("body is not a JSON object: {e}")))?;
+    let (job_id, event_type, routing) = {
+        let fields = KeyFields::read_routed(&body, routes.field_names())
+            .map_err(|e| bad(format!("body is not a JSON object: {e}")))?;
         let job_id = match &fields.job_id {
             None | Some(Field::Null) => return Err(bad("job_id is missing".into())),
             Some(Field::Text(id)) => JobId::parse(id).map_err(|error| bad(error.to_string()))?,
             Some(Field::Other) => return Err(bad("job_id must be a string".into())),
         };
         let event_type = fields.event_type().map(EventType::parse).transpose();
-        (job_id, event_type.map_err(|error| bad(error.to_string()))?)
+        let event_type = event_type.map_err(|error| bad(error.to_string()))?;
+        let chosen = routes.select(event_type.as_ref().map(EventType::as_str), &fields);
+        let routing = Routing::chosen(&chosen, event_type.as_ref());
+        (job_id, event_type, routing)
     };
     Ok(NewClaim {
         job_id,
         event_type,
         body,
         source: Source::Webhook,
-        routing: Routing::default_route(),
+        routing,
     })
 }
 
@@ -501,7 +508,7 @@ mod tests {
     }
 
     fn parse(body: &str) -> Result<NewClaim, IngestError> {
-        parse_claim(Bytes::copy_from_slice(body.as_bytes()))
+        parse_claim(Bytes::copy_from_slice(body.as_bytes()), &Routes::default())
     }
 
     fn reason(body: &str) -> String {
@@ -572,7 +579,7 @@ mod tests {
     fn refuses_non_objects() {
         assert!(reason("[\"job_id\"]").contains("not a JSON object"));
         assert!(reason("not json").contains("not a JSON object"));
-        assert!(parse_claim(Bytes::from_static(&[0xff, 0xfe]))
+        assert!(parse_claim(Bytes::from_static(&[0xff, 0xfe]), &Routes::default())
             .unwrap_err()
             .to_string()
             .contains("UTF-8"));

@@ -45,6 +45,7 @@ pub struct KeyFields<'a> {
 impl<'a> KeyFields<'a> {
     /// Reads `text`, which must be exactly one JSON object. A key the receiver reads may appear
     /// only once: with two `job_id`s, the handler's parser might key on the other one.
+    #[cfg(test)]
     pub fn read(text: &'a str) -> Result<KeyFields<'a>, serde_json::Error> {
         Self::read_routed(text, &[])
     }
@@ -53,8 +54,6 @@ impl<'a> KeyFields<'a> {
     /// as [`crate::config::Routes::field_names`] gives them) for the routes to match on, in the same one walk.
     /// Such a field given twice is kept as neither value: no route matches on it, rather than
     /// on a value the handler's parser might not see.
-    // The claim path calls it once it selects routes (issue 51); until then only the tests do.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn read_routed(
         text: &'a str,
         routed: &'a [String],

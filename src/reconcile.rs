@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Secret, SumeApiConfig};
+use crate::config::{Routes, Secret, SumeApiConfig};
 use crate::event_type::EventType;
 use crate::http_client::{self, Answer, HttpClient};
 use crate::job_id::JobId;
@@ -54,6 +54,8 @@ pub struct Reconciler {
     api_key: Secret,
     client: HttpClient,
     queue: Queues,
+    /// A recovered job takes the routes its webhook would have taken.
+    routes: Arc<Routes>,
     terminal: HashSet<String>,
     /// Earliest moment for the next call (the rate limit).
     next_call: Instant,
@@ -66,7 +68,13 @@ pub struct Reconciler {
 impl Reconciler {
     /// `api_key` as read at start ([`Credentials`](crate::config::Credentials)): a missing
     /// key file stops the start, not the first poll.
-    pub fn new(ledger: Arc<Ledger>, api: SumeApiConfig, api_key: Secret, queue: Queues) -> Self {
+    pub fn new(
+        ledger: Arc<Ledger>,
+        api: SumeApiConfig,
+        api_key: Secret,
+        queue: Queues,
+        routes: Arc<Routes>,
+    ) -> Self {
         let terminal = api.terminal_statuses.iter().cloned().collect();
         Self {
             ledger,
@@ -74,6 +82,7 @@ impl Reconciler {
             api,
             client: http_client::new_client(),
             queue,
+            routes,
             terminal,
             next_call: Instant::now(),
             paused_until: None,
@@ -203,12 +212,17 @@ impl Reconciler {
             Err(error) => return Ok(again(Some(job_status), Some(error.to_string()))),
         };
         let body = String::from_utf8_lossy(&answer.body).into_owned();
+        // The status answer's top-level fields, as a webhook's body would have them.
+        let fields: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&body).unwrap_or_default();
+        let chosen = self.routes.select(Some(event_type.as_str()), &fields);
+        let routing = Routing::chosen(&chosen, Some(&event_type));
         let claim = NewClaim {
             job_id: job_id.clone(),
             event_type: Some(event_type),
             body: body.into(),
             source: Source::Poll,
-            routing: Routing::default_route(),
+            routing,
         };
         let routes = claim.routing.routes().to_vec();
         let queued = std::time::Instant::now();

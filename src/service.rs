@@ -111,17 +111,18 @@ pub async fn run_on(
     }
     tasks.spawn(minutes.clone().run(stop.clone()));
 
-    let routes = config.route_handlers();
+    // A worker per route, with the route's handler, limits and hold.
+    let routes = config.routes.list();
     let mut queues = Vec::new();
     let mut workers = Vec::new();
-    for (route, handler) in &routes {
+    for route in routes {
         let (worker, queue) = Worker::new(
-            route.clone(),
+            route.name.clone(),
             ledger.clone(),
-            handler.clone(),
+            route.handler.clone(),
             config.sweeper.stale_after,
         )?;
-        queues.push((route.clone(), queue));
+        queues.push((route.name.clone(), queue));
         workers.push(worker);
     }
     let queue = worker::Queues::new(queues);
@@ -132,9 +133,10 @@ pub async fn run_on(
     } else {
         let max_attempts: Vec<(String, u32)> = routes
             .iter()
-            .map(|(route, handler)| (route.to_string(), handler.max_attempts))
+            .map(|route| (route.name.to_string(), route.handler.max_attempts))
             .collect();
-        let default_max = routes[0].1.max_attempts;
+        // A route no longer in the config: its work is kept, and counted as the first route's.
+        let default_max = routes[0].handler.max_attempts;
         let sweeper = Sweeper::new(
             ledger.clone(),
             queue.clone(),
@@ -166,7 +168,8 @@ pub async fn run_on(
     match config.sume_api.clone().zip(credentials.api_key) {
         Some((api, api_key)) => {
             let base_url = crate::config::redact_url(&api.base_url);
-            let reconciler = Reconciler::new(ledger.clone(), api, api_key, queue.clone());
+            let routes = Arc::new(config.routes.clone());
+            let reconciler = Reconciler::new(ledger.clone(), api, api_key, queue.clone(), routes);
             tasks.spawn(reconciler.run(stop.clone()));
             tracing::info!(%base_url, "reconciliation on: expected jobs without a webhook are polled");
         }

@@ -74,21 +74,6 @@ pub struct Config {
     pub source: Option<PathBuf>,
 }
 
-impl Config {
-    /// Each route this receiver runs, with its handler, in the config's order: `[handler]` is
-    /// the one route `default`; no handler, none.
-    pub fn route_handlers(&self) -> Vec<(crate::route_name::RouteName, HandlerConfig)> {
-        self.handler
-            .iter()
-            .map(|handler| {
-                (
-                    crate::route_name::RouteName::default_route(),
-                    handler.clone(),
-                )
-            })
-            .collect()
-    }
-}
 
 /// Paths the server answers itself; the webhook path may not take one of them.
 pub const RESERVED_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics"];

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use super::error::StorageError;
+use crate::config::{unmatched_error, Selection};
 use crate::event_type::EventType;
 use crate::job_id::JobId;
 use crate::raw_body::RawBody;
@@ -123,6 +124,30 @@ impl Routing {
     /// an external consumer).
     pub fn default_route() -> Routing {
         Routing::Routes(vec![RouteName::default_route()])
+    }
+
+    /// The work the routes' `selection` gives an event of `event_type`.
+    pub fn chosen(selection: &Selection<'_>, event_type: Option<&EventType>) -> Routing {
+        let unmatched = || unmatched_error(event_type.map(EventType::as_str));
+        match selection {
+            Selection::Matched(_) | Selection::Fallback(_) => Routing::Routes(
+                selection
+                    .routes()
+                    .iter()
+                    .map(|route| route.name.clone())
+                    .collect(),
+            ),
+            Selection::Done => Routing::Unrouted {
+                state: FinishedState::Done,
+                error: format!("{} (routing.unmatched = \"done\")", unmatched()),
+            },
+            Selection::Dead => Routing::Unrouted {
+                state: FinishedState::Dead,
+                error: unmatched(),
+            },
+            // Waiting for an external consumer, as before routes.
+            Selection::NoRoutes => Routing::default_route(),
+        }
     }
 
     /// The routes the claim starts work on.
