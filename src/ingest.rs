@@ -579,10 +579,12 @@ mod tests {
     fn refuses_non_objects() {
         assert!(reason("[\"job_id\"]").contains("not a JSON object"));
         assert!(reason("not json").contains("not a JSON object"));
-        assert!(parse_claim(Bytes::from_static(&[0xff, 0xfe]), &Routes::default())
-            .unwrap_err()
-            .to_string()
-            .contains("UTF-8"));
+        assert!(
+            parse_claim(Bytes::from_static(&[0xff, 0xfe]), &Routes::default())
+                .unwrap_err()
+                .to_string()
+                .contains("UTF-8")
+        );
     }
 
     #[test]

@@ -135,13 +135,13 @@ async fn every_metric_served_is_in_the_metrics_table_and_back() {
     let mut text = String::new();
     for _ in 0..500 {
         text = server.metrics().await;
-        if text.contains("sume_attempts_total{result=\"done\"} 1") {
+        if !text.contains("sume_attempts_total{result=\"done\",route=\"default\"} 0\n") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(
-        text.contains("sume_attempts_total{result=\"done\"} 1"),
+        text.contains("sume_attempts_total{result=\"done\",route=\"default\"} "),
         "the job never ran\n{text}"
     );
     // `# TYPE sume_deliveries counter`: a counter's samples end in _total, an info's in _info.

@@ -101,3 +101,5 @@ mod hold;
 mod operator;
 #[path = "ledger_contract/retention.rs"]
 mod retention;
+#[path = "ledger_contract/routes.rs"]
+mod routes;

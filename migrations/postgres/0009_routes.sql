@@ -75,3 +75,22 @@ DROP TABLE dispatch_hold;
 
 ALTER TABLE dispatch_stops ADD COLUMN route text;
 UPDATE dispatch_stops SET route = 'default' WHERE kind = 'hold';
+
+-- A rolling upgrade: receivers of an older release may still run on this database, knowing
+-- nothing of job_routes. Their claims are refused (`routed` has no default: the delivery gets
+-- 503, Sume retries it, and a receiver of this release claims it with its work), and so is any
+-- change of a job's state but the routes' summary (their starts and ends): an older receiver
+-- can neither claim work that no worker would run nor start a job that a newer one runs too.
+ALTER TABLE jobs ADD COLUMN routed boolean NOT NULL DEFAULT true;
+ALTER TABLE jobs ALTER COLUMN routed DROP DEFAULT;
+CREATE FUNCTION jobs_state_from_routes_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_trigger_depth() < 2 THEN
+        RAISE EXCEPTION 'a job''s state changes through its routes only (job_routes): this receiver predates routes; upgrade it'
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER jobs_state_from_routes_only BEFORE UPDATE OF state ON jobs FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION jobs_state_from_routes_only();

@@ -74,7 +74,6 @@ pub struct Config {
     pub source: Option<PathBuf>,
 }
 
-
 /// Paths the server answers itself; the webhook path may not take one of them.
 pub const RESERVED_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics"];
 

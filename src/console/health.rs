@@ -8,6 +8,7 @@ use super::verdict::{Facts, DEAD_COUNTED, RECENT_MINUTES};
 use crate::ledger::{now_ms, Dispatch, Ledger, State, StorageError};
 use crate::metrics::Snapshot;
 use crate::rollup::LastHour;
+use crate::route_name::RouteName;
 use crate::worker::Queues;
 
 /// The health facts the console does not read from the ledger's rows: whether each side can
@@ -49,9 +50,14 @@ impl HealthSource for ReceiverHealth {
         let lines: Vec<String> = holds
             .iter()
             .map(|hold| {
+                // The default route alone reads as before routes.
+                let route = if hold.route == RouteName::DEFAULT {
+                    String::new()
+                } else {
+                    format!("route {} ", hold.route)
+                };
                 format!(
-                    "route {} since {} ({}); the next probe at {}",
-                    hold.route,
+                    "{route}since {} ({}); the next probe at {}",
                     utc(hold.since),
                     hold.reason,
                     utc(hold.next_probe_at)

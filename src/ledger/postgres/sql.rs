@@ -223,16 +223,16 @@ pub const START_ATTEMPT_SQL: &str = "WITH started AS (
 /// two arrays of the same length (job_id, route): written for the claims that were new.
 pub const INSERT_CLAIMS_SQL: &str = "WITH inserted AS (
         INSERT INTO jobs (job_id, state, source, event_type, body, received_at,
-                          next_attempt_at, updated_at, last_error, finished_at)
+                          next_attempt_at, updated_at, last_error, finished_at, routed)
         SELECT job_id, state, source, event_type, body, CAST($5 AS BIGINT),
                CASE WHEN state = 'claimed' THEN CAST($5 AS BIGINT) END, CAST($5 AS BIGINT),
-               error, CASE WHEN state = 'claimed' THEN NULL ELSE CAST($5 AS BIGINT) END
+               error, CASE WHEN state = 'claimed' THEN NULL ELSE CAST($5 AS BIGINT) END, true
         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $6::text[], $7::text[])
              AS claim (job_id, source, event_type, body, state, error)
         ORDER BY job_id
         ON CONFLICT (job_id) DO NOTHING
         RETURNING job_id),
-    routed AS (
+    work_rows AS (
         INSERT INTO job_routes (job_id, route, state, next_attempt_at, updated_at)
         SELECT work.job_id, work.route, 'claimed', CAST($5 AS BIGINT), CAST($5 AS BIGINT)
         FROM unnest($8::text[], $9::text[]) AS work (job_id, route)

@@ -482,7 +482,7 @@ mod tests {
             event_type: None,
             body: "{}".into(),
             source: Source::Webhook,
-            routing: crate::ledger::Routing::default_route(),
+            routing: crate::ledger::model::Routing::default_route(),
         }
     }
 
