@@ -15,6 +15,7 @@ use crate::ledger::{
     duration_ms, now_ms, Actor, GroupRetry, Ledger, RetryError, StorageError, GROUP_RETRY_BATCH,
 };
 use crate::logging::Escaped;
+use crate::route_name::RouteName;
 use crate::worker::Queues;
 
 /// A reason (a cancel's, a pause's) is at most this many characters: it is kept in the ledger
@@ -94,23 +95,31 @@ pub struct Actions<'a> {
 }
 
 impl Actions<'_> {
-    /// `action` on `job_id`, recorded as `actor`'s (a cancel with the actor's reason).
+    /// `action` on `job_id`'s work on `route`, or on all its routes (`None`), recorded as
+    /// `actor`'s (a cancel with the actor's reason).
     pub async fn on_job(
         &self,
         action: JobAction,
         job_id: &JobId,
+        route: Option<&RouteName>,
         actor: &Actor,
     ) -> Result<(), Refused> {
         match action {
-            JobAction::Retry => self.retry(job_id, actor).await,
-            JobAction::RunNow => self.run_now(job_id, actor).await,
-            JobAction::Cancel => self.cancel(job_id, actor).await,
+            JobAction::Retry => self.retry(job_id, route, actor).await,
+            JobAction::RunNow => self.run_now(job_id, route, actor).await,
+            JobAction::Cancel => self.cancel(job_id, route, actor).await,
         }
     }
 
-    /// Makes a `done` or `dead` job due again with a fresh set of attempts.
-    pub async fn retry(&self, job_id: &JobId, actor: &Actor) -> Result<(), Refused> {
-        match self.ledger.retry_job(job_id, actor, now_ms()).await {
+    /// Makes a `done` or `dead` job (or its work on `route`) due again with a fresh set of
+    /// attempts.
+    pub async fn retry(
+        &self,
+        job_id: &JobId,
+        route: Option<&RouteName>,
+        actor: &Actor,
+    ) -> Result<(), Refused> {
+        match self.ledger.retry_job(job_id, route, actor, now_ms()).await {
             Ok(()) => {
                 self.done(JobAction::Retry, job_id, actor);
                 Ok(())
@@ -122,17 +131,30 @@ impl Actions<'_> {
     }
 
     /// Makes a job waiting in backoff due now.
-    pub async fn run_now(&self, job_id: &JobId, actor: &Actor) -> Result<(), Refused> {
-        let changed = self.ledger.run_now(job_id, actor, now_ms()).await?;
+    pub async fn run_now(
+        &self,
+        job_id: &JobId,
+        route: Option<&RouteName>,
+        actor: &Actor,
+    ) -> Result<(), Refused> {
+        let changed = self.ledger.run_now(job_id, route, actor, now_ms()).await?;
         self.changed(changed, JobAction::RunNow, job_id, actor, "a retrying job")
             .await
     }
 
     /// Makes a waiting job `dead` without running it; the actor's reason must say something.
-    pub async fn cancel(&self, job_id: &JobId, actor: &Actor) -> Result<(), Refused> {
+    pub async fn cancel(
+        &self,
+        job_id: &JobId,
+        route: Option<&RouteName>,
+        actor: &Actor,
+    ) -> Result<(), Refused> {
         let reason = said(actor.reason())?.ok_or(Refused::NoReason)?;
         let actor = Actor::because(&actor.by, Some(reason));
-        let changed = self.ledger.cancel_job(job_id, &actor, now_ms()).await?;
+        let changed = self
+            .ledger
+            .cancel_job(job_id, route, &actor, now_ms())
+            .await?;
         self.changed(
             changed,
             JobAction::Cancel,
