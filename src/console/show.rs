@@ -273,6 +273,7 @@ impl Console {
         let filter = JobFilter {
             state,
             event_type: event_type.clone(),
+            route: None,
             since: ago(&since, "since")?,
             before: ago(&before, "before")?,
         };

@@ -243,6 +243,11 @@ macro_rules! operations {
             limit: usize
         ) -> Result<JobPage, StorageError>;
 
+        /// Which of `job_ids` have work on `route` (a page of a list filtered by route, a chunk
+        /// of the list at a time: each a lookup of the work's key).
+        fn jobs_on_route(&self, route: &crate::route_name::RouteName, job_ids: &[String])
+            -> Result<Vec<String>, StorageError>;
+
         /// One job with its history: every attempt and action kept.
         fn show_job(&self, job_id: &crate::job_id::JobId) -> Result<Option<JobDetail>, StorageError>;
 

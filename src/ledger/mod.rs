@@ -170,10 +170,10 @@ impl Ledger {
         Ok(taken_back)
     }
 
-    /// One page of the jobs `filter` keeps, newest first, after `after`. The event type is not
-    /// indexed: a page reads at most [`ROWS_READ_PER_FILTERED_PAGE`] rows of its list, so
-    /// that a type few jobs have costs a bounded page, which then ends short with where to go
-    /// on.
+    /// One page of the jobs `filter` keeps, newest first, after `after`. The event type and
+    /// the route do not order any list: a page reads at most [`ROWS_READ_PER_FILTERED_PAGE`]
+    /// rows of its list, so that a type or a route few jobs have costs a bounded page, which
+    /// then ends short with where to go on.
     pub async fn find_jobs(
         &self,
         filter: &JobFilter,
@@ -189,11 +189,11 @@ impl Ledger {
             }),
             (None, None) => None,
         };
-        let Some(event_type) = filter.event_type.as_ref().filter(|_| limit > 0) else {
+        if limit == 0 || (filter.event_type.is_none() && filter.route.is_none()) {
             return self
                 .list_jobs(filter.state, cursor.as_ref(), filter.since, limit)
                 .await;
-        };
+        }
         let mut kept = Vec::new();
         let mut read = 0;
         while read < ROWS_READ_PER_FILTERED_PAGE {
@@ -206,8 +206,22 @@ impl Ledger {
                 )
                 .await?;
             read += rows.jobs.len();
+            let on_route = match &filter.route {
+                Some(route) => {
+                    let ids: Vec<String> = rows.jobs.iter().map(|job| job.job_id.clone()).collect();
+                    Some(self.jobs_on_route(route, &ids).await?)
+                }
+                None => None,
+            };
             for (at, job) in rows.listed_at.into_iter().zip(rows.jobs) {
-                if job.event_type.as_ref() == Some(event_type) {
+                let of_type = filter
+                    .event_type
+                    .as_ref()
+                    .is_none_or(|wanted| job.event_type.as_ref() == Some(wanted));
+                let routed = on_route
+                    .as_ref()
+                    .is_none_or(|ids| ids.contains(&job.job_id));
+                if of_type && routed {
                     kept.push((at, job));
                     if kept.len() == limit {
                         // Full: the next page starts after the last job kept.

@@ -734,6 +734,8 @@ pub struct JobFilter {
     pub state: Option<State>,
     /// Only this event type.
     pub event_type: Option<String>,
+    /// Only jobs with work on this route.
+    pub route: Option<RouteName>,
     /// Only jobs whose time is at or after this (Unix ms).
     pub since: Option<i64>,
     /// Only jobs whose time is before this (Unix ms).

@@ -162,6 +162,25 @@ on_both_ledgers! {
         ledger.close().await;
     }
 
+    /// A list filtered by route keeps the jobs with work on it, newest first.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_list_by_route_keeps_the_jobs_with_work_on_it() {
+        let (_dir, ledger) = fresh().await;
+        for (job_id, routes) in [("r1", &["a"][..]), ("r2", &["b"]), ("r3", &["a", "b"])] {
+            ledger.claim(routed_claim(job_id, routes)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        let ids = ["r1", "r2", "r3", "unknown"].map(str::to_owned);
+        let mut on_b = ledger.jobs_on_route(&route("b"), &ids).await.unwrap();
+        on_b.sort();
+        assert_eq!(on_b, ["r2", "r3"]);
+        let filter = ledger::JobFilter { route: Some(route("a")), ..Default::default() };
+        let page = ledger.find_jobs(&filter, None, 10).await.unwrap();
+        let listed: Vec<&str> = page.jobs.iter().map(|job| job.job_id.as_str()).collect();
+        assert_eq!(listed, ["r3", "r1"]);
+        ledger.close().await;
+    }
+
     /// An event no route takes is recorded finished at its claim, with why, and has no work.
     #[tokio::test(flavor = "multi_thread")]
     async fn an_event_no_route_takes_is_finished_at_its_claim_and_never_dropped() {

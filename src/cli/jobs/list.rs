@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use sume_receiver::ledger::{self, Ledger, State};
+use sume_receiver::route_name::RouteName;
 
 use super::render::{jobs_table, readable_json};
 use super::shell_word;
@@ -15,6 +16,9 @@ pub struct List {
     /// its list, and may end short with the cursor to go on from).
     #[arg(long, value_name = "TYPE")]
     event_type: Option<String>,
+    /// Only jobs with work on this route (not indexed either: as --event-type).
+    #[arg(long, value_name = "ROUTE", value_parser = RouteName::parse)]
+    route: Option<RouteName>,
     /// Only jobs whose time in the list (received; due; finished) is within this long
     /// ago ("1h", "2d").
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -35,6 +39,7 @@ impl List {
         let filter = ledger::JobFilter {
             state: self.state,
             event_type: self.event_type,
+            route: self.route,
             since: self
                 .since
                 .map(|since| ledger::now_ms() - ledger::duration_ms(since)),

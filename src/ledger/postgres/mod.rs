@@ -483,6 +483,20 @@ impl Backend for PostgresLedger {
         Ok(JobPage::from_rows(rows, limit))
     }
 
+    async fn jobs_on_route(
+        &self,
+        route: &RouteName,
+        job_ids: &[String],
+    ) -> Result<Vec<String>, StorageError> {
+        let rows = self
+            .read(
+                "SELECT job_id FROM job_routes WHERE route = $1 AND job_id = ANY($2)",
+                &[&route.as_str(), &job_ids],
+            )
+            .await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
     async fn show_job(&self, job_id: &JobId) -> Result<Option<JobDetail>, StorageError> {
         let job_id = job_id.as_str();
         let rows = self.read(sql::SHOW_JOB_SQL, &[&job_id]).await?;

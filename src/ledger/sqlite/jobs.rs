@@ -471,6 +471,21 @@ pub fn work_by_route(conn: &Connection) -> rusqlite::Result<Vec<(String, u64, u6
     rows.collect()
 }
 
+/// Which of `job_ids` have work on `route`.
+pub fn jobs_on_route(
+    conn: &Connection,
+    route: &RouteName,
+    job_ids: &[String],
+) -> rusqlite::Result<Vec<String>> {
+    let ids = serde_json::to_string(job_ids).expect("strings serialize");
+    conn.prepare_cached(
+        "SELECT job_id FROM job_routes
+         WHERE route = ?1 AND job_id IN (SELECT value FROM json_each(?2))",
+    )?
+    .query_map(params![route, ids], |row| row.get(0))?
+    .collect()
+}
+
 /// The oldest job still waiting or running: when it was received (Unix ms).
 pub fn oldest_unfinished(conn: &Connection) -> rusqlite::Result<Option<i64>> {
     conn.prepare_cached(OLDEST_UNFINISHED_SQL)?

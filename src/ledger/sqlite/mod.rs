@@ -556,6 +556,16 @@ impl Backend for SqliteLedger {
             .await
     }
 
+    async fn jobs_on_route(
+        &self,
+        route: &RouteName,
+        job_ids: &[String],
+    ) -> Result<Vec<String>, StorageError> {
+        let (route, job_ids) = (route.clone(), job_ids.to_vec());
+        self.read(move |conn| jobs::jobs_on_route(conn, &route, &job_ids))
+            .await
+    }
+
     async fn show_job(&self, job_id: &JobId) -> Result<Option<JobDetail>, StorageError> {
         let job_id = job_id.to_owned();
         self.read(move |conn| jobs::show_job(conn, job_id.as_str()))
