@@ -179,6 +179,28 @@ impl Actions<'_> {
         Ok(changed)
     }
 
+    /// Pauses or resumes one route's work on every receiver (a resume also ends its hold);
+    /// `false` if it already was.
+    pub async fn set_route_dispatch(
+        &self,
+        route: &RouteName,
+        paused: bool,
+        actor: &Actor,
+    ) -> Result<bool, Refused> {
+        let reason = said(actor.reason())?.filter(|_| paused);
+        let actor = Actor::because(&actor.by, reason);
+        let changed = self
+            .ledger
+            .set_route_dispatch(route, paused, &actor, now_ms())
+            .await?;
+        if let Some(queue) = self.queue {
+            queue.route_dispatch_changed(route.as_str(), paused);
+        }
+        let by = &actor.by;
+        tracing::info!(%by, %route, paused, changed, "a route's dispatch changed by an operator");
+        Ok(changed)
+    }
+
     /// Registers `job_id` as expected, first polled `reconcile_after` from now; `true` if new
     /// (twice is harmless).
     pub async fn expect(

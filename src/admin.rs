@@ -3,7 +3,7 @@
 //! With `Authorization: Bearer <token>`: `PUT /v1/expected/{job_id}` (or POST) registers a job
 //! for reconciliation (twice is harmless); `GET /v1/jobs/{job_id}` shows a job and its history;
 //! `POST /v1/jobs/{job_id}/retry`, `/run-now` and `/cancel?reason=...` act on it;
-//! `GET /v1/dispatch`, `POST /v1/dispatch/pause` (optionally `?reason=`) and `/resume`;
+//! `GET /v1/dispatch`, `POST /v1/dispatch/pause` (optionally `?reason=`, `?route=`) and `/resume`;
 //! `GET /v1/refusals`, the recent refused deliveries. The actions themselves are `actions.rs`'s,
 //! shared with the console. Off unless `[admin] token_file` is set. Every admin token is a
 //! bearer: the operator token and named operators act, the read token and named readers only
@@ -152,11 +152,19 @@ impl Router for Admin {
             ["v1", "dispatch", change @ ("pause" | "resume")] if posted => {
                 let paused = *change == "pause";
                 let reason = crate::console::form_value(&query, "reason");
-                match self
-                    .actions()
-                    .set_dispatch(paused, &Actor::because(&by, reason.as_deref()))
-                    .await
-                {
+                let actor = Actor::because(&by, reason.as_deref());
+                let changed = match crate::console::form_value(&query, "route") {
+                    None => self.actions().set_dispatch(paused, &actor).await,
+                    Some(route) => match RouteName::parse(&route) {
+                        Ok(route) => {
+                            self.actions()
+                                .set_route_dispatch(&route, paused, &actor)
+                                .await
+                        }
+                        Err(why) => return error_response(StatusCode::BAD_REQUEST, &why),
+                    },
+                };
+                match changed {
                     Ok(changed) => json_response(
                         StatusCode::OK,
                         &serde_json::json!({ "paused": paused, "changed": changed }),

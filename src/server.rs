@@ -25,7 +25,7 @@ use crate::metrics::{FilesystemSpace, Scrape, METRICS};
 use crate::response::{error_response, json_response, typed};
 use crate::throttle::Throttled;
 use crate::tls::{HttpChallenges, Tls, NO_CERTIFICATE};
-use crate::worker::Queues;
+use crate::worker::{Queue, Queues};
 
 /// How long a scrape of `/metrics` waits for the ledger.
 const LEDGER_READ_PER_SCRAPE: Duration = Duration::from_secs(5);
@@ -163,8 +163,11 @@ pub async fn operational(
                 let mut by_route = serde_json::Map::new();
                 for route in queue.names() {
                     let hold = holds.iter().find(|hold| hold.route == route.as_str());
+                    let paused = queue
+                        .route(route.as_str())
+                        .is_some_and(Queue::dispatch_paused);
                     let mut state = serde_json::json!({ "dispatch": match hold {
-                        _ if queue.dispatch_paused() => "paused",
+                        _ if paused => "paused",
                         Some(_) => "held",
                         None => "running",
                     }});

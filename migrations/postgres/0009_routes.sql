@@ -76,6 +76,12 @@ DROP TABLE dispatch_hold;
 ALTER TABLE dispatch_stops ADD COLUMN route text;
 UPDATE dispatch_stops SET route = 'default' WHERE kind = 'hold';
 
+CREATE TABLE route_pauses (
+    route      text   NOT NULL PRIMARY KEY,
+    changed_at bigint NOT NULL,
+    changed_by text   NOT NULL
+);
+
 -- A rolling upgrade: receivers of an older release may still run on this database, knowing
 -- nothing of job_routes. Their claims are refused (`routed` has no default: the delivery gets
 -- 503, Sume retries it, and a receiver of this release claims it with its work), and so is any

@@ -89,3 +89,12 @@ SELECT job_id, route, state, attempts,
        strftime('%Y-%m-%d %H:%M:%f', finished_at / 1000.0, 'unixepoch')      AS finished_at,
        last_error
 FROM job_routes;
+
+-- A pause of one route: its work waits, every other route runs (a pause of every route is the
+-- `dispatch` row). No row: the route is not paused. `jobs resume` without a route ends these
+-- too.
+CREATE TABLE route_pauses (
+    route      TEXT    NOT NULL PRIMARY KEY,
+    changed_at INTEGER NOT NULL,
+    changed_by TEXT    NOT NULL
+) STRICT;

@@ -296,12 +296,28 @@ macro_rules! operations {
         fn dispatch(&self) -> Result<Dispatch, StorageError>;
 
         /// Pauses or resumes the workers of every receiver; `false` if they already were.
-        /// Deliveries are received and claimed either way. Resuming also ends a hold (and is
-        /// then a change, recorded as `actor`'s, even if dispatch was not paused). A change
-        /// begins or ends stops in the log of [`Backend::dispatch_stops`] (a pause with the
-        /// actor's reason).
+        /// Deliveries are received and claimed either way. Resuming also ends every hold and
+        /// every route's own pause (and is then a change, recorded as `actor`'s, even if
+        /// dispatch was not paused). A change begins or ends stops in the log of
+        /// [`Backend::dispatch_stops`] (a pause with the actor's reason).
         fn set_dispatch(&self, paused: bool, actor: &Actor, now: i64)
             -> Result<bool, StorageError>;
+
+        /// Whether `route`'s worker runs jobs: paused when every route is, or when the route
+        /// is paused alone (which one says [`Dispatch::route`]).
+        fn route_dispatch(&self, route: &crate::route_name::RouteName)
+            -> Result<Dispatch, StorageError>;
+
+        /// Pauses or resumes one route's work on every receiver; `false` if it already was.
+        /// Resuming also ends the route's hold (and is then a change). A change begins or ends
+        /// the route's stop in the log of [`Backend::dispatch_stops`].
+        fn set_route_dispatch(
+            &self,
+            route: &crate::route_name::RouteName,
+            paused: bool,
+            actor: &Actor,
+            now: i64
+        ) -> Result<bool, StorageError>;
 
         /// `route`'s hold, if one is open (`src/hold/`).
         fn hold(&self, route: &crate::route_name::RouteName) -> Result<Option<Hold>, StorageError>;

@@ -609,6 +609,9 @@ pub struct Dispatch {
     pub paused: bool,
     pub changed_at: Option<i64>,
     pub changed_by: Option<String>,
+    /// The route whose own pause this is; `None` for the pause of every route (or none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
 }
 
 /// What stopped dispatch.

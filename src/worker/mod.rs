@@ -205,7 +205,7 @@ impl Worker {
     /// the last answer in force (running, at first).
     async fn read_dispatch(&mut self) {
         let now = std::time::Instant::now();
-        let read = match self.ledger.dispatch().await {
+        let read = match self.ledger.route_dispatch(&self.route).await {
             Ok(read) => read,
             Err(error) => {
                 self.read_failures.warn(&error.to_string());
@@ -220,14 +220,21 @@ impl Worker {
         };
         let was_paused = self.dispatch.as_ref().is_some_and(|(d, _)| d.paused);
         let by = Escaped(read.changed_by.as_deref().unwrap_or("?")).to_string();
-        match (was_paused, read.paused) {
-            (false, true) => {
-                tracing::warn!(%by, "dispatch paused: deliveries are claimed, no job runs until `jobs resume`")
+        let route = &self.route;
+        match (was_paused, read.paused, read.route.is_some()) {
+            (false, true, false) => {
+                tracing::warn!(%by, %route, "dispatch paused: deliveries are claimed, no job runs until `jobs resume`")
             }
-            (true, false) => tracing::info!(%by, "dispatch resumed"),
+            (false, true, true) => {
+                tracing::warn!(%by, %route, "route paused: its deliveries are claimed, none of its jobs runs until `jobs resume --route`; other routes run")
+            }
+            (true, false, _) => tracing::info!(%by, %route, "dispatch resumed"),
             _ => {}
         }
-        METRICS.set_dispatch_paused(read.paused);
+        // The gauge says whether every route is paused; a route's own pause shows in /readyz.
+        if read.route.is_none() {
+            METRICS.set_dispatch_paused(read.paused);
+        }
         self.queue.paused.store(read.paused, Ordering::SeqCst);
         self.dispatch = Some((read, now));
         self.breaker.reread(&self.ledger).await;

@@ -159,9 +159,16 @@ impl Queues {
         self.each().for_each(|queue| queue.dispatch_changed(paused));
     }
 
-    /// Whether dispatch is paused, as this process last knew it.
+    /// Whether every route's dispatch is paused, as this process last knew it.
     pub fn dispatch_paused(&self) -> bool {
-        self.each().any(Queue::dispatch_paused)
+        self.names().count() > 0 && self.each().all(Queue::dispatch_paused)
+    }
+
+    /// One route's pause or resume: its worker reads it again before its next start.
+    pub fn route_dispatch_changed(&self, route: &str, paused: bool) {
+        if let Some(queue) = self.route(route) {
+            queue.dispatch_changed(paused);
+        }
     }
 
     /// The routes' holds, as this process last read them from the ledger.

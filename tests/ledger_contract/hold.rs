@@ -13,7 +13,7 @@ on_both_ledgers! {
         let dispatch = ledger.dispatch().await.unwrap();
         assert_eq!(
             dispatch,
-            ledger::Dispatch { paused: true, changed_at: Some(1_000), changed_by: Some("cli:dave".into()) }
+            ledger::Dispatch { paused: true, changed_at: Some(1_000), changed_by: Some("cli:dave".into()), route: None }
         );
         assert!(ledger.set_dispatch(false, &ledger::Actor::because("cli:erin", None), 3_000).await.unwrap());
         assert!(!ledger.dispatch().await.unwrap().paused);

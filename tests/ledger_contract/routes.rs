@@ -233,6 +233,49 @@ on_both_ledgers! {
         ledger.close().await;
     }
 
+    /// A route paused alone: its worker reads it paused, the others do not; its resume ends
+    /// its hold too; a pause of every route pauses it as well, and that resume ends its own.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_route_pauses_and_resumes_alone() {
+        let (_dir, ledger) = fresh().await;
+        let dave = ledger::Actor::because("cli:dave", Some("deploy of the pager"));
+        assert!(ledger.set_route_dispatch(&route("pager"), true, &dave, 1_000).await.unwrap());
+        assert!(!ledger.set_route_dispatch(&route("pager"), true, &dave, 1_100).await.unwrap(), "paused already");
+        let pager = ledger.route_dispatch(&route("pager")).await.unwrap();
+        assert_eq!((pager.paused, pager.route.as_deref(), pager.changed_by.as_deref()), (true, Some("pager"), Some("cli:dave")));
+        assert!(!ledger.route_dispatch(&route("results")).await.unwrap().paused);
+        assert!(!ledger.dispatch().await.unwrap().paused, "every route is not paused");
+        let hold = ledger::Hold {
+            route: "pager".into(),
+            since: 1_200,
+            reason: "down".into(),
+            sample_error: "connection refused".into(),
+            next_probe_at: 6_200,
+            probe_interval_ms: 5_000,
+        };
+        assert!(ledger.open_hold(&hold).await.unwrap());
+        let erin = ledger::Actor::new("cli:erin");
+        assert!(ledger.set_route_dispatch(&route("pager"), false, &erin, 2_000).await.unwrap());
+        assert!(!ledger.route_dispatch(&route("pager")).await.unwrap().paused);
+        assert_eq!(ledger.hold(&route("pager")).await.unwrap(), None, "the resume ended its hold");
+        assert!(!ledger.set_route_dispatch(&route("pager"), false, &erin, 2_100).await.unwrap(), "nothing to end");
+        let stops = ledger.dispatch_stops(0, 10_000, 10).await.unwrap();
+        let stops: Vec<(ledger::StopKind, Option<&str>, Option<i64>)> =
+            stops.iter().map(|s| (s.kind, s.route.as_deref(), s.ended_at)).collect();
+        assert_eq!(
+            stops,
+            [(ledger::StopKind::Pause, Some("pager"), Some(2_000)), (ledger::StopKind::Hold, Some("pager"), Some(2_000))]
+        );
+
+        assert!(ledger.set_route_dispatch(&route("pager"), true, &dave, 3_000).await.unwrap());
+        assert!(ledger.set_dispatch(true, &dave, 3_100).await.unwrap());
+        let every = ledger.route_dispatch(&route("results")).await.unwrap();
+        assert_eq!((every.paused, every.route), (true, None));
+        assert!(ledger.set_dispatch(false, &erin, 4_000).await.unwrap());
+        assert!(!ledger.route_dispatch(&route("pager")).await.unwrap().paused, "resuming every route ends its own pause");
+        ledger.close().await;
+    }
+
     /// A lease taken back is that route's attempt's; the job's other route is untouched.
     #[tokio::test(flavor = "multi_thread")]
     async fn a_lease_taken_back_is_one_routes() {

@@ -40,11 +40,12 @@ pub enum JobsCommand {
     /// state does not change, its history records the replay and how it ended (a fixed
     /// endpoint, a debugging script). `SUME_ATTEMPT` is 0 for a replay.
     Replay(replay::Replay),
-    /// Stop running jobs, on every receiver of this ledger; deliveries are still received and
-    /// claimed, and wait. For a downstream outage: attempts are not burnt into the dead letter.
+    /// Stop running jobs (of every route, or of `--route`'s), on every receiver of this
+    /// ledger; deliveries are still received and claimed, and wait. For a downstream outage:
+    /// attempts are not burnt into the dead letter.
     Pause(dispatch::Pause),
-    /// Run jobs again after `jobs pause`.
-    Resume,
+    /// Run jobs again after `jobs pause` (of every route, or of `--route`'s).
+    Resume(dispatch::Resume),
     /// Counts by state, the oldest unfinished job, last hour's deliveries, dead in the last day.
     Stats(stats::Stats),
     /// Register a job the application submitted to Sume: if its webhook never arrives, the
@@ -77,7 +78,7 @@ async fn on_ledger(command: JobsCommand, config: &Config, ledger: &Ledger) -> an
         JobsCommand::Cancel(cancel) => cancel.run(ledger).await,
         JobsCommand::Replay(replay) => replay.run(config, ledger).await,
         JobsCommand::Pause(pause) => pause.run(config, ledger).await,
-        JobsCommand::Resume => dispatch::resume(config, ledger).await,
+        JobsCommand::Resume(resume) => resume.run(config, ledger).await,
         JobsCommand::Stats(stats) => stats.run(ledger).await,
         JobsCommand::Expect(expect) => expect.run(config, ledger).await,
         JobsCommand::Expected(expected) => expected.run(ledger).await,

@@ -31,7 +31,52 @@ pub(super) async fn dispatch(ledger: &PostgresLedger) -> Result<Dispatch, Storag
         paused: row.get(0),
         changed_at: row.get(1),
         changed_by: row.get(2),
+        route: None,
     }))
+}
+
+/// Every route's pause first, then the route's own.
+pub(super) async fn route_dispatch(
+    ledger: &PostgresLedger,
+    route: &RouteName,
+) -> Result<Dispatch, StorageError> {
+    let every = dispatch(ledger).await?;
+    if every.paused {
+        return Ok(every);
+    }
+    let rows = ledger
+        .query(sql::ROUTE_PAUSE_SQL, &[&route.as_str()])
+        .await?;
+    Ok(rows.first().map_or(every, |row| Dispatch {
+        paused: true,
+        changed_at: row.get(0),
+        changed_by: row.get(1),
+        route: Some(route.to_string()),
+    }))
+}
+
+/// Every receiver's worker is woken, to see the change at once.
+pub(super) async fn set_route_dispatch(
+    ledger: &PostgresLedger,
+    route: &RouteName,
+    paused: bool,
+    actor: &Actor,
+    now: i64,
+) -> Result<bool, StorageError> {
+    let route = route.as_str();
+    let changed = if paused {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&route, &now, &actor.by, &actor.reason];
+        ledger.count(sql::PAUSE_ROUTE_SQL, &params).await?
+    } else {
+        ledger
+            .count(sql::RESUME_ROUTE_SQL, &[&route, &now, &actor.by])
+            .await?
+    } == 1;
+    if changed {
+        ledger.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
+    }
+    Ok(changed)
 }
 
 /// Every receiver's worker is woken, to see the change at once.

@@ -666,6 +666,20 @@ impl Backend for PostgresLedger {
         hold::set_dispatch(self, paused, actor, now).await
     }
 
+    async fn route_dispatch(&self, route: &RouteName) -> Result<Dispatch, StorageError> {
+        hold::route_dispatch(self, route).await
+    }
+
+    async fn set_route_dispatch(
+        &self,
+        route: &RouteName,
+        paused: bool,
+        actor: &Actor,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        hold::set_route_dispatch(self, route, paused, actor, now).await
+    }
+
     async fn hold(&self, route: &RouteName) -> Result<Option<Hold>, StorageError> {
         hold::hold(self, route).await
     }

@@ -158,11 +158,14 @@ pub const RUNNING_BY_RECEIVER_SQL: &str = "SELECT coalesce(leased_by, '(unnamed)
 pub const DISPATCH_SQL: &str = "SELECT paused, changed_at, changed_by FROM dispatch WHERE id = 1";
 /// Parameters: paused, now, actor, reason. A resume also ends a hold, and is then a change. A
 /// pause begins a stop in the log, a resume ends every open one (a pause, a hold).
-pub const SET_DISPATCH_SQL: &str = "WITH ended AS (
+pub const SET_DISPATCH_SQL: &str = "WITH holds_ended AS (
         DELETE FROM route_holds WHERE NOT $1 RETURNING route),
+    pauses_ended AS (
+        DELETE FROM route_pauses WHERE NOT $1 RETURNING route),
     changed AS (
         UPDATE dispatch SET paused = $1, changed_at = $2, changed_by = $3
-        WHERE id = 1 AND (paused <> $1 OR EXISTS (SELECT 1 FROM ended))
+        WHERE id = 1 AND (paused <> $1 OR EXISTS (SELECT 1 FROM holds_ended)
+                          OR EXISTS (SELECT 1 FROM pauses_ended))
         RETURNING paused),
     began AS (
         INSERT INTO dispatch_stops (kind, started_at, started_by, reason)
@@ -171,6 +174,30 @@ pub const SET_DISPATCH_SQL: &str = "WITH ended AS (
         UPDATE dispatch_stops SET ended_at = $2, ended_by = $3
         WHERE ended_at IS NULL AND EXISTS (SELECT 1 FROM changed WHERE NOT paused))
     SELECT count(*) FROM changed";
+/// Parameters: route. The route's own pause, if it has one.
+pub const ROUTE_PAUSE_SQL: &str =
+    "SELECT changed_at, changed_by FROM route_pauses WHERE route = $1";
+/// Parameters: route, now, actor, reason. Pauses the route unless it is; one row: 1 if it
+/// began, with its stop.
+pub const PAUSE_ROUTE_SQL: &str = "WITH began AS (
+        INSERT INTO route_pauses (route, changed_at, changed_by) VALUES ($1, $2, $3)
+        ON CONFLICT (route) DO NOTHING
+        RETURNING route),
+    logged AS (
+        INSERT INTO dispatch_stops (kind, route, started_at, started_by, reason)
+        SELECT 'pause', route, $2, $3, $4 FROM began)
+    SELECT count(*) FROM began";
+/// Parameters: route, now, actor. Ends the route's pause and hold, and their stops; one row: 1
+/// if either was in force.
+pub const RESUME_ROUTE_SQL: &str = "WITH resumed AS (
+        DELETE FROM route_pauses WHERE route = $1 RETURNING route),
+    released AS (
+        DELETE FROM route_holds WHERE route = $1 RETURNING route),
+    closed AS (
+        UPDATE dispatch_stops SET ended_at = $2, ended_by = $3
+        WHERE ended_at IS NULL AND route = $1
+          AND (EXISTS (SELECT 1 FROM resumed) OR EXISTS (SELECT 1 FROM released)))
+    SELECT least((SELECT count(*) FROM resumed) + (SELECT count(*) FROM released), 1)";
 /// job_ids matching a LIKE pattern (the load generator's check of its run).
 #[cfg(feature = "bench")]
 pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE $1";

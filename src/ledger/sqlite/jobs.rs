@@ -634,8 +634,66 @@ pub fn dispatch(conn: &Connection) -> rusqlite::Result<Dispatch> {
                 paused: row.get(0)?,
                 changed_at: row.get(1)?,
                 changed_by: row.get(2)?,
+                route: None,
             })
         })
+}
+
+/// Whether `route`'s worker runs jobs: every route's pause first, then the route's own.
+pub fn route_dispatch(conn: &Connection, route: &RouteName) -> rusqlite::Result<Dispatch> {
+    let every = dispatch(conn)?;
+    if every.paused {
+        return Ok(every);
+    }
+    let own = conn
+        .prepare_cached("SELECT changed_at, changed_by FROM route_pauses WHERE route = ?1")?
+        .query_row([route], |row| {
+            Ok(Dispatch {
+                paused: true,
+                changed_at: row.get(0)?,
+                changed_by: row.get(1)?,
+                route: Some(route.to_string()),
+            })
+        })
+        .optional()?;
+    Ok(own.unwrap_or(every))
+}
+
+/// Pauses or resumes `route`'s work; `false` if it already was. A resume also ends the route's
+/// hold, and is then a change.
+pub fn set_route_dispatch(
+    conn: &Connection,
+    route: &RouteName,
+    paused: bool,
+    actor: &Actor,
+    now: i64,
+) -> rusqlite::Result<bool> {
+    let by = actor.by.as_str();
+    if paused {
+        let began = conn.execute(
+            "INSERT INTO route_pauses (route, changed_at, changed_by) VALUES (?1, ?2, ?3)
+             ON CONFLICT (route) DO NOTHING",
+            params![route, now, by],
+        )? == 1;
+        if began {
+            let pause = hold::Stop {
+                kind: StopKind::Pause,
+                route: Some(route.as_str()),
+                by: Some(by),
+                reason: actor.reason(),
+            };
+            hold::begin_stop(conn, &pause, now)?;
+        }
+        return Ok(began);
+    }
+    let resumed = conn.execute("DELETE FROM route_pauses WHERE route = ?1", [route])? == 1;
+    let hold_ended = conn.execute("DELETE FROM route_holds WHERE route = ?1", [route])? == 1;
+    for (kind, ended) in [(StopKind::Pause, resumed), (StopKind::Hold, hold_ended)] {
+        if ended {
+            hold::end_stops(conn, Some((kind, route.as_str())), now, Some(by))?;
+        }
+    }
+    Ok(resumed || hold_ended)
 }
 
 /// Pauses or resumes the workers; `false` if they already were. A resume also ends a hold,
@@ -648,7 +706,11 @@ pub fn set_dispatch(
     now: i64,
 ) -> rusqlite::Result<bool> {
     let by = actor.by.as_str();
-    let hold_ended = !paused && conn.execute("DELETE FROM route_holds", [])? > 0;
+    // A resume of every route ends every hold and every route's own pause as well.
+    let hold_ended = !paused
+        && conn.execute("DELETE FROM route_holds", [])?
+            + conn.execute("DELETE FROM route_pauses", [])?
+            > 0;
     let changed = conn.execute(
         "UPDATE dispatch SET paused = ?1, changed_at = ?2, changed_by = ?3
          WHERE id = 1 AND (paused <> ?1 OR ?4)",

@@ -652,6 +652,24 @@ impl Backend for SqliteLedger {
             .await
     }
 
+    async fn route_dispatch(&self, route: &RouteName) -> Result<Dispatch, StorageError> {
+        let route = route.clone();
+        self.read(move |conn| jobs::route_dispatch(conn, &route))
+            .await
+    }
+
+    async fn set_route_dispatch(
+        &self,
+        route: &RouteName,
+        paused: bool,
+        actor: &Actor,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        let (route, actor) = (route.clone(), actor.clone());
+        self.write(move |conn| jobs::set_route_dispatch(conn, &route, paused, &actor, now))
+            .await
+    }
+
     async fn hold(&self, route: &RouteName) -> Result<Option<Hold>, StorageError> {
         let route = route.clone();
         self.read(move |conn| hold::hold(conn, &route)).await
