@@ -138,6 +138,7 @@ mod tests {
             event_type: None,
             body: "{}".into(),
             source: Source::Webhook,
+            trace_context: None,
         };
         ledger.claim(claim).await.unwrap();
         let tally = DuplicateTally::default();

@@ -28,6 +28,7 @@ use crate::refusals::Refusals;
 use crate::response::json_response;
 use crate::rollup::ROLLUP;
 use crate::signature::{self, SignatureError, SignedHeaders};
+use crate::traces::{self, Kind, Parent, Span, SpanContext, Tracer};
 use crate::worker::Queue;
 
 pub const TIMESTAMP_HEADER: &str = "x-sume-webhook-timestamp";
@@ -265,6 +266,9 @@ pub struct Ingest {
     duplicates: Arc<DuplicateTally>,
     /// Answers a duplicate of a recent claim without the ledger.
     recent: Arc<RecentlyAcknowledged>,
+    tracer: Tracer,
+    /// The delivery span's name: `POST <webhook path>` (HTTP's semantic conventions).
+    span_name: String,
 }
 
 impl Ingest {
@@ -278,6 +282,7 @@ impl Ingest {
             Arc<DuplicateTally>,
             Arc<RecentlyAcknowledged>,
         ),
+        tracer: Tracer,
     ) -> Self {
         let server = &config.server;
         Self {
@@ -293,6 +298,8 @@ impl Ingest {
             refusals,
             duplicates,
             recent,
+            tracer,
+            span_name: format!("POST {}", server.webhook_path),
         }
     }
 
@@ -316,9 +323,12 @@ impl Ingest {
         peer: SocketAddr,
     ) -> Response<Full<Bytes>> {
         let started = Instant::now();
-        match self.ingest(request).await {
+        let mut span = self.delivery_span(&request, peer);
+        match self.ingest(request, &mut span).await {
             Ok((job_id, outcome)) => {
                 let duplicate = outcome == ClaimOutcome::Duplicate;
+                span.set("sume.duplicate", duplicate);
+                span.set("http.response.status_code", 200u16);
                 let outcome = if duplicate {
                     self.duplicates.record(&job_id);
                     DeliveryOutcome::Duplicate
@@ -346,6 +356,8 @@ impl Ingest {
             Err(error) => {
                 METRICS.record_delivery(error.outcome());
                 let (status, outcome) = (error.status().as_u16(), error.outcome().label());
+                span.set("http.response.status_code", status);
+                span.fail(outcome, || error.to_string());
                 self.refusals
                     .record(peer, status, outcome, &error.to_string());
                 tracing::warn!(
@@ -361,9 +373,24 @@ impl Ingest {
         }
     }
 
+    /// The delivery's server span: a child of the request's `traceparent` when it has a valid
+    /// one. Nothing, with tracing off.
+    fn delivery_span(&self, request: &Request<Incoming>, peer: SocketAddr) -> Span {
+        let inbound = traces::delivery_parent(&self.tracer, request.headers());
+        let parent = inbound.as_ref().map_or(Parent::Root, Parent::Child);
+        let mut span = self.tracer.start(&self.span_name, Kind::Server, parent);
+        if span.is_recording() {
+            span.set("http.request.method", request.method().as_str());
+            span.set("http.route", &self.span_name["POST ".len()..]);
+            span.set("client.address", peer.ip().to_string());
+        }
+        span
+    }
+
     async fn ingest(
         &self,
         request: Request<Incoming>,
+        span: &mut Span,
     ) -> Result<(JobId, ClaimOutcome), IngestError> {
         let (parts, body) = request.into_parts();
         let now = unix_now();
@@ -384,16 +411,27 @@ impl Ingest {
         ROLLUP.record_verified(secret, skew);
         METRICS.record_clock_skew(skew);
 
-        let claim = parse_claim(body)?;
+        let mut claim = parse_claim(body)?;
+        span.set("sume.job_id", claim.job_id.as_str());
+        if let Some(event_type) = &claim.event_type {
+            span.set("sume.event_type", event_type.as_str());
+        }
+        // Kept with the job, recorded or not: every attempt then follows the same decision.
+        claim.trace_context = span.context().map(SpanContext::to_stored);
         let job_id = claim.job_id.clone();
         let queued = Instant::now();
         if self.recent.contains(&job_id, queued) {
             METRICS.record_duplicate_from_memory();
             return Ok((job_id, ClaimOutcome::Duplicate));
         }
+        let claim_span = span.context().map(|delivery| {
+            self.tracer
+                .start("claim", Kind::Internal, Parent::Child(delivery))
+        });
         let answered = tokio::time::timeout(self.claim_timeout, self.ledger.claim(claim))
             .await
             .map_err(|_| IngestError::ClaimTimeout(self.claim_timeout))?;
+        drop(claim_span);
         METRICS.record_claim_wait(queued.elapsed());
         let outcome = answered?;
         self.recent.remember(&job_id, queued);
@@ -479,6 +517,7 @@ pub fn parse_claim(body: Bytes) -> Result<NewClaim, IngestError> {
         event_type,
         body,
         source: Source::Webhook,
+        trace_context: None,
     })
 }
 

@@ -213,6 +213,7 @@ impl Reconciler {
             event_type: Some(event_type),
             body: body.into(),
             source: Source::Poll,
+            trace_context: None,
         };
         let queued = std::time::Instant::now();
         let answered = self.ledger.claim(claim).await;

@@ -110,6 +110,18 @@ pub async fn run_on(
         }
     }
     tasks.spawn(minutes.clone().run(stop.clone()));
+    // Its own stop, after every other task's: the worker's last attempts end during the grace.
+    let (tracer, exporter) =
+        crate::traces::start(config.tracing.as_ref(), &credentials.trace_headers)
+            .context("cannot start the trace exporter (tracing.headers_file)")?;
+    let stop_exporting = CancellationToken::new();
+    let exporter = exporter.map(|exporter| {
+        if let Some(tracing) = &config.tracing {
+            let endpoint = crate::config::redact_url(&tracing.endpoint.to_string());
+            tracing::info!(%endpoint, sample_ratio = tracing.sample_ratio, "traces on: spans exported over OTLP/HTTP");
+        }
+        tokio::spawn(exporter.run(stop_exporting.clone(), config.server.shutdown_grace))
+    });
 
     let queue: Option<worker::Queue> = match &config.handler {
         Some(handler) => {
@@ -124,6 +136,7 @@ pub async fn run_on(
                 interrupted = recovered.leases_expired,
                 "recovered unfinished jobs"
             );
+            let worker = worker.traced_by(tracer.clone());
             tasks.spawn(worker.run(stop.clone(), config.server.shutdown_grace));
             tasks.spawn(sweeper.run(config.sweeper.interval, stop.clone()));
             Some(queue)
@@ -181,6 +194,7 @@ pub async fn run_on(
             ledger.clone(),
             queue,
             (refusals, duplicates, recent),
+            tracer,
         ),
         ledger: ledger.clone(),
         expose_metrics: config.server.expose_metrics,
@@ -219,6 +233,10 @@ pub async fn run_on(
     stop.cancel();
     server.await?;
     while tasks.join_next().await.is_some() {}
+    stop_exporting.cancel();
+    if let Some(exporter) = exporter {
+        let _ = exporter.await;
+    }
     // After the worker's last attempts ended: they count in the current minute.
     if !writer_failed {
         minutes.flush_at_stop().await;

@@ -583,6 +583,7 @@ async fn the_counts_of_ended_sessions_are_folded_and_the_sums_kept() {
                         event_type: None,
                         body: job_body(job_id).into(),
                         source: sume_receiver::ledger::Source::Webhook,
+                        trace_context: None,
                     };
                     ledger.claim(claim).await.unwrap();
                 }
@@ -823,6 +824,7 @@ async fn a_commit_the_standby_never_answers_is_given_up_with_its_connection() {
             event_type: None,
             body: job_body(job_id).into(),
             source: sume_receiver::ledger::Source::Webhook,
+            trace_context: None,
         };
         let answered = tokio::time::timeout(Duration::from_secs(30), ledger.claim(claim))
             .await
@@ -985,6 +987,7 @@ async fn a_row_postgres_refuses_fails_only_its_own_claim() {
                 event_type: None,
                 body: body.into(),
                 source: sume_receiver::ledger::Source::Webhook,
+                trace_context: None,
             };
             for round in 0..5 {
                 let mut claims = tokio::task::JoinSet::new();

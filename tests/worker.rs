@@ -349,6 +349,7 @@ async fn sweep_once_takes_back_expired_leases() {
             event_type: None,
             body: job_body(job_id).into(),
             source: Source::Webhook,
+            trace_context: None,
         };
         ledger.claim(claim).await.unwrap();
     }
@@ -433,6 +434,7 @@ async fn the_sweeper_skips_an_idle_ledger_of_its_own() {
         event_type: None,
         body: job_body("left-running").into(),
         source: Source::Webhook,
+        trace_context: None,
     };
     ledger.claim(claim).await.unwrap();
     ledger_execute(
@@ -465,6 +467,7 @@ async fn the_sweeper_skips_an_idle_ledger_of_its_own() {
         event_type: None,
         body: job_body("started-unseen").into(),
         source: Source::Webhook,
+        trace_context: None,
     };
     ledger.claim(claim).await.unwrap();
     let running = format!(

@@ -232,6 +232,10 @@ macro_rules! operations {
         /// One job with its history: every attempt and action kept.
         fn show_job(&self, job_id: &crate::job_id::JobId) -> Result<Option<JobDetail>, StorageError>;
 
+        /// The trace context kept with a job at its claim (see [`NewClaim::trace_context`]);
+        /// `None` for a job without one, or not in the ledger.
+        fn trace_context(&self, job_id: &crate::job_id::JobId) -> Result<Option<String>, StorageError>;
+
         /// Makes a `done` or `dead` job due again with a fresh set of attempts (and wakes the
         /// workers of every receiver), recorded as `by`'s action.
         fn retry_job(&self, job_id: &crate::job_id::JobId, by: &str, now: i64) -> Result<(), RetryError>;

@@ -7,10 +7,12 @@
 
 mod host;
 mod tls;
+mod traces;
 
 pub use host::FilesystemSpace;
 use host::ProcessStats;
 pub use tls::TlsMetrics;
+pub use traces::TraceMetrics;
 
 use crate::rollup::{Series, Timing, ROLLUP};
 use std::sync::{LazyLock, Mutex};
@@ -169,6 +171,7 @@ pub struct Metrics {
     process_fds: Gauge,
     process_cpu: Counter<f64, std::sync::atomic::AtomicU64>,
     pub tls: TlsMetrics,
+    pub traces: TraceMetrics,
     /// Scrapes set the snapshot gauges, then encode: one at a time.
     scrape: Mutex<()>,
 }
@@ -220,11 +223,13 @@ impl Metrics {
             process_fds: Gauge::default(),
             process_cpu: Counter::default(),
             tls: TlsMetrics::default(),
+            traces: TraceMetrics::default(),
             scrape: Mutex::new(()),
             registry: Registry::default(),
         };
         let m = &metrics;
         m.tls.register(&mut registry);
+        m.traces.register(&mut registry);
         registry.register(
             "sume_deliveries",
             "Webhook deliveries by the answer they got (outcome)",

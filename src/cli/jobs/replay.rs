@@ -46,6 +46,7 @@ impl Replay {
                 &attempt,
                 self.timeout,
                 &tokio_util::sync::CancellationToken::new(),
+                sume_receiver::traces::Within::nothing(),
             )
             .await;
         let reason = format!(

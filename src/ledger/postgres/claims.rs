@@ -314,6 +314,8 @@ pub(super) async fn insert_claims(
         .map(|c| c.event_type.as_ref().map(EventType::as_str))
         .collect();
     let bodies: Vec<&str> = claims.iter().map(|c| c.body.as_str()).collect();
+    let trace_contexts: Vec<Option<&str>> =
+        claims.iter().map(|c| c.trace_context.as_deref()).collect();
     let now = now_ms();
     let (rows, cancelled_wait) = run_on!(pool, Rerun::Unsafe, |client| {
         let statement = client.prepare_cached(sql::INSERT_CLAIMS_SQL).await?;
@@ -321,7 +323,14 @@ pub(super) async fn insert_claims(
         let rows = client
             .query(
                 &statement,
-                &[&job_ids, &sources, &event_types, &bodies, &now],
+                &[
+                    &job_ids,
+                    &sources,
+                    &event_types,
+                    &bodies,
+                    &now,
+                    &trace_contexts,
+                ],
             )
             .await?;
         Ok((rows, warnings.seen() != cancelled_waits))

@@ -205,10 +205,10 @@ pub const START_ATTEMPT_SQL: &str = "WITH started AS (
 /// and not be on the standby yet. That batch returns one NULL row.
 pub const INSERT_CLAIMS_SQL: &str = "WITH inserted AS (
         INSERT INTO jobs (job_id, state, source, event_type, body, received_at,
-                          next_attempt_at, updated_at)
-        SELECT job_id, 'claimed', source, event_type, body, $5, $5, $5
-        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
-             AS claim (job_id, source, event_type, body)
+                          next_attempt_at, updated_at, trace_context)
+        SELECT job_id, 'claimed', source, event_type, body, $5, $5, $5, trace_context
+        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $6::text[])
+             AS claim (job_id, source, event_type, body, trace_context)
         ORDER BY job_id
         ON CONFLICT (job_id) DO NOTHING
         RETURNING job_id)
@@ -244,3 +244,5 @@ pub const FOLD_COUNTS_SQL: &str = "WITH ended AS (
     INSERT INTO job_counts (state, owner, jobs)
     SELECT state, 0, sum(jobs) FROM ended GROUP BY state
     ON CONFLICT (state, owner) DO UPDATE SET jobs = job_counts.jobs + EXCLUDED.jobs";
+/// A job's kept trace context (migrations/postgres/0010_trace_context.sql).
+pub const TRACE_CONTEXT_SQL: &str = "SELECT trace_context FROM jobs WHERE job_id = $1";

@@ -109,8 +109,8 @@ pub const RETRY_REFUSAL_SQL: &str = "SELECT state, body IS NULL FROM jobs WHERE 
 /// back the whole batch's transaction, not the claim alone; `commit_batch` sees that and answers
 /// every claim of the batch 503.
 pub const CLAIM_SQL: &str = "INSERT OR FAIL INTO jobs (job_id, state, source, event_type, body,
-                                          received_at, next_attempt_at, updated_at)
-     VALUES (?1, 'claimed', ?2, ?3, ?4, ?5, ?5, ?5)
+                                          received_at, next_attempt_at, updated_at, trace_context)
+     VALUES (?1, 'claimed', ?2, ?3, ?4, ?5, ?5, ?5, ?6)
      ON CONFLICT (job_id) DO NOTHING";
 
 /// Records a job unless its job_id is already known. The one idempotency check there is.
@@ -124,7 +124,8 @@ pub fn insert_claim(
         claim.source.as_str(),
         claim.event_type.as_ref().map(EventType::as_str),
         claim.body.as_str(),
-        now
+        now,
+        claim.trace_context
     ])?;
     Ok(if inserted == 1 {
         ClaimOutcome::Claimed
@@ -352,6 +353,14 @@ pub fn list_jobs(
         rows.collect::<rusqlite::Result<_>>()?,
         limit,
     ))
+}
+
+/// A job's kept trace context (migrations/sqlite/0010_trace_context.sql).
+pub fn trace_context(conn: &Connection, job_id: &str) -> rusqlite::Result<Option<String>> {
+    conn.prepare_cached("SELECT trace_context FROM jobs WHERE job_id = ?1")?
+        .query_row([job_id], |row| row.get(0))
+        .optional()
+        .map(Option::flatten)
 }
 
 pub fn show_job(conn: &Connection, job_id: &str) -> rusqlite::Result<Option<JobDetail>> {

@@ -482,6 +482,7 @@ mod tests {
             event_type: None,
             body: "{}".into(),
             source: Source::Webhook,
+            trace_context: None,
         }
     }
 
