@@ -109,11 +109,16 @@ on_both_ledgers! {
     async fn a_delivery_chains_into_the_attempt_and_the_handlers_request() {
         let collector = Collector::start().await;
         let (url, seen) = downstream().await;
+        let dir = tempfile::tempdir().unwrap();
+        let admin_port = free_port();
+        std::fs::write(dir.path().join("admin_token"), peers::OPERATOR_TOKEN).unwrap();
         let config = format!(
-            "{}service_name = \"hooks-test\"\n\n[handler]\nurl = \"{url}\"\n",
+            "{}service_name = \"hooks-test\"\ntrace_url = \"https://tempo.example/trace/{{trace_id}}?from=sume&to=now\"\n\n\
+             [handler]\nurl = \"{url}\"\n\n\
+             [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n",
             collector.config()
         );
-        let server = TestServer::start(&config).await;
+        let server = TestServer::start_in(dir, &config).await;
         let body = job_body("traced");
         assert_eq!(deliver_with_headers(&server, &body, &[("traceparent", INBOUND), ("tracestate", "congo=t61rcWkgMzE")]).await, 200);
         let spans = spans_when(&collector, "traced", |spans| {
@@ -143,6 +148,13 @@ on_both_ledgers! {
         assert_eq!(attribute(request, "server.address").as_deref(), Some("127.0.0.1"));
         assert_eq!(seen.lock().unwrap().clone(), [traceparent_of(request)]);
         assert!(collector.services().iter().all(|name| name == "hooks-test"));
+        // The console's job page shows the trace, linked by the template, escaped in HTML.
+        let (status, cookie) = peers::sign_in(peers::OPERATOR, admin_port, peers::OPERATOR_TOKEN).await;
+        assert_eq!(status, 303);
+        let (status, page) = peers::page_text(admin_port, &cookie.unwrap(), "/console/jobs/traced").await;
+        assert_eq!(status, 200);
+        let link = format!("<a href=\"https://tempo.example/trace/{INBOUND_TRACE}?from=sume&amp;to=now\" rel=\"noreferrer\"><code>{INBOUND_TRACE}</code></a>");
+        assert!(page.contains(&link), "{page}");
         // Nothing secret in any attribute: no signature, no body.
         for span in &all {
             for kv in &span.attributes {

@@ -111,6 +111,8 @@ pub struct Console {
     tolerance: Duration,
     /// `[admin] due_job_limit`: the verdict's limit on the oldest due job's wait.
     due_limit: Duration,
+    /// `[tracing]`: a job's page shows its trace id, linked by `trace_url`.
+    tracing: Option<crate::config::TracingConfig>,
 }
 
 impl Console {
@@ -151,6 +153,7 @@ impl Console {
             hosts.push(host);
         }
         Console {
+            tracing: config.tracing.clone(),
             settings: settings::settings(config, &ledger, Role::Operator),
             reader_settings: settings::settings(config, &ledger, Role::Reader),
             certificates,

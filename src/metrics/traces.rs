@@ -14,6 +14,10 @@ pub struct TraceMetrics {
 
 impl TraceMetrics {
     pub(super) fn register(&self, registry: &mut Registry) {
+        // Served at 0 from the start, so that a rate over them needs no first drop.
+        for reason in ["queue_full", "export_failed"] {
+            self.dropped.get_or_create(&[("reason", reason)]).inc_by(0);
+        }
         registry.register(
             "sume_trace_spans_exported",
             "Spans the OTLP collector accepted",
