@@ -12,6 +12,7 @@ use hyper::header::{HeaderValue, CONTENT_LENGTH, RETRY_AFTER};
 use hyper::{HeaderMap, Request, Response, StatusCode};
 use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::Instrument;
 
 use crate::acknowledged::RecentlyAcknowledged;
 use crate::config::{Config, Secret};
@@ -322,8 +323,19 @@ impl Ingest {
         request: Request<Incoming>,
         peer: SocketAddr,
     ) -> Response<Full<Bytes>> {
+        let span = self.delivery_span(&request, peer);
+        let log_span = span.log_span();
+        self.answer(request, peer, span).instrument(log_span).await
+    }
+
+    /// [`Ingest::handle`] within the delivery's span.
+    async fn answer(
+        &self,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+        mut span: Span,
+    ) -> Response<Full<Bytes>> {
         let started = Instant::now();
-        let mut span = self.delivery_span(&request, peer);
         match self.ingest(request, &mut span).await {
             Ok((job_id, outcome)) => {
                 let duplicate = outcome == ClaimOutcome::Duplicate;

@@ -252,6 +252,19 @@ impl Span {
         }
     }
 
+    /// The log's span for the lines written while this one runs: they carry its `trace_id`
+    /// and `span_id` (JSON: under `span`). None when it does not record.
+    pub fn log_span(&self) -> tracing::Span {
+        match (&self.context, &self.recording) {
+            (Some(context), Some(_)) => tracing::info_span!(
+                "trace",
+                trace_id = %hex::encode(context.trace_id),
+                span_id = %hex::encode(context.span_id),
+            ),
+            _ => tracing::Span::none(),
+        }
+    }
+
     /// Adds a link to another span (a job's first trace, from a take-back).
     pub fn link(&mut self, linked: &SpanContext) {
         if let Some(recording) = &mut self.recording {
@@ -363,6 +376,41 @@ mod tests {
             .filter(|_| half.samples(&SpanContext::root(true).trace_id))
             .count();
         assert!((4_500..5_500).contains(&kept), "{kept}");
+    }
+
+    /// Every JSON line written inside a recorded span carries its ids.
+    #[test]
+    fn log_lines_inside_a_span_carry_its_ids() {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_writer(move || writer.clone())
+            .finish();
+        let (tracer, _spans) = tracer(1.0, true);
+        let span = tracer.start("attempt", Kind::Consumer, Parent::Root);
+        let context = span.context().unwrap().clone();
+        tracing::subscriber::with_default(subscriber, || {
+            let _entered = span.log_span().entered();
+            tracing::info!(job_id = "j1", "job done");
+        });
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(line["span"]["trace_id"], hex::encode(context.trace_id));
+        assert_eq!(line["span"]["span_id"], hex::encode(context.span_id));
+        assert!(Span::default().log_span().is_none());
     }
 
     #[test]

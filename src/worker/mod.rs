@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::config::HandlerConfig;
 use crate::handler::{AttemptError, Handler};
@@ -374,26 +375,26 @@ impl JobRun {
             Ok(started) => started,
             Err(after) => return after,
         };
-        tracing::info!(job_id = %job_id, attempt = started.attempt.number, probe = started.ticket.is_probe(), "running handler");
         let mut span = traces::attempt_span(&self.tracer, &self.ledger, &started.attempt).await;
         if started.ticket.is_probe() {
             span.set("sume.hold_probe", true);
         }
-        let within = Within {
-            tracer: &self.tracer,
-            parent: span.context(),
-        };
-        let outcome = self
-            .handler
-            .run(
-                &started.attempt,
-                self.config.timeout,
-                &self.stop_handlers,
-                within,
-            )
-            .await;
-        record_outcome(&mut span, &outcome);
-        self.record(started, outcome).await
+        let log_span = span.log_span();
+        async {
+            tracing::info!(job_id = %job_id, attempt = started.attempt.number, probe = started.ticket.is_probe(), "running handler");
+            let within = Within {
+                tracer: &self.tracer,
+                parent: span.context(),
+            };
+            let timeout = self.config.timeout;
+            let outcome = (self.handler)
+                .run(&started.attempt, timeout, &self.stop_handlers, within)
+                .await;
+            record_outcome(&mut span, &outcome);
+            self.record(started, outcome).await
+        }
+        .instrument(log_span)
+        .await
     }
 
     /// Moves the job to `running` under a lease; what is left to do if it did not start (the
