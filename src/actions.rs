@@ -15,6 +15,7 @@ use crate::ledger::{
     duration_ms, now_ms, GroupRetry, Ledger, RetryError, StorageError, GROUP_RETRY_BATCH,
 };
 use crate::logging::Escaped;
+use crate::traces::{Kind, Parent, Span, Tracer};
 use crate::worker::Queue;
 
 /// A reason (a cancel's, a pause's) is at most this many characters: it is kept in the ledger
@@ -91,6 +92,8 @@ impl Refused {
 pub struct Actions<'a> {
     pub ledger: &'a Ledger,
     pub queue: Option<&'a Queue>,
+    /// A span of each action the service takes, with its actor.
+    pub tracer: &'a Tracer,
 }
 
 impl Actions<'_> {
@@ -102,11 +105,25 @@ impl Actions<'_> {
         by: &str,
         reason: Option<&str>,
     ) -> Result<(), Refused> {
-        match action {
+        let mut span = self.span(action.as_str(), by);
+        span.set("sume.job_id", job_id.as_str());
+        let done = match action {
             JobAction::Retry => self.retry(job_id, by).await,
             JobAction::RunNow => self.run_now(job_id, by).await,
             JobAction::Cancel => self.cancel(job_id, by, reason).await,
+        };
+        if let Err(refused) = &done {
+            span.fail("refused", || refused.to_string());
         }
+        done
+    }
+
+    /// The span of an operator's `action` (a trace of its own), with who took it.
+    fn span(&self, action: &'static str, by: &str) -> Span {
+        let mut span = self.tracer.start(action, Kind::Internal, Parent::Root);
+        span.set("sume.action", action);
+        span.set("sume.actor", by);
+        span
     }
 
     /// Makes a `done` or `dead` job due again with a fresh set of attempts.
@@ -156,6 +173,7 @@ impl Actions<'_> {
         by: &str,
         reason: Option<&str>,
     ) -> Result<bool, Refused> {
+        let mut span = self.span(if paused { "pause" } else { "resume" }, by);
         let reason = said(reason)?.filter(|_| paused);
         let changed = self
             .ledger
@@ -164,6 +182,7 @@ impl Actions<'_> {
         if let Some(queue) = self.queue {
             queue.dispatch_changed(paused);
         }
+        span.set("sume.changed", changed);
         tracing::info!(%by, paused, changed, "dispatch changed by an operator");
         Ok(changed)
     }
@@ -189,10 +208,12 @@ impl Actions<'_> {
         signature: &str,
         by: &str,
     ) -> Result<GroupRetry, StorageError> {
+        let mut span = self.span("retry-group", by);
         let batch = self
             .ledger
             .retry_dead_group(signature, by, now_ms(), GROUP_RETRY_BATCH)
             .await?;
+        span.set("sume.retried", batch.retried as i64);
         if let Some(queue) = self.queue {
             queue.look_in_ledger();
         }

@@ -31,6 +31,7 @@ use crate::refusals::Refusals;
 use crate::response::{error_response, json_response};
 use crate::server::Router;
 use crate::tls::Tls;
+use crate::traces::Tracer;
 use crate::worker::Queue;
 
 pub struct Admin {
@@ -47,6 +48,8 @@ pub struct Admin {
     pub console: Console,
     /// The webhook listener's TLS, whose certificate a delivery needs (`/readyz`).
     pub webhook_tls: Option<Arc<Tls>>,
+    /// A span of each operator action.
+    pub tracer: Tracer,
 }
 
 impl Router for Admin {
@@ -225,6 +228,7 @@ impl Admin {
         Actions {
             ledger: &self.ledger,
             queue: self.queue.as_ref(),
+            tracer: &self.tracer,
         }
     }
 

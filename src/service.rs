@@ -24,6 +24,7 @@ use crate::server::{self, App};
 use crate::sweeper::Sweeper;
 use crate::tls::certificate::Certificate;
 use crate::tls::Tls;
+use crate::traces::Tracer;
 use crate::vacuum::Vacuum;
 use crate::worker::{self, Worker};
 use crate::{check, ingest, notify, process};
@@ -127,7 +128,8 @@ pub async fn run_on(
         Some(handler) => {
             let (worker, queue) =
                 Worker::new(ledger.clone(), handler.clone(), config.sweeper.stale_after)?;
-            let sweeper = Sweeper::new(ledger.clone(), queue.clone(), handler.max_attempts);
+            let sweeper = Sweeper::new(ledger.clone(), queue.clone(), handler.max_attempts)
+                .traced_by(tracer.clone());
             let recovered = sweeper
                 .recover()
                 .await
@@ -156,7 +158,8 @@ pub async fn run_on(
     match config.sume_api.clone().zip(credentials.api_key) {
         Some((api, api_key)) => {
             let base_url = crate::config::redact_url(&api.base_url);
-            let reconciler = Reconciler::new(ledger.clone(), api, api_key, queue.clone());
+            let reconciler = Reconciler::new(ledger.clone(), api, api_key, queue.clone())
+                .traced_by(tracer.clone());
             tasks.spawn(reconciler.run(stop.clone()));
             tracing::info!(%base_url, "reconciliation on: expected jobs without a webhook are polled");
         }
@@ -178,7 +181,7 @@ pub async fn run_on(
         (&config, credentials.admin_tokens, admin_certificate),
         seen_by_admin,
         (&mut tasks, tls.clone()),
-        &stop,
+        (&stop, &tracer),
     )
     .await?;
     if let Some(admin) = admin {
@@ -335,7 +338,7 @@ async fn start_admin(
     (config, tokens, certificate): (&Config, Option<AdminTokens>, Option<Certificate>),
     (ledger, queue, refusals): (Arc<Ledger>, Option<worker::Queue>, Arc<Refusals>),
     (tasks, webhook_tls): (&mut tokio::task::JoinSet<()>, Option<Arc<Tls>>),
-    stop: &CancellationToken,
+    (stop, tracer): (&CancellationToken, &Tracer),
 ) -> anyhow::Result<Option<impl Future<Output = ()> + use<>>> {
     let Some((admin_config, tokens)) = config.admin.as_ref().zip(tokens) else {
         return Ok(None);
@@ -368,7 +371,8 @@ async fn start_admin(
             queue: queue.clone(),
         }),
         (tokens.clone(), certificates),
-    );
+    )
+    .traced_by(tracer.clone());
     let admin = Arc::new(Admin {
         ledger,
         tokens,
@@ -378,6 +382,7 @@ async fn start_admin(
         refusals,
         console,
         webhook_tls,
+        tracer: tracer.clone(),
     });
     tracing::info!(listen = %address, https = tls.is_some(), "admin listener on");
     let (server_config, stop) = (config.server.clone(), stop.clone());

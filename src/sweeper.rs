@@ -11,12 +11,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ledger::{now_ms, Leases, Ledger, StorageError};
 use crate::metrics::METRICS;
+use crate::traces::{Kind, Parent, Tracer};
 use crate::worker::Queue;
 
 pub struct Sweeper {
     ledger: Arc<Ledger>,
     queue: Queue,
     max_attempts: u32,
+    tracer: Tracer,
 }
 
 /// What one sweep did.
@@ -31,7 +33,13 @@ impl Sweeper {
             ledger,
             queue,
             max_attempts,
+            tracer: Tracer::default(),
         }
+    }
+
+    /// Records a span of each sweep that takes leases back with `tracer`.
+    pub fn traced_by(self, tracer: Tracer) -> Sweeper {
+        Sweeper { tracer, ..self }
     }
 
     /// At start: takes back at once the attempts this receiver was running when it stopped
@@ -69,13 +77,21 @@ impl Sweeper {
         let max_attempts = self.max_attempts;
         let now = now_ms();
         let queue = self.queue.clone();
+        let mut span = self
+            .tracer
+            .start("take back leases", Kind::Internal, Parent::Root);
         let expired = self
             .ledger
             .expire_leases(leases, now, max_attempts, reason, move |job_id| {
                 queue.holds(job_id)
             })
             .await?;
-        if expired > 0 {
+        if expired == 0 {
+            // Most sweeps find nothing: no span of them.
+            span.discard();
+        } else {
+            span.set("sume.leases_taken_back", expired as i64);
+            span.set("sume.reason", reason);
             METRICS.record_swept(expired);
             tracing::info!(leases_expired = expired, "sweep took back expired leases");
             self.queue.look_in_ledger();

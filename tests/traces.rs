@@ -268,3 +268,41 @@ async fn a_collector_that_is_down_costs_no_delivery() {
     assert!(collector.spans_of("down-0-0").is_empty());
     Arc::into_inner(server).unwrap().stop().await.0.unwrap();
 }
+
+/// An operator's actions are spans of their own, with the actor; the retried job's next run
+/// joins its trace again.
+#[tokio::test(flavor = "multi_thread")]
+async fn operator_actions_are_spans_with_their_actor() {
+    let collector = Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    std::fs::write(dir.path().join("admin_token"), peers::OPERATOR_TOKEN).unwrap();
+    let config = format!(
+        "{}\n[handler]\ncommand = [\"true\"]\n\n\
+         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"admin_token\"\n",
+        collector.config()
+    );
+    let server = TestServer::start_in(dir, &config).await;
+    assert_eq!(server.deliver(&job_body("acted")).await.status, 200);
+    let done = eventually(Duration::from_secs(10), || {
+        server.state_of("acted").as_deref() == Some("done")
+    })
+    .await;
+    assert!(done);
+    let bearer = format!("Bearer {}", peers::OPERATOR_TOKEN);
+    let url = format!("http://127.0.0.1:{admin_port}/v1/jobs/acted/retry");
+    let answer = send_to(Method::POST, &url, &[("authorization", &bearer)]).await;
+    assert_eq!(answer.status, 200);
+    let spans = spans_when(&collector, "acted", |spans| {
+        !named(spans, "retry").is_empty() && named(spans, "attempt").len() == 2
+    })
+    .await;
+    let retry = named(&spans, "retry")[0];
+    assert_eq!(attribute(retry, "sume.action").as_deref(), Some("retry"));
+    assert!(attribute(retry, "sume.actor").is_some_and(|actor| !actor.is_empty()));
+    let delivery = named(&spans, "POST /sume/webhook")[0];
+    assert!(named(&spans, "attempt")
+        .iter()
+        .all(|attempt| attempt.trace_id == delivery.trace_id));
+    server.stop().await.0.unwrap();
+}

@@ -24,6 +24,7 @@ impl Console {
         let actions = Actions {
             ledger: &self.ledger,
             queue: self.queue.as_ref(),
+            tracer: &self.tracer,
         };
         let reason = form_value(form, "reason");
         let job_action = match segments.as_slice() {

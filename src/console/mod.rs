@@ -113,9 +113,16 @@ pub struct Console {
     due_limit: Duration,
     /// `[tracing]`: a job's page shows its trace id, linked by `trace_url`.
     tracing: Option<crate::config::TracingConfig>,
+    /// A span of each operator action.
+    tracer: crate::traces::Tracer,
 }
 
 impl Console {
+    /// Records a span of each operator action with `tracer`.
+    pub fn traced_by(self, tracer: crate::traces::Tracer) -> Console {
+        Console { tracer, ..self }
+    }
+
     pub fn new(
         config: &Config,
         (ledger, queue, refusals): (Arc<Ledger>, Option<Queue>, Arc<Refusals>),
@@ -154,6 +161,7 @@ impl Console {
         }
         Console {
             tracing: config.tracing.clone(),
+            tracer: crate::traces::Tracer::default(),
             settings: settings::settings(config, &ledger, Role::Operator),
             reader_settings: settings::settings(config, &ledger, Role::Reader),
             certificates,

@@ -131,9 +131,8 @@ pub struct Within<'a> {
 impl Within<'_> {
     /// No spans (the command line's runs).
     pub fn nothing() -> Within<'static> {
-        static OFF: Tracer = Tracer(None);
         Within {
-            tracer: &OFF,
+            tracer: Tracer::off(),
             parent: None,
         }
     }
@@ -148,6 +147,12 @@ impl Within<'_> {
 }
 
 impl Tracer {
+    /// A tracer that is off, for what never traces (the command line).
+    pub fn off() -> &'static Tracer {
+        static OFF: Tracer = Tracer(None);
+        &OFF
+    }
+
     /// A tracer whose ended spans go to `queue` (never waiting: a full queue drops them).
     pub fn new(sampler: Sampler, queue: mpsc::Sender<SpanData>) -> Tracer {
         Tracer(Some(Arc::new(TracerInner { sampler, queue })))
@@ -265,11 +270,9 @@ impl Span {
         }
     }
 
-    /// Adds a link to another span (a job's first trace, from a take-back).
-    pub fn link(&mut self, linked: &SpanContext) {
-        if let Some(recording) = &mut self.recording {
-            recording.data.links.push(linked.clone());
-        }
+    /// Ends the span without exporting it (a sweep that found nothing).
+    pub fn discard(&mut self) {
+        self.recording = None;
     }
 }
 
