@@ -17,7 +17,9 @@ use tokio::sync::mpsc;
 pub use context::SpanContext;
 pub use export::Exporter;
 pub use job::{attempt_span, delivery_parent};
-pub use span::{IntoValue, Kind, Parent, Sampler, Span, SpanData, Tracer, Value, Within};
+pub use span::{Kind, Parent, Span, Tracer, Within};
+
+use span::Sampler;
 
 use crate::config::{Secret, TracingConfig};
 
