@@ -8,7 +8,9 @@
 #   bench/traces.sh
 #
 # Knobs (environment): REQUESTS (20000 a case and round), CONNECTIONS (16), ROUNDS (3),
-# BIN (a prebuilt sume-receiver; default: build release).
+# BIN (a prebuilt sume-receiver; default: build release), BASELINE (a release binary built
+# with `--features bench` from before tracing existed: adds its case, "before", to compare
+# with "off").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REQUESTS=${REQUESTS:-20000}; CONNECTIONS=${CONNECTIONS:-16}; ROUNDS=${ROUNDS:-3}
@@ -37,10 +39,13 @@ tracing_toml() {  # ENDPOINT_PORT RATIO
 
 declare -A cpu_us delivered
 cases=(off on-1.0 on-0.01 on-1.0-collector-down)
+[ -n "${BASELINE:-}" ] && cases=(before "${cases[@]}")
 for round in $(seq "$ROUNDS"); do
   for name in "${cases[@]}"; do
     dir="$work/$name-$round"; mkdir -p "$dir"
+    bin=$BIN
     case $name in
+      before) extra=""; bin=$BASELINE ;;
       off) extra="" ;;
       on-1.0) extra=$(tracing_toml "$sink_port" 1.0) ;;
       on-0.01) extra=$(tracing_toml "$sink_port" 0.01) ;;
@@ -48,9 +53,9 @@ for round in $(seq "$ROUNDS"); do
       on-1.0-collector-down) extra=$(tracing_toml 9 1.0) ;;
     esac
     write_config "$dir" "$extra"
-    start_receiver "$dir"
+    BIN=$bin start_receiver "$dir"
     read -ra before <<<"$(usage "$receiver_pid")"
-    report=$("$BIN" loadgen --config "$dir/config.toml" --json --connections "$CONNECTIONS" \
+    report=$("$bin" loadgen --config "$dir/config.toml" --json --connections "$CONNECTIONS" \
       --requests "$REQUESTS" --dup-ratio 0)
     read -ra after <<<"$(usage "$receiver_pid")"
     stop_receiver >/dev/null

@@ -496,7 +496,7 @@ mod tests {
         let (writer, reader) = ledger(&dir);
         let mut explain = writer.prepare(&format!("EXPLAIN {CLAIM_SQL}")).unwrap();
         let checks: Vec<(String, i64)> = explain
-            .query_map([rusqlite::types::Null; 5], |row| {
+            .query_map([rusqlite::types::Null; 6], |row| {
                 Ok((row.get(1)?, row.get(2)?, row.get(3)?))
             })
             .unwrap()
@@ -513,7 +513,14 @@ mod tests {
         );
 
         writer.execute_batch("BEGIN").unwrap();
-        let no_time = rusqlite::params!["j1", "webhook", None::<String>, "{}", None::<i64>];
+        let no_time = rusqlite::params![
+            "j1",
+            "webhook",
+            None::<String>,
+            "{}",
+            None::<i64>,
+            None::<String>
+        ];
         let refused = writer.execute(CLAIM_SQL, no_time).unwrap_err().to_string();
         assert!(refused.contains("NOT NULL constraint failed"), "{refused}");
         writer.execute_batch("COMMIT").unwrap();
