@@ -8,7 +8,8 @@
 #   bench/traces.sh
 #
 # Knobs (environment): REQUESTS (20000 a case and round), CONNECTIONS (16), ROUNDS (3),
-# BIN (a prebuilt sume-receiver; default: build release), BASELINE (a release binary built
+# CASES (which of the four, space-separated), BIN (a prebuilt sume-receiver; default: build
+# release), BASELINE (a release binary built
 # with `--features bench` from before tracing existed: adds its case, "before", to compare
 # with "off").
 set -euo pipefail
@@ -38,7 +39,7 @@ tracing_toml() {  # ENDPOINT_PORT RATIO
 }
 
 declare -A cpu_us delivered
-cases=(off on-1.0 on-0.01 on-1.0-collector-down)
+read -ra cases <<<"${CASES:-off on-1.0 on-0.01 on-1.0-collector-down}"
 [ -n "${BASELINE:-}" ] && cases=(before "${cases[@]}")
 for round in $(seq "$ROUNDS"); do
   for name in "${cases[@]}"; do
