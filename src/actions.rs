@@ -16,7 +16,7 @@ use crate::ledger::{
 };
 use crate::logging::Escaped;
 use crate::traces::{Kind, Parent, Span, Tracer};
-use crate::worker::Queue;
+use crate::worker::Queues;
 
 /// A reason (a cancel's, a pause's) is at most this many characters: it is kept in the ledger
 /// and shown on every page of the jobs it concerns.
@@ -91,7 +91,7 @@ impl Refused {
 /// none from the command line: the service's worker finds the change on its next look).
 pub struct Actions<'a> {
     pub ledger: &'a Ledger,
-    pub queue: Option<&'a Queue>,
+    pub queue: Option<&'a Queues>,
     /// A span of each action the service takes, with its actor.
     pub tracer: &'a Tracer,
 }

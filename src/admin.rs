@@ -32,7 +32,7 @@ use crate::response::{error_response, json_response};
 use crate::server::Router;
 use crate::tls::Tls;
 use crate::traces::Tracer;
-use crate::worker::Queue;
+use crate::worker::Queues;
 
 pub struct Admin {
     pub ledger: Arc<Ledger>,
@@ -42,7 +42,7 @@ pub struct Admin {
     pub api_auth: PeerThrottle,
     pub reconcile_after: Duration,
     /// The local worker, woken when an action makes a job due; `None` without a handler.
-    pub queue: Option<Queue>,
+    pub queue: Queues,
     pub refusals: Arc<Refusals>,
     /// `/console/...`: the pages, with their own sign-in.
     pub console: Console,
@@ -70,7 +70,7 @@ impl Router for Admin {
         // Prometheus and health checks need no token.
         if let Some(response) = crate::server::operational(
             &self.ledger,
-            self.queue.as_ref(),
+            &self.queue,
             self.webhook_tls.as_deref(),
             &request,
         )
@@ -227,7 +227,7 @@ impl Admin {
     fn actions(&self) -> Actions<'_> {
         Actions {
             ledger: &self.ledger,
-            queue: self.queue.as_ref(),
+            queue: Some(&self.queue),
             tracer: &self.tracer,
         }
     }

@@ -139,6 +139,7 @@ mod tests {
             body: "{}".into(),
             source: Source::Webhook,
             trace_context: None,
+            routing: crate::ledger::Routing::default_route(),
         };
         ledger.claim(claim).await.unwrap();
         let tally = DuplicateTally::default();

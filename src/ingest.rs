@@ -15,11 +15,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use crate::acknowledged::RecentlyAcknowledged;
-use crate::config::{Config, Secret};
+use crate::config::{Config, Routes, Secret};
 use crate::duplicates::DuplicateTally;
 use crate::event_type::EventType;
 use crate::job_id::JobId;
-use crate::ledger::{ClaimOutcome, Ledger, NewClaim, Source, StorageError};
+use crate::ledger::{ClaimOutcome, Ledger, NewClaim, Routing, Source, StorageError};
 use crate::logging::Escaped;
 use crate::metrics::{DeliveryOutcome, METRICS};
 use crate::paced_body::{PaceError, Paced, MIN_BYTES_PER_SECOND};
@@ -30,7 +30,7 @@ use crate::response::json_response;
 use crate::rollup::ROLLUP;
 use crate::signature::{self, SignatureError, SignedHeaders};
 use crate::traces::{self, Kind, Parent, Span, SpanContext, Tracer};
-use crate::worker::Queue;
+use crate::worker::Queues;
 
 pub const TIMESTAMP_HEADER: &str = "x-sume-webhook-timestamp";
 pub const SIGNATURE_HEADER: &str = "x-sume-webhook-signature";
@@ -205,7 +205,7 @@ pub fn check_delivery<S: AsRef<[u8]>>(
         });
     }
     prechecked.signed.verify(secrets, body)?;
-    parse_claim(Bytes::copy_from_slice(body))
+    parse_claim(Bytes::copy_from_slice(body), &Routes::default())
 }
 
 /// Bytes of request bodies held in memory at once, over all connections. A delivery reserves
@@ -260,8 +260,11 @@ pub struct Ingest {
     access_log: bool,
     budget: BodyBudget,
     ledger: Arc<Ledger>,
-    /// Where a new claim goes to be worked on; `None` when no handler is configured.
-    queue: Option<Queue>,
+    /// Where a new claim's work goes to be worked on, per route; none when no handler is
+    /// configured.
+    queue: Queues,
+    /// Which routes a delivery takes: decided at its claim, written with it.
+    routes: Arc<Routes>,
     /// The recent refusals, for the admin listener.
     refusals: Arc<Refusals>,
     duplicates: Arc<DuplicateTally>,
@@ -277,7 +280,7 @@ impl Ingest {
         config: &Config,
         secrets: Vec<Secret>,
         ledger: Arc<Ledger>,
-        queue: Option<Queue>,
+        queue: Queues,
         (refusals, duplicates, recent): (
             Arc<Refusals>,
             Arc<DuplicateTally>,
@@ -296,6 +299,7 @@ impl Ingest {
             budget: BodyBudget::new(server.max_inflight_body_bytes, server.max_body_bytes),
             ledger,
             queue,
+            routes: Arc::new(config.routes.clone()),
             refusals,
             duplicates,
             recent,
@@ -304,9 +308,9 @@ impl Ingest {
         }
     }
 
-    /// The worker's queue; `None` when no handler is configured.
-    pub fn queue(&self) -> Option<&Queue> {
-        self.queue.as_ref()
+    /// The workers' queues, one per route; none when no handler is configured.
+    pub fn queue(&self) -> &Queues {
+        &self.queue
     }
 
     pub fn replace_secrets(&self, secrets: Vec<Secret>) {
@@ -423,7 +427,7 @@ impl Ingest {
         ROLLUP.record_verified(secret, skew);
         METRICS.record_clock_skew(skew);
 
-        let mut claim = parse_claim(body)?;
+        let mut claim = parse_claim(body, &self.routes)?;
         span.set("sume.job_id", claim.job_id.as_str());
         if let Some(event_type) = &claim.event_type {
             span.set("sume.event_type", event_type.as_str());
@@ -431,6 +435,7 @@ impl Ingest {
         // Kept with the job, recorded or not: every attempt then follows the same decision.
         claim.trace_context = span.context().map(SpanContext::to_stored);
         let job_id = claim.job_id.clone();
+        let routes = claim.routing.routes().to_vec();
         let queued = Instant::now();
         if self.recent.contains(&job_id, queued) {
             METRICS.record_duplicate_from_memory();
@@ -449,9 +454,7 @@ impl Ingest {
         self.recent.remember(&job_id, queued);
         if outcome == ClaimOutcome::Claimed {
             tracing::debug!(job_id = %job_id, "job claimed");
-            if let Some(queue) = &self.queue {
-                queue.enqueue(&job_id);
-            }
+            self.queue.enqueue(&job_id, &routes);
         }
         Ok((job_id, outcome))
     }
@@ -509,26 +512,31 @@ fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// Reads the fields we key on from a verified body; the body itself is stored verbatim.
-pub fn parse_claim(body: Bytes) -> Result<NewClaim, IngestError> {
+/// Reads the fields we key on from a verified body, and decides the routes it takes from them
+/// in the same one read; the body itself is stored verbatim.
+pub fn parse_claim(body: Bytes, routes: &Routes) -> Result<NewClaim, IngestError> {
     let bad = |reason: String| IngestError::BadPayload(reason);
     let body = RawBody::from_utf8(body).map_err(|_| bad("body is not UTF-8".into()))?;
-    let (job_id, event_type) = {
-        let fields =
-            KeyFields::read(&body).map_err(|e| bad(format!("body is not a JSON object: {e}")))?;
+    let (job_id, event_type, routing) = {
+        let fields = KeyFields::read_routed(&body, routes.field_names())
+            .map_err(|e| bad(format!("body is not a JSON object: {e}")))?;
         let job_id = match &fields.job_id {
             None | Some(Field::Null) => return Err(bad("job_id is missing".into())),
             Some(Field::Text(id)) => JobId::parse(id).map_err(|error| bad(error.to_string()))?,
             Some(Field::Other) => return Err(bad("job_id must be a string".into())),
         };
         let event_type = fields.event_type().map(EventType::parse).transpose();
-        (job_id, event_type.map_err(|error| bad(error.to_string()))?)
+        let event_type = event_type.map_err(|error| bad(error.to_string()))?;
+        let chosen = routes.select(event_type.as_ref().map(EventType::as_str), &fields);
+        let routing = Routing::chosen(&chosen, event_type.as_ref());
+        (job_id, event_type, routing)
     };
     Ok(NewClaim {
         job_id,
         event_type,
         body,
         source: Source::Webhook,
+        routing,
         trace_context: None,
     })
 }
@@ -551,7 +559,7 @@ mod tests {
     }
 
     fn parse(body: &str) -> Result<NewClaim, IngestError> {
-        parse_claim(Bytes::copy_from_slice(body.as_bytes()))
+        parse_claim(Bytes::copy_from_slice(body.as_bytes()), &Routes::default())
     }
 
     fn reason(body: &str) -> String {
@@ -622,10 +630,12 @@ mod tests {
     fn refuses_non_objects() {
         assert!(reason("[\"job_id\"]").contains("not a JSON object"));
         assert!(reason("not json").contains("not a JSON object"));
-        assert!(parse_claim(Bytes::from_static(&[0xff, 0xfe]))
-            .unwrap_err()
-            .to_string()
-            .contains("UTF-8"));
+        assert!(
+            parse_claim(Bytes::from_static(&[0xff, 0xfe]), &Routes::default())
+                .unwrap_err()
+                .to_string()
+                .contains("UTF-8")
+        );
     }
 
     #[test]

@@ -42,6 +42,7 @@ mod refusals;
 mod repeat;
 mod response;
 mod rollup;
+pub mod route_name;
 pub mod server;
 mod service;
 pub mod signature;

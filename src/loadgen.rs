@@ -409,6 +409,7 @@ impl Run {
             body: self.body(index).into(),
             source: Source::Webhook,
             trace_context: None,
+            routing: crate::ledger::Routing::default_route(),
         }
     }
 

@@ -9,8 +9,10 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+
+use crate::config::BodyFields;
 
 /// A top-level field's value, as far as the receiver cares.
 #[derive(Debug, PartialEq, Eq)]
@@ -36,14 +38,28 @@ pub struct KeyFields<'a> {
     pub job_id: Option<Field<'a>>,
     type_: Option<Field<'a>>,
     event: Option<Field<'a>>,
+    /// The fields the routes match on ([`KeyFields::read_routed`]) that the body has, by name.
+    routed: Vec<(&'a str, Field<'a>)>,
 }
 
 impl<'a> KeyFields<'a> {
     /// Reads `text`, which must be exactly one JSON object. A key the receiver reads may appear
     /// only once: with two `job_id`s, the handler's parser might key on the other one.
+    #[cfg(test)]
     pub fn read(text: &'a str) -> Result<KeyFields<'a>, serde_json::Error> {
+        Self::read_routed(text, &[])
+    }
+
+    /// As [`KeyFields::read`], keeping besides the top-level fields named in `routed` (sorted,
+    /// as [`crate::config::Routes::field_names`] gives them) for the routes to match on, in the same one walk.
+    /// Such a field given twice is kept as neither value: no route matches on it, rather than
+    /// on a value the handler's parser might not see.
+    pub fn read_routed(
+        text: &'a str,
+        routed: &'a [String],
+    ) -> Result<KeyFields<'a>, serde_json::Error> {
         let mut deserializer = serde_json::Deserializer::from_str(text);
-        let fields = deserializer.deserialize_map(KeyFieldsVisitor)?;
+        let fields = deserializer.deserialize_map(KeyFieldsVisitor { routed })?;
         deserializer.end()?;
         Ok(fields)
     }
@@ -56,9 +72,28 @@ impl<'a> KeyFields<'a> {
     }
 }
 
-struct KeyFieldsVisitor;
+/// The routes match on a body's top-level string fields as the claim path read them.
+impl BodyFields for KeyFields<'_> {
+    fn text(&self, name: &str) -> Option<&str> {
+        let field = match name {
+            "job_id" => self.job_id.as_ref(),
+            "type" => self.type_.as_ref(),
+            "event" => self.event.as_ref(),
+            _ => self
+                .routed
+                .iter()
+                .find(|(routed, _)| *routed == name)
+                .map(|(_, field)| field),
+        };
+        field.and_then(Field::text)
+    }
+}
 
-impl<'de> Visitor<'de> for KeyFieldsVisitor {
+struct KeyFieldsVisitor<'a> {
+    routed: &'a [String],
+}
+
+impl<'de> Visitor<'de> for KeyFieldsVisitor<'de> {
     type Value = KeyFields<'de>;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
@@ -67,11 +102,23 @@ impl<'de> Visitor<'de> for KeyFieldsVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut fields = KeyFields::default();
-        while let Some(key) = map.next_key::<Key>()? {
+        let seed = KeyVisitor {
+            routed: self.routed,
+        };
+        while let Some(key) = map.next_key_seed(seed)? {
             let (slot, name) = match key {
                 Key::JobId => (&mut fields.job_id, "job_id"),
                 Key::Type => (&mut fields.type_, "type"),
                 Key::Event => (&mut fields.event, "event"),
+                Key::Routed(index) => {
+                    let name = self.routed[index].as_str();
+                    let value = map.next_value::<Field>()?;
+                    match fields.routed.iter_mut().find(|(seen, _)| *seen == name) {
+                        Some((_, twice)) => *twice = Field::Other,
+                        None => fields.routed.push((name, value)),
+                    }
+                    continue;
+                }
                 Key::Other => {
                     map.next_value::<IgnoredAny>()?;
                     continue;
@@ -91,18 +138,26 @@ enum Key {
     JobId,
     Type,
     Event,
+    /// One of the routes' fields: its index in the names asked for.
+    Routed(usize),
     Other,
 }
 
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_str(KeyVisitor)
+/// Tells keys apart; the routes' field names are sorted, so a key is found by bisection.
+#[derive(Clone, Copy)]
+struct KeyVisitor<'r> {
+    routed: &'r [String],
+}
+
+impl<'de> DeserializeSeed<'de> for KeyVisitor<'_> {
+    type Value = Key;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Key, D::Error> {
+        deserializer.deserialize_str(self)
     }
 }
 
-struct KeyVisitor;
-
-impl Visitor<'_> for KeyVisitor {
+impl Visitor<'_> for KeyVisitor<'_> {
     type Value = Key;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
@@ -115,7 +170,10 @@ impl Visitor<'_> for KeyVisitor {
             "job_id" => Key::JobId,
             "type" => Key::Type,
             "event" => Key::Event,
-            _ => Key::Other,
+            _ => match self.routed.binary_search_by(|name| name.as_str().cmp(key)) {
+                Ok(index) => Key::Routed(index),
+                Err(_) => Key::Other,
+            },
         })
     }
 }
@@ -187,6 +245,56 @@ mod tests {
         .unwrap();
         assert_eq!(fields.job_id, Some(Field::Text("j1".into())));
         assert_eq!(fields.event_type(), Some("t"));
+    }
+
+    /// The routes' fields are kept in the same walk; others, and non-strings, are not strings.
+    #[test]
+    fn the_routes_fields_are_read_in_the_same_walk() {
+        let text =
+            r#"{"queue":"critical","region":7,"o":{"zone":"x"},"zone\u0031":"eu","type":"t"}"#;
+        let routed = ["queue", "region", "type", "zone1"].map(String::from);
+        let fields = KeyFields::read_routed(text, &routed).unwrap();
+        assert_eq!(fields.text("queue"), Some("critical"));
+        assert_eq!(fields.text("region"), None, "a number is not a string");
+        assert_eq!(
+            fields.text("zone1"),
+            Some("eu"),
+            "an escaped key is the same key"
+        );
+        assert_eq!(fields.text("zone"), None, "only top-level fields");
+        assert_eq!(fields.text("type"), Some("t"));
+        assert_eq!(fields.event_type(), Some("t"));
+        // Not asked for: not kept.
+        assert_eq!(KeyFields::read(text).unwrap().text("queue"), None);
+        // Twice: neither value, and the delivery is still read.
+        let queue = ["queue".to_owned()];
+        let twice = KeyFields::read_routed(r#"{"queue":"a","queue":"b"}"#, &queue).unwrap();
+        assert_eq!(twice.text("queue"), None);
+    }
+
+    /// The claim path's one read is all the routes need: its fields, then the walk.
+    #[test]
+    fn routes_select_on_what_one_read_kept() {
+        let config = crate::config::Config::parse(
+            "[signature]\nsecrets = [\"whsec_a\"]\n\
+             [[route]]\nname = \"pager\"\nfields = { queue = \"critical\" }\n\
+             [route.handler]\ncommand = [\"true\"]\n\
+             [routing]\nunmatched = \"done\"\n",
+            std::path::Path::new("/"),
+        )
+        .unwrap();
+        let routes = &config.routes;
+        assert_eq!(routes.field_names(), ["queue"]);
+        let select = |body: &str| {
+            let fields = KeyFields::read_routed(body, routes.field_names()).unwrap();
+            format!("{:?}", routes.select(fields.event_type(), &fields))
+        };
+        assert!(
+            select(r#"{"job_id":"j","type":"job.failed","queue":"critical"}"#)
+                .starts_with("Matched"),
+        );
+        assert_eq!(select(r#"{"job_id":"j","queue":"bulk"}"#), "Done");
+        assert_eq!(select(r#"{"job_id":"j","queue":["critical"]}"#), "Done");
     }
 
     #[test]

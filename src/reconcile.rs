@@ -18,17 +18,17 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Secret, SumeApiConfig};
+use crate::config::{Routes, Secret, SumeApiConfig};
 use crate::event_type::EventType;
 use crate::http_client::{self, Answer, HttpClient};
 use crate::job_id::JobId;
 use crate::ledger::{
-    duration_ms, now_ms, ClaimOutcome, Ledger, NewClaim, PollResult, Source, StorageError,
+    duration_ms, now_ms, ClaimOutcome, Ledger, NewClaim, PollResult, Routing, Source, StorageError,
 };
 use crate::logging::Escaped;
 use crate::metrics::{PollCall, METRICS};
 use crate::traces::{Kind, Parent, Span, SpanContext, Tracer};
-use crate::worker::Queue;
+use crate::worker::Queues;
 
 /// Largest status answer kept (it becomes the job's stored body).
 const MAX_ANSWER_BYTES: usize = 1024 * 1024;
@@ -54,7 +54,9 @@ pub struct Reconciler {
     api: SumeApiConfig,
     api_key: Secret,
     client: HttpClient,
-    queue: Option<Queue>,
+    queue: Queues,
+    /// A recovered job takes the routes its webhook would have taken.
+    routes: Arc<Routes>,
     terminal: HashSet<String>,
     /// Earliest moment for the next call (the rate limit).
     next_call: Instant,
@@ -72,7 +74,8 @@ impl Reconciler {
         ledger: Arc<Ledger>,
         api: SumeApiConfig,
         api_key: Secret,
-        queue: Option<Queue>,
+        queue: Queues,
+        routes: Arc<Routes>,
     ) -> Self {
         let terminal = api.terminal_statuses.iter().cloned().collect();
         Self {
@@ -81,6 +84,7 @@ impl Reconciler {
             api,
             client: http_client::new_client(),
             queue,
+            routes,
             terminal,
             next_call: Instant::now(),
             paused_until: None,
@@ -233,13 +237,20 @@ impl Reconciler {
             Err(error) => return Ok(again(Some(job_status), Some(error.to_string()))),
         };
         let body = String::from_utf8_lossy(&answer.body).into_owned();
+        // The status answer's top-level fields, as a webhook's body would have them.
+        let fields: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&body).unwrap_or_default();
+        let chosen = self.routes.select(Some(event_type.as_str()), &fields);
+        let routing = Routing::chosen(&chosen, Some(&event_type));
         let claim = NewClaim {
             job_id: job_id.clone(),
             event_type: Some(event_type),
             body: body.into(),
             source: Source::Poll,
+            routing,
             trace_context: span.context().map(SpanContext::to_stored),
         };
+        let routes = claim.routing.routes().to_vec();
         let queued = std::time::Instant::now();
         let answered = self.ledger.claim(claim).await;
         METRICS.record_claim_wait(queued.elapsed());
@@ -247,9 +258,7 @@ impl Reconciler {
             ClaimOutcome::Claimed => {
                 tracing::info!(job_id = %job_id, status = %Escaped(&job_status), "job recovered by polling: its webhook never arrived");
                 METRICS.record_recovered();
-                if let Some(queue) = &self.queue {
-                    queue.enqueue(job_id);
-                }
+                self.queue.enqueue(job_id, &routes);
                 PollResult::Recovered { status: job_status }
             }
             ClaimOutcome::Duplicate => PollResult::Arrived { status: job_status },

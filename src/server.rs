@@ -20,12 +20,12 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ServerConfig;
 use crate::connections::{Ask, Open, Room};
 use crate::ingest::Ingest;
-use crate::ledger::{now_ms, Ledger, StorageError};
+use crate::ledger::{now_ms, Hold, Ledger, StorageError};
 use crate::metrics::{FilesystemSpace, Scrape, METRICS};
 use crate::response::{error_response, json_response, typed};
 use crate::throttle::Throttled;
 use crate::tls::{HttpChallenges, Tls, NO_CERTIFICATE};
-use crate::worker::Queue;
+use crate::worker::Queues;
 
 /// How long a scrape of `/metrics` waits for the ledger.
 const LEDGER_READ_PER_SCRAPE: Duration = Duration::from_secs(5);
@@ -115,11 +115,21 @@ pub fn readiness(ledger: &Ledger, webhook_tls: Option<&Tls>) -> Result<(), &'sta
     ledger.readiness()
 }
 
+/// A route's hold as `/readyz` shows it.
+fn hold_json(hold: &Hold) -> serde_json::Value {
+    serde_json::json!({
+        "since": hold.since,
+        "reason": hold.reason,
+        "next_probe_at": hold.next_probe_at,
+        "note": "the route's downstream looks down: deliveries are claimed and wait; one probe at a time",
+    })
+}
+
 /// `/healthz`, `/readyz` and `/metrics`: served on the public listener and on the admin one.
 /// `None` when the request is for none of them.
 pub async fn operational(
     ledger: &Ledger,
-    queue: Option<&Queue>,
+    queue: &Queues,
     webhook_tls: Option<&Tls>,
     request: &Request<Incoming>,
 ) -> Option<Response<Full<Bytes>>> {
@@ -132,12 +142,13 @@ pub async fn operational(
         // process knows it: no ledger read for a request anyone may send).
         (true, "/readyz") => {
             // A hold is still ready too: deliveries are claimed, and wait for the downstream.
-            let hold = queue.and_then(Queue::hold);
-            let dispatch = match queue {
-                Some(queue) if queue.dispatch_paused() => "paused",
-                Some(_) if hold.is_some() => "held",
-                Some(_) => "running",
-                None => "no handler",
+            let holds = queue.holds();
+            let routes = queue.names().count();
+            let dispatch = match routes {
+                0 => "no handler",
+                _ if queue.dispatch_paused() => "paused",
+                _ if holds.len() == routes => "held",
+                _ => "running",
             };
             // A round trip at most once a second, shared by every request (PostgreSQL).
             ledger.prove_readiness().await;
@@ -147,13 +158,25 @@ pub async fn operational(
                     serde_json::json!({ "status": "not ready", "reason": reason, "dispatch": dispatch })
                 }
             };
-            if let Some(hold) = hold {
-                body["hold"] = serde_json::json!({
-                    "since": hold.since,
-                    "reason": hold.reason,
-                    "next_probe_at": hold.next_probe_at,
-                    "note": "the handler's downstream looks down: deliveries are claimed and wait; one probe at a time",
-                });
+            // Each route's dispatch: a route held waits alone, the others run.
+            if routes > 0 {
+                let mut by_route = serde_json::Map::new();
+                for route in queue.names() {
+                    let hold = holds.iter().find(|hold| hold.route == route.as_str());
+                    let mut state = serde_json::json!({ "dispatch": match hold {
+                        _ if queue.dispatch_paused() => "paused",
+                        Some(_) => "held",
+                        None => "running",
+                    }});
+                    if let Some(hold) = hold {
+                        state["hold"] = hold_json(hold);
+                    }
+                    by_route.insert(route.to_string(), state);
+                }
+                body["routes"] = serde_json::Value::Object(by_route);
+            }
+            if let Some(hold) = holds.first().filter(|_| routes == 1) {
+                body["hold"] = hold_json(hold);
             }
             // Apart from the status: a load balancer keeps sending deliveries, which are claimed.
             if let Some(work_side) = ledger.work_side() {

@@ -124,32 +124,57 @@ pub async fn run_on(
         tokio::spawn(exporter.run(stop_exporting.clone(), config.server.shutdown_grace))
     });
 
-    let queue: Option<worker::Queue> = match &config.handler {
-        Some(handler) => {
-            let (worker, queue) =
-                Worker::new(ledger.clone(), handler.clone(), config.sweeper.stale_after)?;
-            let sweeper = Sweeper::new(ledger.clone(), queue.clone(), handler.max_attempts)
-                .traced_by(tracer.clone());
-            let recovered = sweeper
-                .recover()
-                .await
-                .context("cannot recover unfinished jobs")?;
-            tracing::info!(
-                interrupted = recovered.leases_expired,
-                "recovered unfinished jobs"
-            );
+    // A worker per route, with the route's handler, limits and hold.
+    let routes = config.routes.list();
+    let mut queues = Vec::new();
+    let mut workers = Vec::new();
+    for route in routes {
+        let (worker, queue) = Worker::new(
+            route.name.clone(),
+            ledger.clone(),
+            route.handler.clone(),
+            config.sweeper.stale_after,
+        )?;
+        queues.push((route.name.clone(), queue));
+        workers.push(worker);
+    }
+    let queue = worker::Queues::new(queues);
+    if routes.is_empty() {
+        tracing::warn!(
+            "no [handler] configured: claimed jobs stay `claimed` for an external consumer"
+        );
+    } else {
+        let max_attempts: Vec<(String, u32)> = routes
+            .iter()
+            .map(|route| (route.name.to_string(), route.handler.max_attempts))
+            .collect();
+        // A route no longer in the config: its work is kept, and counted as the first route's.
+        let default_max = routes[0].handler.max_attempts;
+        let sweeper = Sweeper::new(
+            ledger.clone(),
+            queue.clone(),
+            Arc::new(move |route: &str| {
+                max_attempts
+                    .iter()
+                    .find(|(name, _)| name == route)
+                    .map_or(default_max, |(_, max)| *max)
+            }),
+        )
+        .traced_by(tracer.clone());
+        let recovered = sweeper
+            .recover()
+            .await
+            .context("cannot recover unfinished jobs")?;
+        tracing::info!(
+            interrupted = recovered.leases_expired,
+            "recovered unfinished jobs"
+        );
+        for worker in workers {
             let worker = worker.traced_by(tracer.clone());
             tasks.spawn(worker.run(stop.clone(), config.server.shutdown_grace));
-            tasks.spawn(sweeper.run(config.sweeper.interval, stop.clone()));
-            Some(queue)
         }
-        None => {
-            tracing::warn!(
-                "no [handler] configured: claimed jobs stay `claimed` for an external consumer"
-            );
-            None
-        }
-    };
+        tasks.spawn(sweeper.run(config.sweeper.interval, stop.clone()));
+    }
 
     let recent = Arc::new(RecentlyAcknowledged::default());
     let vacuum = Vacuum::new(ledger.clone(), config.retention.clone(), stop.clone())
@@ -158,7 +183,8 @@ pub async fn run_on(
     match config.sume_api.clone().zip(credentials.api_key) {
         Some((api, api_key)) => {
             let base_url = crate::config::redact_url(&api.base_url);
-            let reconciler = Reconciler::new(ledger.clone(), api, api_key, queue.clone())
+            let routes = Arc::new(config.routes.clone());
+            let reconciler = Reconciler::new(ledger.clone(), api, api_key, queue.clone(), routes)
                 .traced_by(tracer.clone());
             tasks.spawn(reconciler.run(stop.clone()));
             tracing::info!(%base_url, "reconciliation on: expected jobs without a webhook are polled");
@@ -336,7 +362,7 @@ async fn start_tls(
 /// server to spawn.
 async fn start_admin(
     (config, tokens, certificate): (&Config, Option<AdminTokens>, Option<Certificate>),
-    (ledger, queue, refusals): (Arc<Ledger>, Option<worker::Queue>, Arc<Refusals>),
+    (ledger, queue, refusals): (Arc<Ledger>, worker::Queues, Arc<Refusals>),
     (tasks, webhook_tls): (&mut tokio::task::JoinSet<()>, Option<Arc<Tls>>),
     (stop, tracer): (&CancellationToken, &Tracer),
 ) -> anyhow::Result<Option<impl Future<Output = ()> + use<>>> {

@@ -12,12 +12,14 @@ use tokio_util::sync::CancellationToken;
 use crate::ledger::{now_ms, Leases, Ledger, StorageError};
 use crate::metrics::METRICS;
 use crate::traces::{Kind, Parent, Tracer};
-use crate::worker::Queue;
+use crate::worker::Queues;
 
 pub struct Sweeper {
     ledger: Arc<Ledger>,
-    queue: Queue,
-    max_attempts: u32,
+    queue: Queues,
+    /// Each route's `max_attempts`: a lease taken back on its last attempt makes its work dead.
+    /// A route no longer in the config keeps the default's: its work stays, due, unrun.
+    max_attempts: Arc<dyn Fn(&str) -> u32 + Send + Sync>,
     tracer: Tracer,
 }
 
@@ -28,7 +30,11 @@ pub struct SweepReport {
 }
 
 impl Sweeper {
-    pub fn new(ledger: Arc<Ledger>, queue: Queue, max_attempts: u32) -> Self {
+    pub fn new(
+        ledger: Arc<Ledger>,
+        queue: Queues,
+        max_attempts: Arc<dyn Fn(&str) -> u32 + Send + Sync>,
+    ) -> Self {
         Self {
             ledger,
             queue,
@@ -74,7 +80,7 @@ impl Sweeper {
         leases: Leases,
         reason: &'static str,
     ) -> Result<SweepReport, StorageError> {
-        let max_attempts = self.max_attempts;
+        let max_attempts = self.max_attempts.clone();
         let now = now_ms();
         let queue = self.queue.clone();
         let mut span = self
@@ -82,9 +88,13 @@ impl Sweeper {
             .start("take back leases", Kind::Internal, Parent::Root);
         let expired = self
             .ledger
-            .expire_leases(leases, now, max_attempts, reason, move |job_id| {
-                queue.holds(job_id)
-            })
+            .expire_leases(
+                leases,
+                now,
+                move |route| max_attempts(route),
+                reason,
+                move |job_id, route| queue.holds_work(job_id, route),
+            )
             .await?;
         if expired == 0 {
             // Most sweeps find nothing: no span of them.

@@ -63,14 +63,21 @@ fn accepted_fields(probe: &str) -> Option<Vec<String>> {
 }
 
 /// Every key the config file accepts, as `section.key`, and the keys of the tables within a
-/// section as `section.table.key` (`server.tls.acme.domains`).
+/// section as `section.table.key` (`server.tls.acme.domains`). A section that is an array of
+/// tables (`[[route]]`) gives its tables' keys (`route.name`).
 fn accepted_keys() -> BTreeSet<String> {
     let sections = accepted_fields("__probe = 1\n").expect("the top level is a table");
     assert!(sections.len() >= 8, "{sections:?}");
     let mut keys = BTreeSet::new();
-    let mut tables: Vec<String> = sections;
+    let mut tables: Vec<String> = sections.clone();
     while let Some(table) = tables.pop() {
-        let Some(fields) = accepted_fields(&format!("[{table}]\n__probe = 1\n")) else {
+        let fields = accepted_fields(&format!("[{table}]\n__probe = 1\n")).or_else(|| {
+            sections
+                .contains(&table)
+                .then(|| accepted_fields(&format!("[[{table}]]\n__probe = 1\n")))
+                .flatten()
+        });
+        let Some(fields) = fields else {
             continue;
         };
         assert!(!fields.is_empty(), "[{table}] accepts no key?");
@@ -128,13 +135,13 @@ async fn every_metric_served_is_in_the_metrics_table_and_back() {
     let mut text = String::new();
     for _ in 0..500 {
         text = server.metrics().await;
-        if text.contains("sume_attempts_total{result=\"done\"} 1") {
+        if !text.contains("sume_attempts_total{result=\"done\",route=\"default\"} 0\n") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(
-        text.contains("sume_attempts_total{result=\"done\"} 1"),
+        text.contains("sume_attempts_total{result=\"done\",route=\"default\"} "),
         "the job never ran\n{text}"
     );
     // `# TYPE sume_deliveries counter`: a counter's samples end in _total, an info's in _info.

@@ -120,7 +120,7 @@ fn count(server: &TestServer, sql: &str) -> i64 {
 }
 
 fn held(server: &TestServer) -> bool {
-    count(server, "SELECT count(*) FROM dispatch_hold") == 1
+    count(server, "SELECT count(*) FROM route_holds") == 1
 }
 
 async fn deliver_all(server: &TestServer, job_ids: impl Iterator<Item = String>) {
@@ -129,12 +129,19 @@ async fn deliver_all(server: &TestServer, job_ids: impl Iterator<Item = String>)
     }
 }
 
-/// A metric's value in a scrape (0 when absent).
+/// A metric's value in a scrape, summed over its routes (0 when absent).
 fn metric(scrape: &str, name: &str) -> f64 {
     scrape
         .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .map_or(0.0, |value| value.trim().parse().unwrap())
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            // Unlabelled, or any route's series: their sum.
+            let value = rest
+                .strip_prefix(' ')
+                .or_else(|| Some(rest.split_once("} ")?.1))?;
+            Some(value.trim().parse::<f64>().unwrap())
+        })
+        .sum()
 }
 
 /// Waits until `server`'s `/readyz` says its dispatch is `wanted` (`paused`, `held`): as its
@@ -352,7 +359,7 @@ on_both_ledgers! {
         let server = TestServer::start(&config).await;
         deliver_all(&server, std::iter::once("busy-1".to_owned())).await;
         assert!(eventually(Duration::from_secs(5), || held(&server)).await);
-        let wait = count(&server, "SELECT next_probe_at - since FROM dispatch_hold");
+        let wait = count(&server, "SELECT next_probe_at - since FROM route_holds");
         assert!((2_000..2_200).contains(&wait), "first probe {wait} ms after the hold");
         assert_eq!(count(&server, "SELECT attempts FROM jobs WHERE job_id = 'busy-1'"), 1);
         downstream.set(UP);
@@ -447,7 +454,7 @@ async fn a_kill_9_during_a_hold_keeps_it() {
     let ledger = dir.path().join("ledger.sqlite3");
     let holds = || {
         let db = rusqlite::Connection::open(&ledger).unwrap();
-        db.query_row("SELECT count(*) FROM dispatch_hold", [], |row| {
+        db.query_row("SELECT count(*) FROM route_holds", [], |row| {
             row.get::<_, i64>(0)
         })
         .unwrap()
@@ -530,6 +537,7 @@ async fn a_failure_under_a_hold_another_receiver_opened_costs_no_attempt() {
                 let ledger = Ledger::open(&server.config.database).await.unwrap();
                 let now = ledger::now_ms();
                 let hold = ledger::Hold {
+                    route: "default".to_owned(),
                     since: now,
                     reason: "opened by another receiver".to_owned(),
                     sample_error: "handler answered 500".to_owned(),

@@ -16,6 +16,7 @@ fn claim(job_id: String) -> NewClaim {
         event_type: None,
         source: Source::Webhook,
         trace_context: None,
+        routing: sume_receiver::ledger::Routing::default_route(),
     }
 }
 
@@ -287,9 +288,10 @@ async fn background_statements_read_only_their_partial_indexes() {
     Ledger::open(&config.database).await.unwrap().close().await;
     let conn = rusqlite::Connection::open(sqlite_path(&config)).unwrap();
     for (sql, index) in [
-        (ledger::sqlite::DUE_JOBS_SQL, "jobs_due"),
+        (ledger::sqlite::DUE_JOBS_SQL, "job_routes_due"),
+        (ledger::sqlite::NEXT_DUE_ON_ROUTE_SQL, "job_routes_due"),
         (ledger::sqlite::NEXT_DUE_SQL, "jobs_due"),
-        (ledger::sqlite::EXPIRED_LEASES_SQL, "jobs_leased"),
+        (ledger::sqlite::EXPIRED_LEASES_SQL, "job_routes_leased"),
         (ledger::sqlite::PURGE_BODIES_SQL, "jobs_finished_with_body"),
         (ledger::sqlite::DELETE_FINISHED_SQL, "jobs_finished"),
         (ledger::sqlite::DUE_EXPECTATIONS_SQL, "expected_jobs_due"),
@@ -311,7 +313,9 @@ async fn background_statements_read_only_their_partial_indexes() {
             "{sql}\n=> {plan}"
         );
         assert!(
-            !plan.contains("SCAN jobs") && !plan.contains("SCAN expected_jobs"),
+            !plan.contains("SCAN jobs")
+                && !plan.contains("SCAN job_routes")
+                && !plan.contains("SCAN expected_jobs"),
             "{sql}\n=> {plan}"
         );
     }
@@ -518,10 +522,22 @@ async fn a_schema_2_ledger_migrates_with_its_jobs() {
         assert_eq!(job.next_attempt_cause, cause, "{job_id}");
         assert!(job.history.is_empty() && job.duplicates == 0, "{job_id}");
     }
-    let due = ledger.due_jobs(3_000, 10).await.unwrap();
+    let due = ledger
+        .due_jobs(
+            &sume_receiver::route_name::RouteName::default_route(),
+            3_000,
+            10,
+        )
+        .await
+        .unwrap();
     assert_eq!(due.runnable.len(), 2, "{:?}", due.runnable);
     let attempt = ledger
-        .start_attempt(&JobId::parse("old-retrying").unwrap(), 3_000, i64::MAX)
+        .start_attempt(
+            &JobId::parse("old-retrying").unwrap(),
+            &sume_receiver::route_name::RouteName::default_route(),
+            3_000,
+            i64::MAX,
+        )
         .await
         .unwrap()
         .unwrap();

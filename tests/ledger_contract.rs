@@ -17,6 +17,7 @@ use sume_receiver::ledger::{
     NewClaim, PollResult, ProbeMove, Release, RetentionStep, RetryError, Source, State,
     StorageError,
 };
+use sume_receiver::route_name::RouteName;
 
 fn new_claim(job_id: &str) -> NewClaim {
     NewClaim {
@@ -25,7 +26,13 @@ fn new_claim(job_id: &str) -> NewClaim {
         body: job_body(job_id).into(),
         source: Source::Webhook,
         trace_context: None,
+        routing: ledger::Routing::default_route(),
     }
+}
+
+/// The default route: `[handler]`'s, and every job's from before routes.
+fn default_route() -> RouteName {
+    RouteName::default_route()
 }
 
 /// A job id the test knows to be valid.
@@ -54,7 +61,12 @@ async fn claimed(ledger: &Ledger, job_id: &str) {
 async fn started(ledger: &Ledger, job_id: &str, lease_expires_at: i64) -> Attempt {
     let job_id = JobId::parse(job_id).unwrap();
     ledger
-        .start_attempt(&job_id, ledger::now_ms(), lease_expires_at)
+        .start_attempt(
+            &job_id,
+            &default_route(),
+            ledger::now_ms(),
+            lease_expires_at,
+        )
         .await
         .unwrap()
         .expect("the job was waiting to run")
@@ -90,3 +102,5 @@ mod hold;
 mod operator;
 #[path = "ledger_contract/retention.rs"]
 mod retention;
+#[path = "ledger_contract/routes.rs"]
+mod routes;

@@ -79,8 +79,11 @@ async fn metrics_count_exactly_what_happened() {
         (r#"sume_deliveries_total{outcome="duplicate"}"#, 1.0),
         (r#"sume_deliveries_total{outcome="unauthorized"}"#, 1.0),
         (r#"sume_deliveries_total{outcome="bad_request"}"#, 1.0),
-        (r#"sume_attempts_total{result="done"}"#, 2.0),
-        (r#"sume_attempts_total{result="failed"}"#, 1.0),
+        (r#"sume_attempts_total{result="done",route="default"}"#, 2.0),
+        (
+            r#"sume_attempts_total{result="failed",route="default"}"#,
+            1.0,
+        ),
         ("sume_jobs_dead_total", 1.0),
         (r#"sume_jobs{state="done"}"#, 2.0),
         (r#"sume_jobs{state="dead"}"#, 1.0),
@@ -96,7 +99,10 @@ async fn metrics_count_exactly_what_happened() {
         // duplicate was answered from memory.
         ("sume_claim_commit_seconds_count", 3.0),
         ("sume_duplicates_from_memory_total", 1.0),
-        (r#"sume_attempt_duration_seconds_count{result="done"}"#, 2.0),
+        (
+            r#"sume_attempt_duration_seconds_count{result="done",route="default"}"#,
+            2.0,
+        ),
         ("sume_oldest_unfinished_job_age_seconds", 0.0),
         ("sume_ledger_writer_queue_depth", 0.0),
     ] {
@@ -157,7 +163,7 @@ async fn an_attempt_is_counted_before_its_end_is_written() {
     let shell = SqliteShell::holding_the_write_lock(&db);
     std::fs::write(&go, "").unwrap();
     let metrics_url = format!("http://127.0.0.1:{port}/metrics");
-    let done = r#"sume_attempts_total{result="done"}"#;
+    let done = r#"sume_attempts_total{result="done",route="default"}"#;
     let mut counted = None;
     for _ in 0..500 {
         let scrape = send_to(Method::GET, &metrics_url, &[]).await;

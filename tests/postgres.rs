@@ -318,6 +318,77 @@ async fn a_newer_schema_and_synchronous_commit_off_are_refused() {
         .await;
 }
 
+/// The claim and the start of a receiver of the release before routes (its SQL as it was,
+/// minus the notification): what such a receiver still sends during a rolling upgrade.
+const OLDER_RELEASE_CLAIM: &str = "INSERT INTO jobs (job_id, state, source, event_type, body,
+        received_at, next_attempt_at, updated_at)
+    SELECT job_id, 'claimed', source, event_type, body, $5, $5, $5
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
+         AS claim (job_id, source, event_type, body)
+    ON CONFLICT (job_id) DO NOTHING";
+const OLDER_RELEASE_START: &str = "UPDATE jobs SET state = 'running', attempts = attempts + 1,
+        lease_expires_at = $2, next_attempt_at = NULL, updated_at = $3, leased_by = $4
+    WHERE job_id = $1 AND state IN ('claimed', 'retrying') AND body IS NOT NULL";
+
+/// A rolling upgrade across the routes migration: once a receiver of this release has
+/// migrated the database, one of the release before can neither claim (its delivery fails, so
+/// Sume retries it, to a receiver of this release) nor start a job (which a receiver of this
+/// release runs, once). Every job from before the migration belongs to the default route.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_receiver_of_the_release_before_routes_cannot_claim_nor_start_after_the_migration() {
+    Backend::Postgres
+        .run(
+            "a_receiver_of_the_release_before_routes_cannot_claim_nor_start_after_the_migration",
+            async {
+                let dir = tempfile::tempdir().unwrap();
+                let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+                let ledger = Ledger::open(&config.database).await.unwrap();
+                let claim = sume_receiver::ledger::NewClaim {
+                    job_id: sume_receiver::job_id::JobId::parse("new-1").unwrap(),
+                    event_type: None,
+                    body: "{}".into(),
+                    source: sume_receiver::ledger::Source::Webhook,
+                    routing: sume_receiver::ledger::Routing::default_route(),
+                };
+                ledger.claim(claim).await.unwrap();
+                let url = postgres_url_of(dir.path());
+                let (claimed, started) = with_postgres(&url, |client| {
+                    let ids = vec!["old-1"];
+                    let sources = vec!["webhook"];
+                    let types: Vec<Option<&str>> = vec![None];
+                    let bodies = vec!["{}"];
+                    let claimed = client
+                        .execute(
+                            OLDER_RELEASE_CLAIM,
+                            &[&ids, &sources, &types, &bodies, &1_000i64],
+                        )
+                        .map_err(|error| error.to_string());
+                    let started = client
+                        .execute(
+                            OLDER_RELEASE_START,
+                            &[&"new-1", &i64::MAX, &1_000i64, &"old-receiver"],
+                        )
+                        .map_err(|error| error.to_string());
+                    (claimed, started)
+                });
+                let claimed = claimed.unwrap_err();
+                assert!(claimed.contains("routed"), "{claimed}");
+                let started = started.unwrap_err();
+                assert!(started.contains("predates routes"), "{started}");
+                let route = sume_receiver::route_name::RouteName::default_route();
+                let job_id = sume_receiver::job_id::JobId::parse("new-1").unwrap();
+                let attempt = ledger
+                    .start_attempt(&job_id, &route, 2_000, i64::MAX)
+                    .await
+                    .unwrap()
+                    .expect("this release starts it");
+                assert_eq!(attempt.number, 1);
+                ledger.close().await;
+            },
+        )
+        .await;
+}
+
 /// The URL may come from a file (the password kept out of the config file), not both ways.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_database_url_may_come_from_a_file() {
@@ -584,6 +655,7 @@ async fn the_counts_of_ended_sessions_are_folded_and_the_sums_kept() {
                         body: job_body(job_id).into(),
                         source: sume_receiver::ledger::Source::Webhook,
                         trace_context: None,
+                        routing: sume_receiver::ledger::Routing::default_route(),
                     };
                     ledger.claim(claim).await.unwrap();
                 }
@@ -825,6 +897,7 @@ async fn a_commit_the_standby_never_answers_is_given_up_with_its_connection() {
             body: job_body(job_id).into(),
             source: sume_receiver::ledger::Source::Webhook,
             trace_context: None,
+            routing: sume_receiver::ledger::Routing::default_route(),
         };
         let answered = tokio::time::timeout(Duration::from_secs(30), ledger.claim(claim))
             .await
@@ -988,6 +1061,7 @@ async fn a_row_postgres_refuses_fails_only_its_own_claim() {
                 body: body.into(),
                 source: sume_receiver::ledger::Source::Webhook,
                 trace_context: None,
+                routing: sume_receiver::ledger::Routing::default_route(),
             };
             for round in 0..5 {
                 let mut claims = tokio::task::JoinSet::new();

@@ -182,6 +182,56 @@ fn check_config_names_the_bad_key() {
     assert!(cli(&config, &["check-config"]).status.success());
 }
 
+/// Routes (issue 51): check-config names the line of each bad route, every one at once, and
+/// passes good ones.
+#[test]
+fn check_config_names_the_line_of_a_bad_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    let route = |name: &str, matcher: &str| {
+        format!("[[route]]\nname = \"{name}\"\n{matcher}[route.handler]\ncommand = [\"true\"]\n")
+    };
+    let head = "[signature]\nsecrets = [\"a\"]\n[database]\npath = \"ledger.db\"\n";
+    let good = format!(
+        "{head}{}{}[routing]\nunmatched = \"done\"\n",
+        route("pager", "event_types = [\"job.failed\"]\ncontinue = true\n"),
+        route("archive", "event_types = [\"*\"]\n"),
+    );
+    std::fs::write(&config, &good).unwrap();
+    let output = cli(&config, &["check-config"]);
+    assert!(output.status.success(), "{output:?}");
+
+    let bad = format!(
+        "{head}{}{}{}[routing]\nunmatched = \"nowhere\"\n",
+        route("all", "event_types = [\"*\"]\n"),
+        route("all", "event_types = [\"job.completed\"]\n"),
+        route("empty", ""),
+    );
+    std::fs::write(&config, &bad).unwrap();
+    let output = cli(&config, &["check-config"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for wanted in [
+        "route \"all\" (line 10): the name \"all\" is given twice (first on line 5)",
+        "route \"all\" (line 10) is never reached: route \"all\" (line 5)",
+        "route \"empty\" (line 15) has no match",
+        "routing.unmatched (line 20) is \"nowhere\"",
+    ] {
+        assert!(stderr.contains(wanted), "{wanted:?} missing from {stderr}");
+    }
+
+    let unknown = good.replace("continue = true", "contine = true");
+    std::fs::write(&config, unknown).unwrap();
+    let output = cli(&config, &["check-config"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success()
+            && stderr.contains("line 8")
+            && stderr.contains("unknown field `contine`"),
+        "{stderr}"
+    );
+}
+
 /// Regression: the unit's `check-config` passed, with a warning, a secrets file the service
 /// could not read, and `serve` then failed (a restart loop); `systemctl reload` reported
 /// success for a reload that failed. `--strict`, which the unit runs as the service's user

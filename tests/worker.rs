@@ -182,8 +182,16 @@ fn sweeper_of(ledger: &Arc<ledger::Ledger>) -> (Worker, Queue, Sweeper) {
         max_backoff: Duration::from_secs(1),
         hold: Default::default(),
     };
-    let (worker, queue) = Worker::new(ledger.clone(), handler, Duration::from_secs(1)).unwrap();
-    let sweeper = Sweeper::new(ledger.clone(), queue.clone(), 2);
+    let route = sume_receiver::route_name::RouteName::default_route();
+    let (worker, queue) = Worker::new(
+        route.clone(),
+        ledger.clone(),
+        handler,
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let queues = sume_receiver::worker::Queues::new(vec![(route, queue.clone())]);
+    let sweeper = Sweeper::new(ledger.clone(), queues, Arc::new(|_: &str| 2));
     (worker, queue, sweeper)
 }
 
@@ -350,6 +358,7 @@ async fn sweep_once_takes_back_expired_leases() {
             body: job_body(job_id).into(),
             source: Source::Webhook,
             trace_context: None,
+            routing: sume_receiver::ledger::Routing::default_route(),
         };
         ledger.claim(claim).await.unwrap();
     }
@@ -363,7 +372,7 @@ async fn sweep_once_takes_back_expired_leases() {
     ] {
         ledger_execute(
             &config,
-            &format!("UPDATE jobs SET state = '{state}', attempts = {attempts}, {column} = {at} WHERE job_id = ?1"),
+            &format!("UPDATE job_routes SET state = '{state}', attempts = {attempts}, {column} = {at} WHERE job_id = ?1"),
             &[job_id],
         );
     }
@@ -410,7 +419,7 @@ async fn sweep_once_takes_back_expired_leases() {
         };
         ledger_execute(
             &config,
-            "UPDATE jobs SET leased_by = ?1 WHERE job_id = 'live-lease'",
+            "UPDATE job_routes SET leased_by = ?1 WHERE job_id = 'live-lease'",
             &[&postgres.receiver],
         );
         assert_eq!(sweeper.recover().await.unwrap().leases_expired, 1);
@@ -435,12 +444,13 @@ async fn the_sweeper_skips_an_idle_ledger_of_its_own() {
         body: job_body("left-running").into(),
         source: Source::Webhook,
         trace_context: None,
+        routing: sume_receiver::ledger::Routing::default_route(),
     };
     ledger.claim(claim).await.unwrap();
     ledger_execute(
         &config,
         &format!(
-            "UPDATE jobs SET state = 'running', attempts = 1, lease_expires_at = {} WHERE job_id = ?1",
+            "UPDATE job_routes SET state = 'running', attempts = 1, lease_expires_at = {} WHERE job_id = ?1",
             ledger::now_ms() - 1000
         ),
         &["left-running"],
@@ -468,17 +478,18 @@ async fn the_sweeper_skips_an_idle_ledger_of_its_own() {
         body: job_body("started-unseen").into(),
         source: Source::Webhook,
         trace_context: None,
+        routing: sume_receiver::ledger::Routing::default_route(),
     };
     ledger.claim(claim).await.unwrap();
     let running = format!(
-        "UPDATE jobs SET state = 'running', attempts = 1, lease_expires_at = {} WHERE job_id = ?1",
+        "UPDATE job_routes SET state = 'running', attempts = 1, lease_expires_at = {} WHERE job_id = ?1",
         ledger::now_ms() + 600_000
     );
     ledger_execute(&config, &running, &["started-unseen"]);
     if let LedgerConfig::Postgres(postgres) = &config.database {
         ledger_execute(
             &config,
-            "UPDATE jobs SET leased_by = ?1 WHERE job_id = 'started-unseen'",
+            "UPDATE job_routes SET leased_by = ?1 WHERE job_id = 'started-unseen'",
             &[&postgres.receiver],
         );
     }
@@ -534,7 +545,7 @@ async fn a_running_job_is_not_taken_back_by_a_wall_clock_jump() {
     server.deliver(&job_body("job-clock")).await;
     wait_for_state(&server, "job-clock", "running").await;
     server.execute(
-        "UPDATE jobs SET lease_expires_at = 0 WHERE job_id = 'job-clock'",
+        "UPDATE job_routes SET lease_expires_at = 0 WHERE job_id = 'job-clock'",
         &[],
     );
     wait_for_state(&server, "job-clock", "done").await;

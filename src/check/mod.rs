@@ -6,7 +6,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::config::{
-    AdminConfig, AdminTokens, Config, Credentials, HandlerKind, Secret, TracingConfig, Unread,
+    AdminConfig, AdminTokens, Config, Credentials, HandlerKind, Routes, Secret, TracingConfig,
+    Unmatched, Unread,
 };
 
 mod tls;
@@ -67,9 +68,13 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
             findings.errors.push(error);
         }
     }
-    if let Some(HandlerKind::Command(argv)) = config.handler.as_ref().map(|h| &h.kind) {
-        if let Err(error) = executable(&argv[0]) {
-            findings.errors.push(format!("handler.command: {error}"));
+    findings.notes.extend(route_notes(&config.routes));
+    for route in config.routes.list() {
+        if let HandlerKind::Command(argv) = &route.handler.kind {
+            if let Err(error) = executable(&argv[0]) {
+                let key = route.handler_key("command");
+                findings.errors.push(format!("{key}: {error}"));
+            }
         }
     }
     // Last: a caveat on everything above.
@@ -153,6 +158,51 @@ fn directory_writable(dir: &Path) -> Result<(), String> {
             existing.display()
         ))
     }
+}
+
+/// With `[[route]]`s, each as the service reads it (what it takes, and where it sends it) and
+/// what becomes of an event none takes: a route misread is seen before it misroutes.
+fn route_notes(routes: &Routes) -> Vec<String> {
+    if routes.list().iter().all(|route| route.line.is_none()) {
+        return Vec::new(); // `[handler]` alone takes everything, as it always has.
+    }
+    let mut notes: Vec<String> = routes
+        .list()
+        .iter()
+        .map(|route| {
+            let types: Vec<String> = route
+                .matcher
+                .event_types
+                .iter()
+                .map(|t| t.to_string())
+                .collect();
+            let mut takes = format!("event_types {}", types.join(", "));
+            for condition in &route.matcher.fields {
+                takes.push_str(&format!("; {} in {:?}", condition.name, condition.values));
+            }
+            if route.fan_out {
+                takes.push_str("; continue");
+            }
+            format!(
+                "{}: {takes} -> {}",
+                route.describe(),
+                route.handler.kind.describe()
+            )
+        })
+        .collect();
+    notes.push(match routes.unmatched() {
+        Unmatched::Dead => "routing.unmatched: an event no route takes is dead, its error naming \
+                            its type"
+            .to_owned(),
+        Unmatched::Done => {
+            "routing.unmatched: an event no route takes is done with no work".to_owned()
+        }
+        Unmatched::Route(name) => format!(
+            "routing.unmatched: route {:?} takes an event no other route takes",
+            name.as_str()
+        ),
+    });
+    notes
 }
 
 /// Each file holding a secret that others may read or write, or its group write. The install
@@ -362,6 +412,38 @@ mod tests {
                 "{findings:?}"
             );
         }
+    }
+
+    /// Each route's program is checked, and named by its route's line.
+    #[test]
+    fn a_route_with_a_missing_program_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let routes = "[[route]]\nname = \"pager\"\nevent_types = [\"job.failed\"]\n\
+                      [route.handler]\ncommand = [\"true\"]\n\
+                      [[route]]\nname = \"archive\"\nevent_types = [\"*\"]\n\
+                      [route.handler]\ncommand = [\"no-such-archiver\"]\n";
+        let findings = check(&config(dir.path(), routes), Unreadable::Error);
+        assert_eq!(
+            findings.errors,
+            [
+                "route \"archive\" (line 10): handler.command: \"no-such-archiver\" is not an \
+              executable file (or not found in PATH)"
+            ],
+            "{findings:?}"
+        );
+        assert_eq!(
+            findings.notes,
+            [
+                "route \"pager\" (line 5): event_types job.failed -> command true",
+                "route \"archive\" (line 10): event_types * -> command no-such-archiver",
+                "routing.unmatched: an event no route takes is dead, its error naming its type",
+            ]
+        );
+        let legacy = check(
+            &config(dir.path(), "[handler]\ncommand = [\"true\"]\n"),
+            Unreadable::Error,
+        );
+        assert!(legacy.notes.is_empty(), "{legacy:?}");
     }
 
     #[test]

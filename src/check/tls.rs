@@ -33,16 +33,14 @@ pub(super) fn check(
             }
         }
     }
-    let ca_files = [
-        (
-            "handler.ca_file",
-            config.handler.as_ref().and_then(|h| h.ca_file.as_deref()),
-        ),
-        ("database.ca_file", config.database.ca_file()),
-    ];
-    for (key, file) in ca_files {
+    let handlers = config.routes.list().iter().map(|route| {
+        let file = route.handler.ca_file.as_deref();
+        (route.handler_key("ca_file"), file)
+    });
+    let database = ("database.ca_file".to_owned(), config.database.ca_file());
+    for (key, file) in handlers.chain([database]) {
         if let Some(file) = file {
-            ca_file(findings, unreadable, key, file);
+            ca_file(findings, unreadable, &key, file);
         }
     }
 }

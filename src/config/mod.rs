@@ -13,6 +13,8 @@ mod credentials;
 mod database;
 mod handler;
 mod parsing;
+mod route_match;
+mod routes;
 mod secret;
 mod sume_api;
 mod tls;
@@ -26,6 +28,9 @@ pub use database::{
 };
 pub use handler::{HandlerConfig, HandlerKind, HandlerUrl, HoldConfig};
 use parsing::{describe_toml_error, duration, DAY_SECS};
+pub use route_match::{BodyFields, EventTypePattern, FieldCondition, RouteMatch};
+pub use routes::{unmatched_error, Route, Routes, Selection, Unmatched, MAX_ROUTES};
+use routes::{RouteTable, RoutingTable};
 pub use secret::{redact_url, Secret};
 pub use sume_api::SumeApiConfig;
 pub use tls::{AcmeChallenge, AcmeConfig, CertificateSource, Listener, TlsConfig, LETS_ENCRYPT};
@@ -44,8 +49,18 @@ pub struct Config {
     pub signature: SignatureConfig,
     #[serde(default)]
     pub database: LedgerConfig,
-    /// No `[handler]` section: jobs stay `claimed` for an external consumer.
+    /// No `[handler]` section: jobs stay `claimed` for an external consumer. Also in
+    /// [`Config::routes`], as the route `default`.
     pub handler: Option<HandlerConfig>,
+    /// `[[route]]` and `[routing]` as the file has them: resolved into `routes` at load, and
+    /// emptied then.
+    #[serde(default, rename = "route")]
+    route_tables: Vec<toml::Spanned<RouteTable>>,
+    routing: Option<RoutingTable>,
+    /// Where each event goes: the `[[route]]`s, or `[handler]` as the one route `default`
+    /// taking every event, or none (neither section: jobs stay claimed).
+    #[serde(skip)]
+    pub routes: Routes,
     #[serde(default)]
     pub sweeper: SweeperConfig,
     #[serde(default)]
@@ -251,6 +266,13 @@ impl Config {
             |name| std::env::var(name).ok(),
             &mut problems,
         );
+        config.routes = routes::resolve(
+            std::mem::take(&mut config.route_tables),
+            config.routing.take(),
+            config.handler.as_ref(),
+            text,
+            &mut problems,
+        );
         config.validate(&mut problems);
         match problems.len() {
             0 => Ok(config),
@@ -357,14 +379,17 @@ impl Config {
                 self.server.listen
             ));
         }
-        if let Some(HandlerKind::Url(url)) = self.handler.as_ref().map(|handler| &handler.kind) {
+        for route in self.routes.list() {
+            let HandlerKind::Url(url) = &route.handler.kind else {
+                continue;
+            };
             let basic = HandlerUrl::parse(url).is_ok_and(|target| target.basic_auth.is_some());
             if basic && url.starts_with("http:") {
-                warnings.push(
-                    "handler.url: its user:password@ is sent as Basic credentials over plain \
-                     http, readable on the way: use https"
-                        .to_owned(),
-                );
+                warnings.push(format!(
+                    "{}: its user:password@ is sent as Basic credentials over plain http, \
+                     readable on the way: use https",
+                    route.handler_key("url")
+                ));
             }
         }
         if let Some(admin) = &self.admin {
@@ -413,8 +438,14 @@ impl Config {
         for file in files.into_iter().flatten() {
             *file = base_dir.join(&*file);
         }
-        if let Some(ca_file) = self.handler.as_mut().and_then(|h| h.ca_file.as_mut()) {
-            *ca_file = base_dir.join(&*ca_file);
+        let route_handlers = self
+            .route_tables
+            .iter_mut()
+            .map(|table| table.get_mut().handler_mut());
+        for handler in self.handler.iter_mut().chain(route_handlers) {
+            if let Some(ca_file) = handler.ca_file.as_mut() {
+                *ca_file = base_dir.join(&*ca_file);
+            }
         }
         for token in self.admin.iter_mut().flat_map(|admin| &mut admin.tokens) {
             token.file = base_dir.join(&token.file);
@@ -535,5 +566,7 @@ impl Config {
     }
 }
 
+#[cfg(test)]
+mod route_tests;
 #[cfg(test)]
 mod tests;

@@ -34,7 +34,7 @@ pub(super) fn describe_toml_error(text: &str, error: &toml::de::Error) -> String
         return error.message().to_owned();
     };
     let start = span.start.min(text.len());
-    let line_number = text[..start].matches('\n').count() + 1;
+    let line_number = line_number(text, start);
     let line = text.lines().nth(line_number - 1).unwrap_or("");
     let key = line
         .split_once('=')
@@ -53,6 +53,16 @@ pub(super) fn describe_toml_error(text: &str, error: &toml::de::Error) -> String
         message = hide_quoted(&message);
     }
     format!("TOML error on line {line_number}{key}: {message}")
+}
+
+/// The line (from 1) of the byte at `offset` in `text`.
+pub(super) fn line_number(text: &str, offset: usize) -> usize {
+    let offset = offset.min(text.len());
+    text.as_bytes()[..offset]
+        .iter()
+        .filter(|&&byte| byte == b'\n')
+        .count()
+        + 1
 }
 
 /// Replaces every `"..."` in `text` by `"(hidden)"`.

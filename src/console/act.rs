@@ -23,7 +23,7 @@ impl Console {
         let segments: Vec<&str> = path.trim_start_matches("/console/").split('/').collect();
         let actions = Actions {
             ledger: &self.ledger,
-            queue: self.queue.as_ref(),
+            queue: Some(&self.queue),
             tracer: &self.tracer,
         };
         let reason = form_value(form, "reason");

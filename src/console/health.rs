@@ -8,7 +8,8 @@ use super::verdict::{Facts, DEAD_COUNTED, RECENT_MINUTES};
 use crate::ledger::{now_ms, Dispatch, Ledger, State, StorageError};
 use crate::metrics::Snapshot;
 use crate::rollup::LastHour;
-use crate::worker::Queue;
+use crate::route_name::RouteName;
+use crate::worker::Queues;
 
 /// The health facts the console does not read from the ledger's rows: whether each side can
 /// write, and whether an outage hold holds dispatch.
@@ -26,7 +27,7 @@ pub trait HealthSource: Send + Sync {
 /// it apart: a failover can leave it behind), and the worker's hold.
 pub struct ReceiverHealth {
     pub ledger: Arc<Ledger>,
-    pub queue: Option<Queue>,
+    pub queue: Queues,
 }
 
 impl HealthSource for ReceiverHealth {
@@ -45,13 +46,25 @@ impl HealthSource for ReceiverHealth {
     }
 
     fn dispatch_held(&self) -> Option<String> {
-        let hold = self.queue.as_ref()?.hold()?;
-        Some(format!(
-            "since {} ({}); the next probe at {}",
-            utc(hold.since),
-            hold.reason,
-            utc(hold.next_probe_at)
-        ))
+        let holds = self.queue.holds();
+        let lines: Vec<String> = holds
+            .iter()
+            .map(|hold| {
+                // The default route alone reads as before routes.
+                let route = if hold.route == RouteName::DEFAULT {
+                    String::new()
+                } else {
+                    format!("route {} ", hold.route)
+                };
+                format!(
+                    "{route}since {} ({}); the next probe at {}",
+                    utc(hold.since),
+                    hold.reason,
+                    utc(hold.next_probe_at)
+                )
+            })
+            .collect();
+        (!lines.is_empty()).then(|| lines.join("; "))
     }
 }
 
@@ -87,11 +100,7 @@ pub async fn read_ledger(ledger: &Ledger) -> Result<LedgerFacts, StorageError> {
         .iter()
         .filter(|job| failed(job.last_error.as_deref()))
         .count() as u64;
-    let oldest_due_at = ledger
-        .due_jobs(now, 1)
-        .await?
-        .next_at
-        .filter(|at| *at <= now);
+    let oldest_due_at = ledger.next_due_at().await?.filter(|at| *at <= now);
     Ok(LedgerFacts {
         snapshot,
         dead_last_hour,

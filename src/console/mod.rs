@@ -39,7 +39,7 @@ use crate::peer_throttle::PeerThrottle;
 use crate::refusals::Refusals;
 use crate::response::typed;
 use crate::throttle::Throttled;
-use crate::worker::Queue;
+use crate::worker::Queues;
 use fresh::Fresh;
 pub use health::{HealthSource, ReceiverHealth};
 pub use http::form_value;
@@ -79,7 +79,7 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
 pub struct Console {
     pub ledger: Arc<Ledger>,
     pub refusals: Arc<Refusals>,
-    pub queue: Option<Queue>,
+    pub queue: Queues,
     tokens: Arc<Tokens>,
     actions: bool,
     /// Host header values the console answers to (lowercase).
@@ -125,7 +125,7 @@ impl Console {
 
     pub fn new(
         config: &Config,
-        (ledger, queue, refusals): (Arc<Ledger>, Option<Queue>, Arc<Refusals>),
+        (ledger, queue, refusals): (Arc<Ledger>, Queues, Arc<Refusals>),
         health: Arc<dyn HealthSource>,
         (tokens, certificates): (Arc<Tokens>, Vec<Arc<crate::tls::Tls>>),
     ) -> Console {

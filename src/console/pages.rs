@@ -13,6 +13,7 @@ use crate::logging::{Escaped, EscapedLines};
 use crate::metrics::Snapshot;
 use crate::refusals::Refusal;
 use crate::rollup::LastHour;
+use crate::route_name::RouteName;
 
 /// How much of a stored body a page shows (the raw download has all of it).
 const BODY_SHOWN_BYTES: usize = 64 * 1024;
@@ -375,6 +376,7 @@ pub fn job(
             attempt.started_at,
             html! {
                 "attempt " (attempt.number) " (" (attempt.cause) ")"
+                @if attempt.route != RouteName::DEFAULT { " for route " (attempt.route) }
                 @if let Some(receiver) = &attempt.receiver { " on " (receiver) }
                 ": "
                 @match (&attempt.outcome, attempt.ended_at) {

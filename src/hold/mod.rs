@@ -1,5 +1,6 @@
-//! The hold: while the handler's downstream is down, no attempt starts but one probe at a time.
+//! The hold: while a route's downstream is down, no attempt of that route starts but one probe at a time.
 //!
+//! One [`Breaker`] per route: a route's hold holds that route alone, every other route runs.
 //! A circuit breaker on the work side. It opens when `hold_after` different jobs fail in a row
 //! with no success between, or at once when an attempt cannot reach the downstream, or the
 //! downstream answers 429 or 503 (its `Retry-After` delays the first probe). Failures that
@@ -27,6 +28,7 @@ use crate::job_id::JobId;
 use crate::ledger::{duration_ms, now_ms, Failure, Hold, Ledger, ProbeMove, StorageError};
 use crate::logging::Escaped;
 use crate::metrics::METRICS;
+use crate::route_name::RouteName;
 
 /// The longest sample error a hold keeps (the journal line and the console show it).
 const SAMPLE_ERROR_BYTES: usize = 512;
@@ -126,6 +128,7 @@ fn blame(config: &HoldConfig, failure: &Failure, sign: Sign) -> Blame {
 
 /// This process's view of the hold, shared by the worker loop, its job runs and `/readyz`.
 pub struct Breaker {
+    route: RouteName,
     config: HoldConfig,
     concurrency: usize,
     /// A taken probe keeps the next one away this long at least: until it has surely ended.
@@ -153,8 +156,9 @@ struct Local {
 }
 
 impl Breaker {
-    pub fn new(config: &HandlerConfig, lease_slack: Duration) -> Arc<Breaker> {
+    pub fn new(route: RouteName, config: &HandlerConfig, lease_slack: Duration) -> Arc<Breaker> {
         Arc::new(Breaker {
+            route,
             config: config.hold.clone(),
             concurrency: config.concurrency,
             probe_lease: config.timeout + lease_slack,
@@ -173,6 +177,11 @@ impl Breaker {
         self.local().held.clone()
     }
 
+    /// The route this breaker holds.
+    pub fn route(&self) -> &RouteName {
+        &self.route
+    }
+
     /// Takes in the hold as read from the ledger (the read asked at `asked`); logs one that
     /// another receiver (or `jobs resume`) opened or ended.
     fn observe(&self, read: Option<Hold>, asked: Instant) {
@@ -181,23 +190,23 @@ impl Breaker {
         if stale || (read.is_none() && local.unrecorded.is_some()) {
             return;
         }
-        count_held_time(&mut local);
+        count_held_time(&self.route, &mut local);
         match (&local.held, &read) {
             (None, Some(hold)) => {
-                tracing::warn!(reason = %Escaped(&hold.reason), sample_error = %Escaped(&hold.sample_error), "handler hold found in the ledger (opened by another receiver, or before a restart): no attempt starts but one probe at a time");
+                tracing::warn!(route = %self.route, reason = %Escaped(&hold.reason), sample_error = %Escaped(&hold.sample_error), "handler hold found in the ledger (opened by another receiver, or before a restart): no attempt starts but one probe at a time");
                 local.counted_until = Some(Instant::now());
             }
             (Some(hold), None) => {
                 let held_for =
                     Duration::from_millis(u64::try_from(now_ms() - hold.since).unwrap_or(0));
-                tracing::info!(held_for = %humantime::format_duration(round_secs(held_for)), "handler hold ended elsewhere (another receiver's probe, or `jobs resume`); starting again with a ramp");
+                tracing::info!(route = %self.route, held_for = %humantime::format_duration(round_secs(held_for)), "handler hold ended elsewhere (another receiver's probe, or `jobs resume`); starting again with a ramp");
                 local.ramp_since = Some(Instant::now());
                 local.counted_until = None;
                 local.probing = false;
             }
             _ => {}
         }
-        METRICS.set_hold(read.is_some());
+        METRICS.routes.set_hold(&self.route, read.is_some());
         local.held = read;
         drop(local);
         self.changed.notify_waiters();
@@ -218,6 +227,7 @@ impl Breaker {
             };
             let to = self.probe_until(&hold);
             let taken = ProbeMove {
+                route: self.route.as_str().to_owned(),
                 since: hold.since,
                 from: hold.next_probe_at,
                 to,
@@ -335,6 +345,7 @@ impl Breaker {
         drop(local);
         self.changed.notify_waiters();
         HoldChange::MoveProbe(ProbeMove {
+            route: self.route.as_str().to_owned(),
             since: hold.since,
             from: *taken_to,
             to: now_ms(),
@@ -418,6 +429,7 @@ impl Breaker {
             return Verdict {
                 counts,
                 change: HoldChange::MoveProbe(ProbeMove {
+                    route: self.route.as_str().to_owned(),
                     since: hold.since,
                     from,
                     to: now_ms() + wait,
@@ -463,6 +475,7 @@ impl Breaker {
         let interval = duration_ms(self.config.probe_interval);
         let first_wait = interval.max(duration_ms(self.bounded(retry_after)));
         let hold = Hold {
+            route: self.route.as_str().to_owned(),
             since,
             reason,
             sample_error: sample(&failure.error),
@@ -475,7 +488,7 @@ impl Breaker {
         local.unrecorded = Some(hold.since);
         local.counted_until = Some(Instant::now());
         local.ramp_since = None;
-        METRICS.set_hold(true);
+        METRICS.routes.set_hold(&self.route, true);
         counts(HoldChange::Open(hold))
     }
 
@@ -508,31 +521,36 @@ impl Breaker {
                     Ok(true) => {
                         let first_probe_in =
                             Duration::from_millis((hold.next_probe_at - hold.since).unsigned_abs());
-                        tracing::warn!(reason = %Escaped(&hold.reason), sample_error = %Escaped(&hold.sample_error), first_probe_in = %humantime::format_duration(first_probe_in), "handler hold: the downstream looks down; no attempt starts but one probe at a time, and attempts failing meanwhile are not counted");
-                        METRICS.record_hold_opened();
+                        tracing::warn!(route = %self.route, reason = %Escaped(&hold.reason), sample_error = %Escaped(&hold.sample_error), first_probe_in = %humantime::format_duration(first_probe_in), "handler hold: the downstream looks down; no attempt starts but one probe at a time, and attempts failing meanwhile are not counted");
+                        METRICS.routes.record_hold_opened(&self.route);
                     }
                     Ok(false) => self.reread(ledger).await,
                     Err(error) => {
-                        tracing::warn!(%error, "cannot record a handler hold in the ledger")
+                        tracing::warn!(route = %self.route, %error, "cannot record a handler hold in the ledger")
                     }
                 }
             }
-            HoldChange::End { since } => match ledger.end_hold(since, now_ms()).await {
-                Ok(Some(hold)) => {
-                    let held_for = Duration::from_millis((now_ms() - hold.since).unsigned_abs());
-                    let waiting = waiting_jobs(ledger).await;
-                    tracing::info!(held_for = %humantime::format_duration(round_secs(held_for)), waiting, reason = %Escaped(&hold.reason), "handler hold ended: an attempt succeeded; the backlog resumes with a ramp");
-                    let mut local = self.local();
-                    count_held_time(&mut local);
-                    local.written_at = Some(Instant::now());
-                    local.held = None;
-                    local.counted_until = None;
-                    local.ramp_since = Some(Instant::now());
-                    METRICS.set_hold(false);
+            HoldChange::End { since } => {
+                match ledger.end_hold(&self.route, since, now_ms()).await {
+                    Ok(Some(hold)) => {
+                        let held_for =
+                            Duration::from_millis((now_ms() - hold.since).unsigned_abs());
+                        let waiting = waiting_jobs(ledger, &self.route).await;
+                        tracing::info!(route = %self.route, held_for = %humantime::format_duration(round_secs(held_for)), waiting, reason = %Escaped(&hold.reason), "handler hold ended: an attempt succeeded; the backlog resumes with a ramp");
+                        let mut local = self.local();
+                        count_held_time(&self.route, &mut local);
+                        local.written_at = Some(Instant::now());
+                        local.held = None;
+                        local.counted_until = None;
+                        local.ramp_since = Some(Instant::now());
+                        METRICS.routes.set_hold(&self.route, false);
+                    }
+                    Ok(None) => self.reread(ledger).await,
+                    Err(error) => {
+                        tracing::warn!(route = %self.route, %error, "cannot end the handler hold in the ledger")
+                    }
                 }
-                Ok(None) => self.reread(ledger).await,
-                Err(error) => tracing::warn!(%error, "cannot end the handler hold in the ledger"),
-            },
+            }
             HoldChange::MoveProbe(moved) => match ledger.move_probe(&moved).await {
                 Ok(true) => {
                     if let Some(held) = self
@@ -546,7 +564,9 @@ impl Breaker {
                     }
                 }
                 Ok(false) => self.reread(ledger).await,
-                Err(error) => tracing::warn!(%error, "cannot move the handler hold's next probe"),
+                Err(error) => {
+                    tracing::warn!(route = %self.route, %error, "cannot move the handler hold's next probe")
+                }
             },
         }
         self.changed.notify_waiters();
@@ -555,28 +575,32 @@ impl Breaker {
     /// Reads the hold again: another receiver (or an operator) changed it first.
     pub async fn reread(&self, ledger: &Ledger) {
         let asked = Instant::now();
-        match ledger.hold().await {
+        match ledger.hold(&self.route).await {
             Ok(read) => self.observe(read, asked),
-            Err(error) => tracing::warn!(%error, "cannot read the handler hold"),
+            Err(error) => {
+                tracing::warn!(route = %self.route, %error, "cannot read the handler hold")
+            }
         }
     }
 }
 
-/// Adds the time held since it was last counted to `sume_handler_held_seconds`.
-fn count_held_time(local: &mut Local) {
+/// Adds the time held since it was last counted to the route's `sume_handler_held_seconds`.
+fn count_held_time(route: &RouteName, local: &mut Local) {
     if let Some(from) = local.counted_until.as_mut() {
         let now = Instant::now();
-        METRICS.add_held_seconds((now - *from).as_secs_f64());
+        METRICS
+            .routes
+            .add_held_seconds(route, (now - *from).as_secs_f64());
         *from = now;
     }
 }
 
-/// Jobs waiting to run (claimed or retrying), for the journal line of a hold's end.
-async fn waiting_jobs(ledger: &Ledger) -> u64 {
+/// Jobs waiting to run on `route` (claimed or retrying), for the journal line of a hold's end.
+async fn waiting_jobs(ledger: &Ledger, route: &RouteName) -> u64 {
     ledger
         .metrics_snapshot()
         .await
-        .map_or(0, |snapshot| snapshot.waiting_jobs())
+        .map_or(0, |snapshot| snapshot.waiting_on(route.as_str()))
 }
 
 fn round_secs(duration: Duration) -> Duration {

@@ -14,7 +14,11 @@ fn breaker() -> Arc<Breaker> {
         max_backoff: Duration::from_secs(8),
         hold: HoldConfig::default(),
     };
-    Breaker::new(&config, Duration::ZERO)
+    Breaker::new(
+        crate::route_name::RouteName::default_route(),
+        &config,
+        Duration::ZERO,
+    )
 }
 
 fn failed(breaker: &Breaker, job_id: &str, failure: Failure, sign: Sign) -> Verdict {

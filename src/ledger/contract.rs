@@ -102,11 +102,16 @@ macro_rules! operations {
         /// [`StorageError::Overloaded`] at once when too many claims wait for their commit.
         fn claim(&self, claim: NewClaim) -> Result<ClaimOutcome, StorageError>;
 
-        /// Moves a due job to `running` under a lease and counts the attempt. `None` when the
-        /// job is not waiting to run (running, finished, unknown, or being started by another
-        /// receiver), so a job is never started twice.
-        fn start_attempt(&self, job_id: &crate::job_id::JobId, now: i64, lease_expires_at: i64)
-            -> Result<Option<Attempt>, StorageError>;
+        /// Moves a job's due work on `route` to `running` under a lease and counts the
+        /// attempt. `None` when that work is not waiting to run (running, finished, unknown,
+        /// or being started by another receiver), so it is never started twice.
+        fn start_attempt(
+            &self,
+            job_id: &crate::job_id::JobId,
+            route: &crate::route_name::RouteName,
+            now: i64,
+            lease_expires_at: i64
+        ) -> Result<Option<Attempt>, StorageError>;
 
         /// Records how a running attempt ended; the job's new state, or `None` if the attempt
         /// no longer owns the job (the attempt number is the fencing token).
@@ -124,7 +129,7 @@ macro_rules! operations {
             -> Result<Vec<LeasedAttempt>, StorageError>;
 
         /// Takes back one lease that expired before `cutoff`: the attempt counts as failed
-        /// with `error`; the job is due again at `now`, or dead after its last attempt. `None`
+        /// with `error`; the work is due again at `now`, or dead after its last attempt. `None`
         /// if the lease is no longer that one (taken back, or a new attempt started, since).
         fn take_back_lease(
             &self,
@@ -135,20 +140,24 @@ macro_rules! operations {
             error: &str
         ) -> Result<Option<State>, StorageError>;
 
-        /// Jobs waiting to run whose time has come, oldest first, at most `limit`.
-        fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError>;
+        /// Jobs whose work on `route` waits to run and whose time has come, oldest first, at
+        /// most `limit`.
+        fn due_jobs(&self, route: &crate::route_name::RouteName, now: i64, limit: usize)
+            -> Result<DueJobs, StorageError>;
 
-        /// When the earliest waiting job is due (the scrape's gauge), read as reads are: a
-        /// ledger that cannot be written still answers it.
+        /// When the earliest waiting work of any route is due (the scrape's gauge), read as
+        /// reads are: a ledger that cannot be written still answers it.
         fn next_due_at(&self) -> Result<Option<i64>, StorageError>;
 
-        /// Makes a waiting job `dead` with `error` and no attempt (its stored id can never
-        /// run), recorded as the receiver's action; `false` if it was not waiting. The id is
+        /// Makes a waiting job's waiting work (every route's) `dead` with `error` and no
+        /// attempt (its stored id can never run), recorded as the receiver's action; `false`
+        /// if none was waiting. The id is
         /// the stored text: it is one that [`JobId`](crate::job_id::JobId) refuses.
         fn give_up(&self, job_id: &str, error: &str, now: i64) -> Result<bool, StorageError>;
 
-        /// An operator's cancel: makes a waiting job (`claimed` or `retrying`) `dead` without
-        /// running it, recorded with who and why; `false` if it was not waiting.
+        /// An operator's cancel: makes a job's waiting work (`claimed` or `retrying`, every
+        /// route's) `dead` without running it, recorded with who and why; `false` if none was
+        /// waiting.
         fn cancel_job(&self, job_id: &crate::job_id::JobId, by: &str, reason: &str, now: i64)
             -> Result<bool, StorageError>;
 
@@ -237,7 +246,8 @@ macro_rules! operations {
         fn trace_context(&self, job_id: &crate::job_id::JobId) -> Result<Option<String>, StorageError>;
 
         /// Makes a `done` or `dead` job due again with a fresh set of attempts (and wakes the
-        /// workers of every receiver), recorded as `by`'s action.
+        /// workers of every receiver), recorded as `by`'s action: a dead job's dead routes, a
+        /// done job's every route.
         fn retry_job(&self, job_id: &crate::job_id::JobId, by: &str, now: i64) -> Result<(), RetryError>;
 
         /// Retries up to `limit` of the finished jobs `filter` takes, in one transaction, each
@@ -274,22 +284,26 @@ macro_rules! operations {
         fn set_dispatch(&self, paused: bool, by: &str, reason: Option<&str>, now: i64)
             -> Result<bool, StorageError>;
 
-        /// The hold, if one is open (`src/hold.rs`).
-        fn hold(&self) -> Result<Option<Hold>, StorageError>;
+        /// `route`'s hold, if one is open (`src/hold/`).
+        fn hold(&self, route: &crate::route_name::RouteName) -> Result<Option<Hold>, StorageError>;
 
-        /// Opens `hold` (and begins its stop) unless a hold is open; `false` if one was (and
-        /// stays as it was).
+        /// Every route's open hold, by route.
+        fn holds(&self) -> Result<Vec<Hold>, StorageError>;
+
+        /// Opens `hold` (and begins its stop) unless its route's hold is open; `false` if one
+        /// was (and stays as it was).
         fn open_hold(&self, hold: &Hold) -> Result<bool, StorageError>;
 
-        /// Moves the next probe of the hold open since `moved.since` from `moved.from` to
+        /// Moves the next probe of `moved.route`'s hold open since `moved.since` from `moved.from` to
         /// `moved.to`, with `moved.interval_ms` as its new wait; `false` if that hold is not
         /// open or its next probe is no longer at `from` (another receiver took the probe):
         /// one probe at a time.
         fn move_probe(&self, moved: &ProbeMove) -> Result<bool, StorageError>;
 
-        /// Ends the hold open since `since` (its stop at `now`) and returns it; `None` if it was
-        /// not open (ended already, by another receiver or `jobs resume`).
-        fn end_hold(&self, since: i64, now: i64) -> Result<Option<Hold>, StorageError>;
+        /// Ends `route`'s hold open since `since` (its stop at `now`) and returns it; `None` if
+        /// it was not open (ended already, by another receiver or `jobs resume`).
+        fn end_hold(&self, route: &crate::route_name::RouteName, since: i64, now: i64)
+            -> Result<Option<Hold>, StorageError>;
 
         /// The stops of dispatch (pauses, holds) in force during some of `from..to`: the first
         /// `limit` begun in it, and the last of each kind begun before `from` if it lasted

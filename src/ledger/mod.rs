@@ -36,10 +36,10 @@ pub use error::{
 };
 pub use model::{
     duration_ms, now_ms, ActionRecord, Attempt, AttemptEnd, AttemptRecord, ClaimOutcome, Cursor,
-    DeadGroup, Dispatch, DispatchStop, DueExpectation, DueJobs, Expectation, Failure, Hold,
-    JobDetail, JobFilter, JobPage, JobStats, JobSummary, LeasedAttempt, Leases, NewClaim,
-    PollResult, Release, RetentionStep, RetryCount, RetryError, RetryFilter, Source, State,
-    StopKind, HISTORY_PER_JOB,
+    DeadGroup, Dispatch, DispatchStop, DueExpectation, DueJobs, Expectation, Failure,
+    FinishedState, Hold, JobDetail, JobFilter, JobPage, JobStats, JobSummary, LeasedAttempt,
+    Leases, NewClaim, PollResult, Release, RetentionStep, RetryCount, RetryError, RetryFilter,
+    Routing, Source, State, StopKind, HISTORY_PER_JOB,
 };
 pub use params::{ActionTaken, ProbeMove};
 pub use stops::{waiting_spans, STOPS_PER_JOB};
@@ -131,16 +131,17 @@ impl Ledger {
 
     /// Takes back `leases`, except those `still_running` says this process is running (their
     /// handler timeout is enforced on the monotonic clock, so a jump of the wall clock must not
-    /// hand them out twice). Each attempt taken back counts as failed with `error`; its job is
-    /// due again at `now`, or dead after its last attempt. Safe on several receivers at once:
-    /// each lease is taken back once (the attempt number fences it). How many it took back.
+    /// hand them out twice). Each attempt taken back counts as failed with `error`; its work is
+    /// due again at `now`, or dead after its route's last attempt (`max_attempts` of the
+    /// route). Safe on several receivers at once: each lease is taken back once (the attempt
+    /// number fences it). How many it took back.
     pub async fn expire_leases(
         &self,
         leases: Leases,
         now: i64,
-        max_attempts: u32,
+        max_attempts: impl Fn(&str) -> u32 + Send,
         error: &'static str,
-        still_running: impl Fn(&str) -> bool + Send,
+        still_running: impl Fn(&str, &str) -> bool + Send,
     ) -> Result<usize, StorageError> {
         let cutoff = match leases {
             Leases::ExpiredBefore(cutoff) => cutoff,
@@ -148,9 +149,10 @@ impl Ledger {
         };
         let mut taken_back = 0;
         for lease in self.leases_to_take_back(leases).await? {
-            if still_running(&lease.job_id) {
+            if still_running(&lease.job_id, &lease.route) {
                 continue;
             }
+            let max_attempts = max_attempts(&lease.route);
             let Some(state) = self
                 .take_back_lease(&lease, cutoff, now, max_attempts, error)
                 .await?
@@ -158,10 +160,10 @@ impl Ledger {
                 continue;
             };
             if state == State::Dead {
-                METRICS.record_attempt_end(AttemptResult::Dead, None);
-                tracing::error!(job_id = %Escaped(&lease.job_id), "job dead: its last attempt never finished");
+                METRICS.record_attempt_end(&lease.route, AttemptResult::Dead, None);
+                tracing::error!(job_id = %Escaped(&lease.job_id), route = %Escaped(&lease.route), "job dead on a route: its last attempt never finished");
             } else {
-                METRICS.record_attempt_end(AttemptResult::Failed, None);
+                METRICS.record_attempt_end(&lease.route, AttemptResult::Failed, None);
             }
             taken_back += 1;
         }

@@ -7,9 +7,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use super::error::StorageError;
+use crate::config::{unmatched_error, Selection};
 use crate::event_type::EventType;
 use crate::job_id::JobId;
 use crate::raw_body::RawBody;
+use crate::route_name::RouteName;
 
 /// Milliseconds since the Unix epoch: the unit of every time column.
 pub fn now_ms() -> i64 {
@@ -106,6 +108,82 @@ pub struct NewClaim {
     /// The delivery's W3C trace context (`traceparent`, then `tracestate` on a second line),
     /// kept so that every attempt joins its trace; `None` with tracing off.
     pub trace_context: Option<String>,
+    /// The work the claim writes with it, decided by the routes when it was received.
+    pub routing: Routing,
+}
+
+/// The work a claim writes in its own transaction: the routes the event takes, or, when none
+/// takes it, the job finished at once as the config says, never dropped unseen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Routing {
+    /// A row of work per route, each run, retried and held on its own (at least one).
+    Routes(Vec<RouteName>),
+    /// No route takes the event: the job is recorded `done` (no work) or `dead` with `error`.
+    Unrouted { state: FinishedState, error: String },
+}
+
+impl Routing {
+    /// The one route of `[handler]` (and of a receiver with no handler, whose jobs wait for
+    /// an external consumer).
+    pub fn default_route() -> Routing {
+        Routing::Routes(vec![RouteName::default_route()])
+    }
+
+    /// The work the routes' `selection` gives an event of `event_type`.
+    pub fn chosen(selection: &Selection<'_>, event_type: Option<&EventType>) -> Routing {
+        let unmatched = || unmatched_error(event_type.map(EventType::as_str));
+        match selection {
+            Selection::Matched(_) | Selection::Fallback(_) => Routing::Routes(
+                selection
+                    .routes()
+                    .iter()
+                    .map(|route| route.name.clone())
+                    .collect(),
+            ),
+            Selection::Done => Routing::Unrouted {
+                state: FinishedState::Done,
+                error: format!("{} (routing.unmatched = \"done\")", unmatched()),
+            },
+            Selection::Dead => Routing::Unrouted {
+                state: FinishedState::Dead,
+                error: unmatched(),
+            },
+            // Waiting for an external consumer, as before routes.
+            Selection::NoRoutes => Routing::default_route(),
+        }
+    }
+
+    /// The routes the claim starts work on.
+    pub fn routes(&self) -> &[RouteName] {
+        match self {
+            Routing::Routes(routes) => routes,
+            Routing::Unrouted { .. } => &[],
+        }
+    }
+
+    /// The job's state as the claim writes it, and its error and finish time.
+    pub fn claimed_state(&self) -> (&'static str, Option<&str>) {
+        match self {
+            Routing::Routes(_) => ("claimed", None),
+            Routing::Unrouted { state, error } => (state.as_str(), Some(error)),
+        }
+    }
+}
+
+/// A job finished at its claim: the two ends of [`State`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishedState {
+    Done,
+    Dead,
+}
+
+impl FinishedState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishedState::Done => "done",
+            FinishedState::Dead => "dead",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +196,8 @@ pub enum ClaimOutcome {
 #[derive(Debug, Clone)]
 pub struct Attempt {
     pub job_id: JobId,
+    /// The route this attempt runs for; its number counts that route's attempts.
+    pub route: RouteName,
     /// 1-based number of this attempt.
     pub number: u32,
     pub event_type: Option<String>,
@@ -226,6 +306,7 @@ pub const HISTORY_PER_JOB: i64 = 100;
 /// One attempt in a job's history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AttemptRecord {
+    pub route: String,
     pub number: u32,
     /// first, poll, backoff, take_back, restart (after our shutdown gave the last one back),
     /// hold (after a hold gave the last one back), manual_retry, run_now
@@ -258,6 +339,7 @@ pub const RECEIVER_ACTOR: &str = "receiver";
 #[derive(Debug, Clone)]
 pub struct LeasedAttempt {
     pub job_id: String,
+    pub route: String,
     pub number: i64,
 }
 
@@ -564,6 +646,8 @@ impl StopKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DispatchStop {
     pub kind: StopKind,
+    /// A hold's route; `None` for a pause, which stops every route.
+    pub route: Option<String>,
     pub started_at: i64,
     /// Who paused; `None` for a hold.
     pub started_by: Option<String>,
@@ -575,10 +659,11 @@ pub struct DispatchStop {
     pub ended_by: Option<String>,
 }
 
-/// A hold (`src/hold/`): since when the workers of every receiver start no attempt but one
-/// probe at a time, why, and when the next probe may start.
+/// A route's hold (`src/hold/`): since when the workers of every receiver start no attempt of
+/// that route but one probe at a time, why, and when the next probe may start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Hold {
+    pub route: String,
     pub since: i64,
     pub reason: String,
     /// One failure that opened it, as the job's last error has it.

@@ -7,6 +7,7 @@
 /// since `since` from `from` to `to`, with `interval_ms` as its new wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeMove {
+    pub route: String,
     pub since: i64,
     pub from: i64,
     pub to: i64,

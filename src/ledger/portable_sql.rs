@@ -14,6 +14,15 @@ pub const JOB_COUNTS_SQL: &str =
      SELECT 'running', count(*) FROM jobs WHERE state = 'running'
      UNION ALL
      SELECT state, CAST(sum(jobs) AS BIGINT) FROM job_counts GROUP BY state";
+/// Work by route: waiting (claimed or retrying) and running, each counted from its partial
+/// index of `job_routes` (the backlog, not the history).
+pub const WORK_BY_ROUTE_SQL: &str =
+    "SELECT route, CAST(sum(waiting) AS BIGINT), CAST(sum(running) AS BIGINT) FROM (
+         SELECT route, count(*) AS waiting, 0 AS running FROM job_routes
+         WHERE state IN ('claimed', 'retrying') GROUP BY route
+         UNION ALL
+         SELECT route, 0, count(*) FROM job_routes WHERE state = 'running' GROUP BY route
+     ) AS work GROUP BY route ORDER BY route";
 pub const OLDEST_UNFINISHED_SQL: &str = "SELECT min(received_at) FROM (
          SELECT received_at FROM jobs WHERE state IN ('claimed', 'retrying')
          UNION ALL SELECT received_at FROM jobs WHERE state = 'running') AS unfinished";
@@ -109,50 +118,62 @@ pub fn list_jobs_sql(
     )
 }
 
-/// The hold's columns, in the order of [`Hold`](super::model::Hold)'s fields.
-pub const HOLD_COLUMNS: &str = "since, reason, sample_error, next_probe_at, probe_interval_ms";
+/// A hold's columns, in the order of [`Hold`](super::model::Hold)'s fields.
+pub const HOLD_COLUMNS: &str =
+    "route, since, reason, sample_error, next_probe_at, probe_interval_ms";
 
-/// The hold, if one is open.
-pub fn hold_sql() -> String {
-    format!("SELECT {HOLD_COLUMNS} FROM dispatch_hold WHERE id = 1")
+/// The route's hold (the first parameter), if one is open.
+pub fn hold_sql(d: Dialect) -> String {
+    format!(
+        "SELECT {HOLD_COLUMNS} FROM route_holds WHERE route = {}",
+        d.at(1)
+    )
 }
 
-/// Opens a hold unless one is open. Parameters: the hold's columns in order.
+/// Every route's open hold.
+pub fn holds_sql() -> String {
+    format!("SELECT {HOLD_COLUMNS} FROM route_holds ORDER BY route")
+}
+
+/// Opens a route's hold unless one is open. Parameters: the hold's columns in order.
 pub fn open_hold_sql(d: Dialect) -> String {
     format!(
-        "INSERT INTO dispatch_hold (id, {HOLD_COLUMNS}) VALUES (1, {}, {}, {}, {}, {})
-         ON CONFLICT (id) DO NOTHING",
+        "INSERT INTO route_holds ({HOLD_COLUMNS}) VALUES ({}, {}, {}, {}, {}, {})
+         ON CONFLICT (route) DO NOTHING",
         d.at(1),
         d.at(2),
         d.at(3),
         d.at(4),
-        d.at(5)
+        d.at(5),
+        d.at(6)
     )
 }
 
-/// Moves the next probe of the hold open since the first parameter, if it is still at the
-/// second (no other receiver moved it first). Parameters: since, from, to, interval.
+/// Moves the next probe of the route's hold open since the second parameter, if it is still at
+/// the third (no other receiver moved it first). Parameters: route, since, from, to, interval.
 pub fn move_probe_sql(d: Dialect) -> String {
     format!(
-        "UPDATE dispatch_hold SET next_probe_at = {}, probe_interval_ms = {}
-         WHERE id = 1 AND since = {} AND next_probe_at = {}",
-        d.at(3),
+        "UPDATE route_holds SET next_probe_at = {}, probe_interval_ms = {}
+         WHERE route = {} AND since = {} AND next_probe_at = {}",
         d.at(4),
+        d.at(5),
+        d.at(1),
+        d.at(2),
+        d.at(3)
+    )
+}
+
+/// Ends the route's hold (the first parameter) open since the second, returning it.
+pub fn end_hold_sql(d: Dialect) -> String {
+    format!(
+        "DELETE FROM route_holds WHERE route = {} AND since = {} RETURNING {HOLD_COLUMNS}",
         d.at(1),
         d.at(2)
     )
 }
 
-/// Ends the hold open since the first parameter, returning it.
-pub fn end_hold_sql(d: Dialect) -> String {
-    format!(
-        "DELETE FROM dispatch_hold WHERE id = 1 AND since = {} RETURNING {HOLD_COLUMNS}",
-        d.at(1)
-    )
-}
-
 /// A stop's columns, in the order of [`DispatchStop`](super::model::DispatchStop)'s fields.
-pub const STOP_COLUMNS: &str = "kind, started_at, started_by, reason, ended_at, ended_by";
+pub const STOP_COLUMNS: &str = "kind, route, started_at, started_by, reason, ended_at, ended_by";
 
 /// The stops in force during some of the first parameter .. the second: per kind (pauses do
 /// not overlap pauses, nor holds holds), the last begun before the span if it lasted into it,

@@ -183,6 +183,7 @@ mod tests {
 
     fn attempt(started_at: i64, ended_at: i64, outcome: &str) -> AttemptRecord {
         AttemptRecord {
+            route: "default".into(),
             number: 1,
             cause: "first".into(),
             receiver: None,
@@ -206,6 +207,7 @@ mod tests {
 
     fn stop(kind: StopKind, started_at: i64, ended_at: Option<i64>) -> DispatchStop {
         DispatchStop {
+            route: None,
             kind,
             started_at,
             started_by: Some("console:alice".into()),

@@ -6,11 +6,13 @@
 //! labels, not the types of the modules that record into it.
 
 mod host;
+mod routes;
 mod tls;
 mod traces;
 
 pub use host::FilesystemSpace;
 use host::ProcessStats;
+pub use routes::RouteMetrics;
 pub use tls::TlsMetrics;
 pub use traces::TraceMetrics;
 
@@ -29,7 +31,6 @@ use prometheus_client::registry::{Registry, Unit};
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
 type Labels = [(&'static str, &'static str); 1];
-type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
 
 /// Deliveries by the answer they got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +99,9 @@ pub struct Snapshot {
     pub wal_bytes: Option<u64>,
     /// Claims waiting for their commit (on SQLite, with every other change: one writer queue).
     pub claim_queue_depth: u64,
+    /// Work by route: `(route, waiting, running)`, read from the partial indexes of waiting
+    /// and running work (the backlog, not the history).
+    pub work: Vec<(String, u64, u64)>,
 }
 
 /// What one scrape found: the ledger's [`Snapshot`] and what is read beside it.
@@ -126,6 +130,14 @@ impl Snapshot {
             .map(|(_, count)| count)
             .sum()
     }
+
+    /// Work waiting to run on `route` (claimed or retrying).
+    pub fn waiting_on(&self, route: &str) -> u64 {
+        self.work
+            .iter()
+            .find(|(name, _, _)| name == route)
+            .map_or(0, |(_, waiting, _)| *waiting)
+    }
 }
 
 pub struct Metrics {
@@ -137,8 +149,6 @@ pub struct Metrics {
     claim_commit: Histogram,
     duplicates_from_memory: Counter,
     writer_queue_depth: Gauge,
-    attempts: Family<Labels, Counter>,
-    attempt_duration: Histograms,
     jobs_dead: Counter,
     swept: Counter,
     dispatch_paused: Gauge,
@@ -151,10 +161,6 @@ pub struct Metrics {
     filesystem_size: Optional,
     clock_skew: Gauge,
     signature_tolerance: Gauge,
-    hold: Gauge,
-    holds_opened: Counter,
-    held_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
-    hold_waiting: Gauge,
     jobs: Family<Labels, Gauge>,
     oldest_unfinished: Gauge<f64, std::sync::atomic::AtomicU64>,
     ledger_files: Family<Labels, Gauge>,
@@ -171,6 +177,7 @@ pub struct Metrics {
     process_fds: Gauge,
     process_cpu: Counter<f64, std::sync::atomic::AtomicU64>,
     pub tls: TlsMetrics,
+    pub routes: RouteMetrics,
     pub traces: TraceMetrics,
     /// Scrapes set the snapshot gauges, then encode: one at a time.
     scrape: Mutex<()>,
@@ -188,10 +195,6 @@ impl Metrics {
             claim_commit: seconds(),
             duplicates_from_memory: Counter::default(),
             writer_queue_depth: Gauge::default(),
-            attempts: Family::default(),
-            attempt_duration: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.01, 4.0, 10))
-            }),
             jobs_dead: Counter::default(),
             swept: Counter::default(),
             dispatch_paused: Gauge::default(),
@@ -203,10 +206,6 @@ impl Metrics {
             filesystem_size: Family::default(),
             clock_skew: Gauge::default(),
             signature_tolerance: Gauge::default(),
-            hold: Gauge::default(),
-            holds_opened: Counter::default(),
-            held_seconds: Counter::default(),
-            hold_waiting: Gauge::default(),
             jobs: Family::default(),
             oldest_unfinished: Gauge::default(),
             ledger_files: Family::default(),
@@ -223,12 +222,14 @@ impl Metrics {
             process_fds: Gauge::default(),
             process_cpu: Counter::default(),
             tls: TlsMetrics::default(),
+            routes: RouteMetrics::default(),
             traces: TraceMetrics::default(),
             scrape: Mutex::new(()),
             registry: Registry::default(),
         };
         let m = &metrics;
         m.tls.register(&mut registry);
+        m.routes.register(&mut registry);
         m.traces.register(&mut registry);
         registry.register(
             "sume_deliveries",
@@ -266,17 +267,6 @@ impl Metrics {
             "sume_ledger_writer_queue_depth",
             "Changes waiting for the ledger writer",
             m.writer_queue_depth.clone(),
-        );
-        registry.register(
-            "sume_attempts",
-            "Handler attempts by result (done, failed)",
-            m.attempts.clone(),
-        );
-        registry.register_with_unit(
-            "sume_attempt_duration",
-            "How long handler attempts ran, by result (done, failed)",
-            Unit::Seconds,
-            m.attempt_duration.clone(),
         );
         registry.register(
             "sume_jobs_dead",
@@ -337,27 +327,6 @@ impl Metrics {
             "The configured signature.tolerance: a delivery whose timestamp is further from our clock is refused",
             Unit::Seconds,
             m.signature_tolerance.clone(),
-        );
-        registry.register(
-            "sume_handler_hold",
-            "1 while the handler's downstream looks down (a hold): no attempt starts but one probe at a time",
-            m.hold.clone(),
-        );
-        registry.register(
-            "sume_handler_holds_opened",
-            "Holds this receiver opened",
-            m.holds_opened.clone(),
-        );
-        registry.register_with_unit(
-            "sume_handler_held",
-            "Time this receiver spent in a hold",
-            Unit::Seconds,
-            m.held_seconds.clone(),
-        );
-        registry.register(
-            "sume_handler_hold_waiting_jobs",
-            "Jobs waiting to run (claimed or retrying) behind a hold; 0 when there is none",
-            m.hold_waiting.clone(),
         );
         registry.register(
             "sume_jobs",
@@ -453,7 +422,6 @@ impl Metrics {
         }
         for (family, results) in [
             (&m.commits, &["committed", "failed"][..]),
-            (&m.attempts, &["done", "failed"]),
             (&m.polls, &["answered", "refused", "failed"]),
         ] {
             for result in results {
@@ -522,23 +490,16 @@ impl Metrics {
         self.duplicates_from_memory.inc();
     }
 
-    pub fn record_attempt_end(&self, result: AttemptResult, seconds: Option<f64>) {
+    pub fn record_attempt_end(&self, route: &str, result: AttemptResult, seconds: Option<f64>) {
         ROLLUP.record(match result {
             AttemptResult::Done => Series::Done,
             AttemptResult::Failed => Series::Failed,
             AttemptResult::Dead => Series::Dead,
         });
-        let label = match result {
-            AttemptResult::Done => "done",
-            AttemptResult::Failed | AttemptResult::Dead => "failed",
-        };
-        self.attempts.get_or_create(&[("result", label)]).inc();
+        self.routes.record_attempt_end(route, result, seconds);
         if let Some(seconds) = seconds {
             let took = std::time::Duration::try_from_secs_f64(seconds).unwrap_or_default();
             ROLLUP.record_timing(Timing::Run, took);
-            self.attempt_duration
-                .get_or_create(&[("result", label)])
-                .observe(seconds);
         }
         if result == AttemptResult::Dead {
             self.jobs_dead.inc();
@@ -563,19 +524,6 @@ impl Metrics {
 
     pub fn set_signature_tolerance(&self, tolerance: std::time::Duration) {
         self.signature_tolerance.set(gauge(tolerance.as_secs()));
-    }
-
-    /// Whether this receiver knows of a hold.
-    pub fn set_hold(&self, held: bool) {
-        self.hold.set(i64::from(held));
-    }
-
-    pub fn record_hold_opened(&self) {
-        self.holds_opened.inc();
-    }
-
-    pub fn add_held_seconds(&self, seconds: f64) {
-        self.held_seconds.inc_by(seconds);
     }
 
     pub fn record_swept(&self, count: usize) {
@@ -658,9 +606,7 @@ impl Metrics {
         }
         self.oldest_unfinished
             .set(snapshot.oldest_unfinished_age_seconds);
-        let waiting = gauge(snapshot.waiting_jobs());
-        self.hold_waiting
-            .set(if self.hold.get() == 1 { waiting } else { 0 });
+        self.routes.set_work(&snapshot.work);
         self.ledger_files
             .get_or_create(&[("file", "db")])
             .set(gauge(snapshot.ledger_bytes));

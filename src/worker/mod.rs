@@ -1,5 +1,8 @@
 //! The worker: runs each claimed job's handler outside the request, under a lease, with retries.
 //!
+//! One worker per route, with the route's handler, limits and hold: a route whose downstream
+//! is down holds its own worker, and the others run.
+//!
 //! A job_id enters the in-process [`Queue`] when its claim commits; whenever that queue runs dry
 //! with a slot free, the worker takes due jobs from the ledger itself (claimed while the queue
 //! was full, left from before a restart, retries whose time has come, leases the sweeper took
@@ -27,9 +30,10 @@ use crate::ledger::{
 };
 use crate::logging::Escaped;
 use crate::metrics::{AttemptResult, METRICS};
+use crate::route_name::RouteName;
 use crate::throttle::Throttled;
 use crate::traces::{self, Span, Tracer, Within};
-pub use queue::Queue;
+pub use queue::{Queue, Queues};
 
 /// Most due jobs taken from the ledger at once when the in-memory queue runs dry.
 const PULL_BATCH: usize = 1_000;
@@ -41,6 +45,7 @@ pub const IDLE_LOOK: Duration = Duration::from_secs(1);
 const STARTING_LOOK: Duration = Duration::from_millis(20);
 
 pub struct Worker {
+    route: RouteName,
     ledger: Arc<Ledger>,
     handler: Arc<Handler>,
     config: HandlerConfig,
@@ -63,6 +68,7 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(
+        route: RouteName,
         ledger: Arc<Ledger>,
         config: HandlerConfig,
         lease_slack: Duration,
@@ -71,9 +77,11 @@ impl Worker {
             config.kind.clone(),
             config.ca_file.as_deref(),
         )?);
-        let breaker = Breaker::new(&config, lease_slack);
+        let breaker = Breaker::new(route.clone(), &config, lease_slack);
         let (queue, receiver) = Queue::new(breaker.clone());
+        METRICS.routes.declare(&route);
         let worker = Worker {
+            route,
             ledger,
             handler,
             config,
@@ -117,6 +125,7 @@ impl Worker {
                 break;
             };
             let job = JobRun {
+                route: self.route.clone(),
                 ledger: self.ledger.clone(),
                 handler: self.handler.clone(),
                 config: self.config.clone(),
@@ -271,7 +280,7 @@ impl Worker {
         // Jobs being started here are still due in the ledger for a moment: ask for enough
         // that they cannot fill the batch.
         let limit = PULL_BATCH + self.config.concurrency;
-        let due = match self.ledger.due_jobs(now, limit).await {
+        let due = match self.ledger.due_jobs(&self.route, now, limit).await {
             Ok(due) => {
                 self.read_failures.recovered();
                 due
@@ -334,6 +343,7 @@ enum AfterAttempt {
 
 /// Everything one job's run needs, detached from the worker loop.
 struct JobRun {
+    route: RouteName,
     ledger: Arc<Ledger>,
     handler: Arc<Handler>,
     config: HandlerConfig,
@@ -379,9 +389,10 @@ impl JobRun {
         if started.ticket.is_probe() {
             span.set("sume.hold_probe", true);
         }
+        span.set("sume.route", self.route.as_str());
         let log_span = span.log_span();
         async {
-            tracing::info!(job_id = %job_id, attempt = started.attempt.number, probe = started.ticket.is_probe(), "running handler");
+            tracing::info!(job_id = %job_id, route = %self.route, attempt = started.attempt.number, probe = started.ticket.is_probe(), "running handler");
             let within = Within {
                 tracer: &self.tracer,
                 parent: span.context(),
@@ -402,7 +413,11 @@ impl JobRun {
     async fn start(&self, job_id: &JobId, ticket: Ticket) -> Result<Started, AfterAttempt> {
         let now = now_ms();
         let lease_until = now + duration_ms(self.config.timeout + self.lease_slack);
-        match self.ledger.start_attempt(job_id, now, lease_until).await {
+        match self
+            .ledger
+            .start_attempt(job_id, &self.route, now, lease_until)
+            .await
+        {
             Ok(Some(attempt)) => {
                 self.start_failures
                     .lock()
@@ -472,7 +487,11 @@ impl JobRun {
         // Counted before the end is written, not after: a reader of /metrics who has seen the
         // job `done` (or dead) must find its attempt counted. The attempt ran either way, also
         // when the ledger then refuses its end.
-        METRICS.record_attempt_end(attempt_result(&end), Some(elapsed.as_secs_f64()));
+        METRICS.record_attempt_end(
+            self.route.as_str(),
+            attempt_result(&end),
+            Some(elapsed.as_secs_f64()),
+        );
         let recorded = self.record_end(&attempt, &end, lease_until).await;
         after_end(&attempt, &end, recorded, elapsed, retry_in)
     }
@@ -537,10 +556,10 @@ impl JobRun {
             Ok(_) => {
                 match &release {
                     Release::Shutdown => {
-                        tracing::warn!(job_id = %job_id, "handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")
+                        tracing::warn!(job_id = %job_id, route = %attempt.route, "handler stopped by shutdown; the job runs again at the next start, this attempt uncounted")
                     }
                     Release::Held(failure) => {
-                        tracing::info!(job_id = %job_id, error = %Escaped(&failure.error), "attempt failed during a handler hold; given back uncounted")
+                        tracing::info!(job_id = %job_id, route = %attempt.route, error = %Escaped(&failure.error), "attempt failed during a handler hold; given back uncounted")
                     }
                 }
                 AfterAttempt::Settled
@@ -618,10 +637,10 @@ fn log_end(
     let job_id = &attempt.job_id;
     match (end, state) {
         (_, State::Done) => {
-            tracing::info!(job_id = %job_id, attempt = attempt.number, elapsed_ms, "job done")
+            tracing::info!(job_id = %job_id, route = %attempt.route, attempt = attempt.number, elapsed_ms, "job done")
         }
         (AttemptEnd::Failed { failure, .. }, State::Dead) => {
-            tracing::error!(job_id = %job_id, attempt = attempt.number, error = %Escaped(&failure.error), "job dead: out of attempts")
+            tracing::error!(job_id = %job_id, route = %attempt.route, attempt = attempt.number, error = %Escaped(&failure.error), "job dead: out of attempts")
         }
         (AttemptEnd::Failed { failure, .. }, _) => {
             // "8s 740ms", not Debug's "Some(8.74s)".
@@ -629,7 +648,7 @@ fn log_end(
                 let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
                 humantime::format_duration(Duration::from_millis(millis)).to_string()
             });
-            tracing::warn!(job_id = %job_id, attempt = attempt.number, error = %Escaped(&failure.error), %retry_in, "attempt failed; will retry")
+            tracing::warn!(job_id = %job_id, route = %attempt.route, attempt = attempt.number, error = %Escaped(&failure.error), %retry_in, "attempt failed; will retry")
         }
         _ => {}
     }

@@ -1,4 +1,5 @@
-//! The in-process queue of job_ids to run, and what the worker's helpers tell it.
+//! The in-process queues of job_ids to run, one per route, and what the worker's helpers tell
+//! them.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,6 +10,7 @@ use tokio::sync::{mpsc, Notify};
 use crate::hold::Breaker;
 use crate::job_id::JobId;
 use crate::ledger::Hold;
+use crate::route_name::RouteName;
 
 /// Jobs waiting in memory for a free worker. Past this, new claims wait in the ledger until the
 /// worker takes them from there: memory stays bounded under any backlog.
@@ -112,5 +114,88 @@ impl Queue {
 
     pub(super) fn release(&self, job_id: &JobId) {
         self.held.lock().expect("not poisoned").remove(job_id);
+    }
+}
+
+/// Every route's [`Queue`], in the config's order: what the request path, the sweeper, the
+/// operators' actions and `/readyz` hold of the work side. Each route has a worker of its own.
+#[derive(Clone, Default)]
+pub struct Queues {
+    routes: Arc<Vec<(RouteName, Queue)>>,
+}
+
+impl Queues {
+    pub fn new(routes: Vec<(RouteName, Queue)>) -> Queues {
+        Queues {
+            routes: Arc::new(routes),
+        }
+    }
+
+    /// The route's queue, if this process runs the route.
+    pub fn route(&self, route: &str) -> Option<&Queue> {
+        self.routes
+            .iter()
+            .find(|(name, _)| name.as_str() == route)
+            .map(|(_, queue)| queue)
+    }
+
+    /// Offers a claimed job to the queue of each route it takes; a route this process does
+    /// not run leaves the work in the ledger.
+    pub fn enqueue(&self, job_id: &JobId, routes: &[RouteName]) {
+        for route in routes {
+            if let Some(queue) = self.route(route.as_str()) {
+                queue.enqueue(job_id);
+            }
+        }
+    }
+
+    /// Every worker looks in the ledger now.
+    pub fn look_in_ledger(&self) {
+        self.each().for_each(Queue::look_in_ledger);
+    }
+
+    /// Dispatch was paused or resumed (every route's).
+    pub fn dispatch_changed(&self, paused: bool) {
+        self.each().for_each(|queue| queue.dispatch_changed(paused));
+    }
+
+    /// Whether dispatch is paused, as this process last knew it.
+    pub fn dispatch_paused(&self) -> bool {
+        self.each().any(Queue::dispatch_paused)
+    }
+
+    /// The routes' holds, as this process last read them from the ledger.
+    pub fn holds(&self) -> Vec<Hold> {
+        self.each().filter_map(Queue::hold).collect()
+    }
+
+    /// Whether nothing is queued or running here, on any route.
+    pub fn is_idle(&self) -> bool {
+        self.each().all(Queue::is_idle)
+    }
+
+    /// A lease may have been left behind (the sweeper's own step failed): it looks again.
+    pub fn lease_left_behind(&self) {
+        self.each().for_each(Queue::lease_left_behind);
+    }
+
+    /// Whether a lease was left behind on some route since the last call.
+    pub fn take_lease_left_behind(&self) -> bool {
+        self.each()
+            .fold(false, |any, queue| queue.take_lease_left_behind() || any)
+    }
+
+    /// Whether the job's work on `route` is queued or running in this process.
+    pub fn holds_work(&self, job_id: &str, route: &str) -> bool {
+        self.route(route).is_some_and(|queue| queue.holds(job_id))
+    }
+
+    /// The routes this process runs, in the config's order.
+    pub fn names(&self) -> impl Iterator<Item = &RouteName> {
+        self.routes.iter().map(|(name, _)| name)
+    }
+
+    fn each(&self) -> impl Iterator<Item = &Queue> {
+        self.routes.iter().map(|(_, queue)| queue)
     }
 }

@@ -47,11 +47,16 @@ async fn a_failed_start_is_left_to_the_sweeper_once_its_job_is_no_longer_held() 
     // Every start fails now.
     ledger.close().await;
     let config = config();
-    let breaker = Breaker::new(&config, Duration::ZERO);
+    let breaker = Breaker::new(
+        crate::route_name::RouteName::default_route(),
+        &config,
+        Duration::ZERO,
+    );
     let (queue, _receiver) = Queue::new(breaker.clone());
     let job_id = JobId::parse("unconfirmed").unwrap();
     assert!(queue.enqueue(&job_id));
     let run = JobRun {
+        route: crate::route_name::RouteName::default_route(),
         ledger,
         handler: Arc::new(Handler::new(config.kind.clone(), None).unwrap()),
         config,
@@ -76,7 +81,11 @@ async fn a_failed_start_is_left_to_the_sweeper_once_its_job_is_no_longer_held() 
 
 #[test]
 fn queue_refuses_a_job_it_already_holds() {
-    let (queue, mut receiver) = Queue::new(Breaker::new(&config(), Duration::ZERO));
+    let (queue, mut receiver) = Queue::new(Breaker::new(
+        crate::route_name::RouteName::default_route(),
+        &config(),
+        Duration::ZERO,
+    ));
     let a = JobId::parse("a").unwrap();
     assert!(queue.enqueue(&a));
     assert!(!queue.enqueue(&a));

@@ -586,6 +586,11 @@ pub fn insert_jobs(
     jobs: impl Iterator<Item = (String, &'static str, String, Option<i64>)>,
 ) {
     let quote = |text: &str| format!("'{}'", text.replace('\'', "''"));
+    let routed = if config.database.sqlite_path().is_some() {
+        ""
+    } else {
+        ", true"
+    };
     let rows: Vec<String> = jobs
         .map(|(job_id, state, body, finished_at)| {
             let due = if matches!(state, "claimed" | "retrying") {
@@ -595,7 +600,7 @@ pub fn insert_jobs(
             };
             let finished = finished_at.map_or("NULL".to_owned(), |at| at.to_string());
             format!(
-                "({}, '{state}', {}, 1, {due}, {finished}, 1)",
+                "({}, '{state}', {}, 1, {due}, {finished}, 1{routed})",
                 quote(&job_id),
                 quote(&body)
             )
@@ -605,9 +610,24 @@ pub fn insert_jobs(
         config,
         &format!(
             "INSERT INTO jobs (job_id, state, body, received_at, next_attempt_at, finished_at, \
-             updated_at) VALUES {}",
+             updated_at{}) VALUES {}",
+            // PostgreSQL's ledger refuses a job no receiver of this release wrote (a rolling
+            // upgrade's older receivers): these rows are written as one would.
+            if config.database.sqlite_path().is_some() {
+                ""
+            } else {
+                ", routed"
+            },
             rows.join(", ")
         ),
+        &[],
+    );
+    // Each job's work on the default route, as a claim writes it.
+    ledger_execute(
+        config,
+        "INSERT INTO job_routes (job_id, route, state, next_attempt_at, finished_at, updated_at)
+         SELECT job_id, 'default', state, next_attempt_at, finished_at, updated_at FROM jobs
+         WHERE NOT EXISTS (SELECT 1 FROM job_routes AS r WHERE r.job_id = jobs.job_id)",
         &[],
     );
 }

@@ -16,7 +16,7 @@ on_both_ledgers! {
         let again = JobId::parse("start").unwrap();
         let unknown = JobId::parse("unknown").unwrap();
         for job_id in [&again, &unknown] {
-            let start = ledger.start_attempt(job_id, ledger::now_ms(), i64::MAX).await;
+            let start = ledger.start_attempt(job_id, &default_route(), ledger::now_ms(), i64::MAX).await;
             assert!(start.unwrap().is_none(), "{job_id} started");
         }
         ledger.close().await;
@@ -42,10 +42,10 @@ on_both_ledgers! {
         let retrying = ledger.show_job(&id("ends-retrying")).await.unwrap().unwrap();
         assert_eq!(retrying.summary.next_attempt_at, Some(now + 60_000));
         // Not due before its retry time; due at it.
-        let due = ledger.due_jobs(now, 10).await.unwrap();
+        let due = ledger.due_jobs(&default_route(), now, 10).await.unwrap();
         assert!(due.runnable.is_empty(), "{:?}", due.runnable);
         assert_eq!(due.next_at, Some(now + 60_000));
-        let due = ledger.due_jobs(now + 60_000, 10).await.unwrap();
+        let due = ledger.due_jobs(&default_route(), now + 60_000, 10).await.unwrap();
         assert_eq!(due.runnable, [JobId::parse("ends-retrying").unwrap()]);
         let stats = ledger.job_stats(now).await.unwrap();
         assert_eq!((stats.by_state["done"], stats.by_state["dead"]), (1, 1));
@@ -59,7 +59,7 @@ on_both_ledgers! {
         let (_dir, ledger) = fresh().await;
         claimed(&ledger, "fenced").await;
         let stale = started(&ledger, "fenced", 100).await;
-        let lease = LeasedAttempt { job_id: "fenced".into(), number: 1 };
+        let lease = LeasedAttempt { route: "default".into(), job_id: "fenced".into(), number: 1 };
         let now = ledger::now_ms();
         assert_eq!(
             ledger.take_back_lease(&lease, 200, now, 5, "lease expired").await.unwrap(),
@@ -127,7 +127,7 @@ on_both_ledgers! {
         // The one algorithm above the backends: lease-b is still running here, lease-a has
         // used its only attempt.
         let taken = ledger
-            .expire_leases(Leases::ExpiredBefore(200), now, 1, "lease expired", |job_id| {
+            .expire_leases(Leases::ExpiredBefore(200), now, |_| 1, "lease expired", |job_id, _| {
                 job_id == "lease-b"
             })
             .await
@@ -135,12 +135,12 @@ on_both_ledgers! {
         assert_eq!(taken, 1);
         assert_eq!(state_of(&ledger, "lease-a").await, Some(State::Dead));
         assert_eq!(state_of(&ledger, "lease-b").await, Some(State::Running));
-        let lease = LeasedAttempt { job_id: "lease-a".into(), number: 1 };
+        let lease = LeasedAttempt { route: "default".into(), job_id: "lease-a".into(), number: 1 };
         let again = ledger.take_back_lease(&lease, 200, now, 1, "lease expired").await;
         assert_eq!(again.unwrap(), None, "taken back twice");
         // At start, every lease this receiver held, expired or not.
         let taken = ledger
-            .expire_leases(Leases::HeldBeforeThisStart, now, 5, "interrupted", |_| false)
+            .expire_leases(Leases::HeldBeforeThisStart, now, |_| 5, "interrupted", |_, _| false)
             .await
             .unwrap();
         assert_eq!(taken, 2);

@@ -46,7 +46,7 @@ on_both_ledgers! {
             claimed(&ledger, job_id).await;
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
-        let due = ledger.due_jobs(ledger::now_ms(), 2).await.unwrap();
+        let due = ledger.due_jobs(&default_route(), ledger::now_ms(), 2).await.unwrap();
         let ids: Vec<&str> = due.runnable.iter().map(JobId::as_str).collect();
         assert_eq!(ids, ["due-1", "due-2"]);
         assert!(due.unrunnable.is_empty());

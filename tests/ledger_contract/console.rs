@@ -38,7 +38,7 @@ on_both_ledgers! {
         agree("running").await;
         ledger.finish_attempt(&a, &AttemptEnd::Done, now).await.unwrap();
         ledger.finish_attempt(&b, &failed(Some(now + 60_000)), now).await.unwrap();
-        let lease = LeasedAttempt { job_id: c.job_id.to_string(), number: c.number.into() };
+        let lease = LeasedAttempt { route: "default".into(), job_id: c.job_id.to_string(), number: c.number.into() };
         ledger.take_back_lease(&lease, 200, now, 1, "lease expired").await.unwrap();
         agree("done, retrying, taken back dead").await;
         ledger.cancel_job(&id("count-e"), "test", "not wanted", now).await.unwrap();
@@ -260,7 +260,7 @@ on_both_ledgers! {
         let now = ledger::now_ms();
         claimed(&ledger, "interrupted").await;
         let first = started(&ledger, "interrupted", 100).await;
-        let lease = LeasedAttempt { job_id: "interrupted".into(), number: first.number.into() };
+        let lease = LeasedAttempt { route: "default".into(), job_id: "interrupted".into(), number: first.number.into() };
         let taken = ledger.take_back_lease(&lease, 200, now, 5, "lease expired").await.unwrap();
         assert_eq!(taken, Some(State::Retrying));
         let second = started(&ledger, "interrupted", i64::MAX).await;

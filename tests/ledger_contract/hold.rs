@@ -27,6 +27,7 @@ on_both_ledgers! {
         let (_dir, ledger) = fresh().await;
         let stop = |kind, started_at, by: Option<&str>, reason: Option<&str>, ended_at, ended_by: Option<&str>| {
             ledger::DispatchStop {
+                route: (kind == ledger::StopKind::Hold).then(|| "default".to_owned()),
                 kind,
                 started_at,
                 started_by: by.map(str::to_owned),
@@ -38,6 +39,7 @@ on_both_ledgers! {
         let (pause, hold) = (ledger::StopKind::Pause, ledger::StopKind::Hold);
         let cause = "the handler's downstream cannot be reached";
         let opened = |since| ledger::Hold {
+            route: "default".into(),
             since,
             reason: cause.into(),
             sample_error: "connection refused".into(),
@@ -57,7 +59,7 @@ on_both_ledgers! {
         );
         assert!(ledger.set_dispatch(false, "cli:erin", None, 3_000).await.unwrap());
         assert!(ledger.open_hold(&opened(4_000)).await.unwrap());
-        assert_eq!(ledger.end_hold(4_000, 5_000).await.unwrap().map(|h| h.since), Some(4_000));
+        assert_eq!(ledger.end_hold(&default_route(), 4_000, 5_000).await.unwrap().map(|h| h.since), Some(4_000));
         assert!(ledger.set_dispatch(true, "cli:dave", None, 6_000).await.unwrap());
         let all = [
             stop(pause, 1_000, Some("cli:dave"), Some("deploy «é»"), Some(3_000), Some("cli:erin")),
@@ -80,8 +82,9 @@ on_both_ledgers! {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_hold_opens_once_moves_its_probe_once_and_ends_once() {
         let (_dir, ledger) = fresh().await;
-        assert_eq!(ledger.hold().await.unwrap(), None);
+        assert_eq!(ledger.hold(&default_route()).await.unwrap(), None);
         let hold = ledger::Hold {
+            route: "default".into(),
             since: 1_000,
             reason: "5 different jobs failed in a row".into(),
             sample_error: "handler answered 502 Bad Gateway: «é»".into(),
@@ -91,18 +94,18 @@ on_both_ledgers! {
         assert!(ledger.open_hold(&hold).await.unwrap());
         let second = ledger::Hold { since: 1_500, reason: "other".into(), ..hold.clone() };
         assert!(!ledger.open_hold(&second).await.unwrap(), "a hold was open");
-        assert_eq!(ledger.hold().await.unwrap().as_ref(), Some(&hold));
+        assert_eq!(ledger.hold(&default_route()).await.unwrap().as_ref(), Some(&hold));
 
-        assert!(ledger.move_probe(&ProbeMove { since: 1_000, from: 6_000, to: 20_000, interval_ms: 10_000 }).await.unwrap());
-        assert!(!ledger.move_probe(&ProbeMove { since: 1_000, from: 6_000, to: 21_000, interval_ms: 10_000 }).await.unwrap(), "taken already");
-        assert!(!ledger.move_probe(&ProbeMove { since: 1_500, from: 20_000, to: 21_000, interval_ms: 10_000 }).await.unwrap(), "not that hold");
-        let moved = ledger.hold().await.unwrap().unwrap();
+        assert!(ledger.move_probe(&ProbeMove { route: "default".into(), since: 1_000, from: 6_000, to: 20_000, interval_ms: 10_000 }).await.unwrap());
+        assert!(!ledger.move_probe(&ProbeMove { route: "default".into(), since: 1_000, from: 6_000, to: 21_000, interval_ms: 10_000 }).await.unwrap(), "taken already");
+        assert!(!ledger.move_probe(&ProbeMove { route: "default".into(), since: 1_500, from: 20_000, to: 21_000, interval_ms: 10_000 }).await.unwrap(), "not that hold");
+        let moved = ledger.hold(&default_route()).await.unwrap().unwrap();
         assert_eq!((moved.next_probe_at, moved.probe_interval_ms), (20_000, 10_000));
 
-        assert_eq!(ledger.end_hold(1_500, 9_000).await.unwrap(), None, "not that hold");
-        assert_eq!(ledger.end_hold(1_000, 9_000).await.unwrap(), Some(moved));
-        assert_eq!(ledger.end_hold(1_000, 9_000).await.unwrap(), None, "ended already");
-        assert_eq!(ledger.hold().await.unwrap(), None);
+        assert_eq!(ledger.end_hold(&default_route(), 1_500, 9_000).await.unwrap(), None, "not that hold");
+        assert_eq!(ledger.end_hold(&default_route(), 1_000, 9_000).await.unwrap(), Some(moved));
+        assert_eq!(ledger.end_hold(&default_route(), 1_000, 9_000).await.unwrap(), None, "ended already");
+        assert_eq!(ledger.hold(&default_route()).await.unwrap(), None);
         ledger.close().await;
     }
 
@@ -112,6 +115,7 @@ on_both_ledgers! {
     async fn resuming_dispatch_ends_a_hold() {
         let (_dir, ledger) = fresh().await;
         let hold = ledger::Hold {
+            route: "default".into(),
             since: 1_000,
             reason: "the handler's downstream cannot be reached".into(),
             sample_error: "connection refused".into(),
@@ -120,13 +124,13 @@ on_both_ledgers! {
         };
         assert!(ledger.open_hold(&hold).await.unwrap());
         assert!(ledger.set_dispatch(true, "cli:dave", None, 2_000).await.unwrap());
-        assert_eq!(ledger.hold().await.unwrap(), Some(hold.clone()), "a pause keeps the hold");
+        assert_eq!(ledger.hold(&default_route()).await.unwrap(), Some(hold.clone()), "a pause keeps the hold");
         assert!(ledger.set_dispatch(false, "cli:dave", None, 3_000).await.unwrap());
-        assert_eq!(ledger.hold().await.unwrap(), None);
+        assert_eq!(ledger.hold(&default_route()).await.unwrap(), None);
 
         assert!(ledger.open_hold(&hold).await.unwrap());
         assert!(ledger.set_dispatch(false, "cli:erin", None, 4_000).await.unwrap(), "a hold ended");
-        assert_eq!(ledger.hold().await.unwrap(), None);
+        assert_eq!(ledger.hold(&default_route()).await.unwrap(), None);
         assert_eq!(ledger.dispatch().await.unwrap().changed_by.as_deref(), Some("cli:erin"));
         assert!(!ledger.set_dispatch(false, "cli:erin", None, 5_000).await.unwrap(), "nothing to end");
         ledger.close().await;

@@ -46,9 +46,9 @@ on_both_ledgers! {
         claimed(&ledger, "backoff").await;
         let attempt = started(&ledger, "backoff", i64::MAX).await;
         ledger.finish_attempt(&attempt, &failed(Some(now + 3_600_000)), now).await.unwrap();
-        assert!(ledger.due_jobs(now, 10).await.unwrap().runnable.is_empty());
+        assert!(ledger.due_jobs(&default_route(), now, 10).await.unwrap().runnable.is_empty());
         assert!(ledger.run_now(&id("backoff"), "test", now).await.unwrap());
-        let due = ledger.due_jobs(now, 10).await.unwrap();
+        let due = ledger.due_jobs(&default_route(), now, 10).await.unwrap();
         assert_eq!(due.runnable, [JobId::parse("backoff").unwrap()]);
         let job = ledger.show_job(&id("backoff")).await.unwrap().unwrap();
         assert_eq!((job.summary.state.as_str(), job.summary.attempts), ("retrying", 1));
@@ -75,7 +75,7 @@ on_both_ledgers! {
         assert_eq!(job.summary.last_error.as_deref(), Some("cancelled by cli:bob: duplicate order"));
         assert_eq!(job.actions[0].action, "cancel");
         assert_eq!(job.actions[0].actor, "cli:bob");
-        assert!(ledger.due_jobs(now + 1, 10).await.unwrap().runnable.is_empty());
+        assert!(ledger.due_jobs(&default_route(), now + 1, 10).await.unwrap().runnable.is_empty());
         assert_eq!(ledger.claim(new_claim("unwanted")).await.unwrap(), ClaimOutcome::Duplicate);
         claimed(&ledger, "busy").await;
         started(&ledger, "busy", i64::MAX).await;

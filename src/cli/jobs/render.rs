@@ -6,6 +6,7 @@ use sume_receiver::ledger::{
     self, AttemptRecord, DispatchStop, Expectation, JobDetail, JobSummary,
 };
 use sume_receiver::logging::Escaped;
+use sume_receiver::route_name::RouteName;
 
 /// A row as JSON for people and scripts: every `*_at` time (Unix ms) gets a `*_at_utc` twin in
 /// RFC 3339, and a stored body that is JSON is shown as JSON, not as a string holding it.
@@ -150,8 +151,13 @@ pub(super) fn hold_lines(hold: Option<&ledger::Hold>, now: i64) -> String {
         humantime::format_duration(Duration::from_secs(((now - at) / 1000).unsigned_abs()))
     };
     let next_in = Duration::from_secs(((hold.next_probe_at - now).max(0) / 1000).unsigned_abs());
+    let route = if hold.route == RouteName::DEFAULT {
+        String::new()
+    } else {
+        format!(" of route {}", Escaped(&hold.route))
+    };
     format!(
-        "handler hold: since {} ({} ago): {}\n  sample error: {}\n  next probe: {} (in {}); `jobs resume` ends the hold now\n",
+        "handler hold{route}: since {} ({} ago): {}\n  sample error: {}\n  next probe: {} (in {}); `jobs resume` ends the hold now\n",
         format_time(Some(hold.since)),
         ago(hold.since),
         Escaped(&hold.reason),
@@ -287,9 +293,13 @@ fn timeline(job: &JobDetail, stops: &[DispatchStop]) -> Vec<(i64, String)> {
     events
 }
 
-/// One attempt in a job's timeline: its number, cause, receiver, outcome and error.
+/// One attempt in a job's timeline: its number, cause, route, receiver, outcome and error.
 fn attempt_line(attempt: &AttemptRecord) -> String {
     let mut line = format!("attempt {} ({})", attempt.number, attempt.cause);
+    // A job of the default route alone reads as before routes.
+    if attempt.route != RouteName::DEFAULT {
+        line.push_str(&format!(" for route {}", attempt.route));
+    }
     if let Some(receiver) = &attempt.receiver {
         line.push_str(&format!(" on {receiver}"));
     }

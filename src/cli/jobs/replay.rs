@@ -8,6 +8,7 @@ use sume_receiver::handler::{AttemptError, Handler};
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{self, Ledger};
 use sume_receiver::logging::Escaped;
+use sume_receiver::route_name::RouteName;
 
 use crate::cli::actor::actor;
 
@@ -85,6 +86,7 @@ async fn stored_attempt(ledger: &Ledger, job_id: &JobId) -> anyhow::Result<ledge
     })?;
     Ok(ledger::Attempt {
         job_id: job_id.clone(),
+        route: RouteName::default_route(),
         number: 0,
         event_type: job.summary.event_type,
         source: ledger::Source::parse(&job.summary.source),

@@ -16,16 +16,39 @@ impl Stats {
     pub(super) async fn run(self, ledger: &Ledger) -> anyhow::Result<()> {
         let now = ledger::now_ms();
         let stats = ledger.job_stats(now).await.context("cannot count jobs")?;
-        let hold = ledger.hold().await.context("cannot read the hold")?;
+        let holds = ledger.holds().await.context("cannot read the holds")?;
+        let work = ledger
+            .metrics_snapshot()
+            .await
+            .context("cannot count the work by route")?
+            .work;
         if self.json {
             let mut value = readable_json(&stats)?;
-            value["hold"] = hold
-                .as_ref()
+            value["hold"] = holds
+                .first()
                 .map_or(Ok(serde_json::Value::Null), readable_json)?;
+            value["holds"] = readable_json(&holds)?;
+            value["routes"] = work
+                .iter()
+                .map(|(route, waiting, running)| {
+                    serde_json::json!({ "route": route, "waiting": waiting, "running": running })
+                })
+                .collect();
             println!("{}", serde_json::to_string_pretty(&value)?);
         } else {
             print!("{}", stats_table(&stats, now));
-            print!("{}", render::hold_lines(hold.as_ref(), now));
+            if work.len() > 1 || work.first().is_some_and(|(route, ..)| route != "default") {
+                println!("by route:");
+                for (route, waiting, running) in &work {
+                    println!("  {route:<20} waiting {waiting:>8}  running {running:>6}");
+                }
+            }
+            if holds.is_empty() {
+                print!("{}", render::hold_lines(None, now));
+            }
+            for hold in &holds {
+                print!("{}", render::hold_lines(Some(hold), now));
+            }
         }
         Ok(())
     }

@@ -314,6 +314,18 @@ pub(super) async fn insert_claims(
         .map(|c| c.event_type.as_ref().map(EventType::as_str))
         .collect();
     let bodies: Vec<&str> = claims.iter().map(|c| c.body.as_str()).collect();
+    let (states, errors): (Vec<&str>, Vec<Option<&str>>) =
+        claims.iter().map(|c| c.routing.claimed_state()).unzip();
+    let (work_job_ids, work_routes): (Vec<&str>, Vec<&str>) = claims
+        .iter()
+        .flat_map(|c| {
+            let job_id = c.job_id.as_str();
+            c.routing
+                .routes()
+                .iter()
+                .map(move |route| (job_id, route.as_str()))
+        })
+        .unzip();
     let trace_contexts: Vec<Option<&str>> =
         claims.iter().map(|c| c.trace_context.as_deref()).collect();
     let now = now_ms();
@@ -329,6 +341,10 @@ pub(super) async fn insert_claims(
                     &event_types,
                     &bodies,
                     &now,
+                    &states,
+                    &errors,
+                    &work_job_ids,
+                    &work_routes,
                     &trace_contexts,
                 ],
             )

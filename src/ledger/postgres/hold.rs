@@ -1,4 +1,4 @@
-//! The hold in PostgreSQL: one row or none (`dispatch_hold`), the SQL shared with SQLite; the
+//! The holds in PostgreSQL: a row per held route (`route_holds`), the SQL shared with SQLite; the
 //! dispatch pause; and the log of dispatch stops (`dispatch_stops`), begun and ended in the same
 //! statements. Each function is the contract operation of its name.
 
@@ -9,17 +9,19 @@ use crate::ledger::error::StorageError;
 use crate::ledger::model::{Dispatch, DispatchStop, Hold, StopKind};
 use crate::ledger::params::ProbeMove;
 use crate::ledger::portable_sql::{
-    dispatch_stops_sql, end_hold_sql, hold_sql, move_probe_sql, open_hold_sql, Dialect,
+    dispatch_stops_sql, end_hold_sql, hold_sql, holds_sql, move_probe_sql, open_hold_sql, Dialect,
     HOLD_COLUMNS,
 };
+use crate::route_name::RouteName;
 
 fn from_row(row: &Row) -> Hold {
     Hold {
-        since: row.get(0),
-        reason: row.get(1),
-        sample_error: row.get(2),
-        next_probe_at: row.get(3),
-        probe_interval_ms: row.get(4),
+        route: row.get(0),
+        since: row.get(1),
+        reason: row.get(2),
+        sample_error: row.get(3),
+        next_probe_at: row.get(4),
+        probe_interval_ms: row.get(5),
     }
 }
 
@@ -50,17 +52,27 @@ pub(super) async fn set_dispatch(
     Ok(changed)
 }
 
-pub(super) async fn hold(ledger: &PostgresLedger) -> Result<Option<Hold>, StorageError> {
-    let rows = ledger.query(&hold_sql(), &[]).await?;
+pub(super) async fn hold(
+    ledger: &PostgresLedger,
+    route: &RouteName,
+) -> Result<Option<Hold>, StorageError> {
+    let rows = ledger
+        .query(&hold_sql(Dialect::Postgres), &[&route.as_str()])
+        .await?;
     Ok(rows.first().map(from_row))
+}
+
+pub(super) async fn holds(ledger: &PostgresLedger) -> Result<Vec<Hold>, StorageError> {
+    let rows = ledger.query(&holds_sql(), &[]).await?;
+    Ok(rows.iter().map(from_row).collect())
 }
 
 pub(super) async fn open_hold(ledger: &PostgresLedger, hold: &Hold) -> Result<bool, StorageError> {
     // The hold's stop is begun by the same statement.
     let sql = format!(
-        "WITH opened AS ({} RETURNING since, reason),
-             began AS (INSERT INTO dispatch_stops (kind, started_at, reason)
-                       SELECT 'hold', since, reason FROM opened)
+        "WITH opened AS ({} RETURNING route, since, reason),
+             began AS (INSERT INTO dispatch_stops (kind, route, started_at, reason)
+                       SELECT 'hold', route, since, reason FROM opened)
              SELECT count(*) FROM opened",
         open_hold_sql(Dialect::Postgres)
     );
@@ -68,6 +80,7 @@ pub(super) async fn open_hold(ledger: &PostgresLedger, hold: &Hold) -> Result<bo
         .count(
             &sql,
             &[
+                &hold.route,
                 &hold.since,
                 &hold.reason,
                 &hold.sample_error,
@@ -85,31 +98,33 @@ pub(super) async fn move_probe(
 ) -> Result<bool, StorageError> {
     let sql = move_probe_sql(Dialect::Postgres);
     let ProbeMove {
+        route,
         since,
         from,
         to,
         interval_ms,
     } = moved;
     Ok(ledger
-        .execute(&sql, &[since, from, to, interval_ms])
+        .execute(&sql, &[route, since, from, to, interval_ms])
         .await?
         == 1)
 }
 
 pub(super) async fn end_hold(
     ledger: &PostgresLedger,
+    route: &RouteName,
     since: i64,
     now: i64,
 ) -> Result<Option<Hold>, StorageError> {
     let sql = format!(
         "WITH ended AS ({}),
-             closed AS (UPDATE dispatch_stops SET ended_at = $2
-                        WHERE kind = 'hold' AND ended_at IS NULL
+             closed AS (UPDATE dispatch_stops SET ended_at = $3
+                        WHERE kind = 'hold' AND route = $1 AND ended_at IS NULL
                           AND EXISTS (SELECT 1 FROM ended))
              SELECT {HOLD_COLUMNS} FROM ended",
         end_hold_sql(Dialect::Postgres)
     );
-    let rows = ledger.query(&sql, &[&since, &now]).await?;
+    let rows = ledger.query(&sql, &[&route.as_str(), &since, &now]).await?;
     Ok(rows.first().map(from_row))
 }
 
@@ -129,11 +144,12 @@ pub(super) async fn dispatch_stops(
         .iter()
         .map(|row| DispatchStop {
             kind: StopKind::from_column(row.get(0)),
-            started_at: row.get(1),
-            started_by: row.get(2),
-            reason: row.get(3),
-            ended_at: row.get(4),
-            ended_by: row.get(5),
+            route: row.get(1),
+            started_at: row.get(2),
+            started_by: row.get(3),
+            reason: row.get(4),
+            ended_at: row.get(5),
+            ended_by: row.get(6),
         })
         .collect())
 }

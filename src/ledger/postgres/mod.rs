@@ -54,6 +54,7 @@ use super::rollups::{delete_old_sql, MinuteRollup};
 use super::work_side::WorkSide;
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
+use crate::route_name::RouteName;
 use claims::{insert_claims, through_batcher, ClaimRequest, ClaimsError, CommitHealth};
 use connection::{StandbyWarnings, CHANNEL};
 use pooled::Pooled;
@@ -111,6 +112,7 @@ impl Backend for PostgresLedger {
     async fn start_attempt(
         &self,
         job_id: &JobId,
+        route: &RouteName,
         now: i64,
         lease_expires_at: i64,
     ) -> Result<Option<Attempt>, StorageError> {
@@ -123,11 +125,13 @@ impl Backend for PostgresLedger {
                     &now,
                     &self.receiver,
                     &(HISTORY_PER_JOB - 2),
+                    &route.as_str(),
                 ],
             )
             .await?;
         Ok(rows.first().map(|row| Attempt {
             job_id: job_id.clone(),
+            route: route.clone(),
             number: row.get::<_, i32>(0).unsigned_abs(),
             event_type: row.get(1),
             source: Source::parse(row.get(2)),
@@ -157,6 +161,7 @@ impl Backend for PostgresLedger {
                     &end.history_outcome(),
                     &failure.and_then(|f| f.exit_status),
                     &failure.and_then(|f| f.http_status).map(i32::from),
+                    &attempt.route.as_str(),
                 ],
             )
             .await?;
@@ -181,6 +186,7 @@ impl Backend for PostgresLedger {
                     &why.error,
                     &why.exit_status,
                     &why.http_status.map(i32::from),
+                    &attempt.route.as_str(),
                 ],
             )
             .await?;
@@ -205,7 +211,8 @@ impl Backend for PostgresLedger {
             .iter()
             .map(|row| LeasedAttempt {
                 job_id: row.get(0),
-                number: row.get::<_, i32>(1).into(),
+                route: row.get(1),
+                number: row.get::<_, i32>(2).into(),
             })
             .collect())
     }
@@ -223,7 +230,15 @@ impl Backend for PostgresLedger {
         let rows = self
             .query(
                 sql::TAKE_BACK_LEASE_SQL,
-                &[&lease.job_id, &now, &max_attempts, &error, &cutoff, &number],
+                &[
+                    &lease.job_id,
+                    &now,
+                    &max_attempts,
+                    &error,
+                    &cutoff,
+                    &number,
+                    &lease.route,
+                ],
             )
             .await?;
         Ok(rows
@@ -231,11 +246,17 @@ impl Backend for PostgresLedger {
             .map(|row| row.get::<_, &str>(0).parse().unwrap_or(State::Retrying)))
     }
 
-    async fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError> {
+    async fn due_jobs(
+        &self,
+        route: &RouteName,
+        now: i64,
+        limit: usize,
+    ) -> Result<DueJobs, StorageError> {
+        let route = route.as_str();
         let rows = self
-            .query(sql::DUE_JOBS_SQL, &[&now, &(limit as i64)])
+            .query(sql::DUE_JOBS_SQL, &[&now, &(limit as i64), &route])
             .await?;
-        let next_at = self.query(sql::NEXT_DUE_SQL, &[]).await?;
+        let next_at = self.query(sql::NEXT_DUE_ON_ROUTE_SQL, &[&route]).await?;
         Ok(DueJobs::sort(
             rows.iter().map(|row| row.get(0)).collect(),
             next_at.first().and_then(|row| row.get(0)),
@@ -349,6 +370,7 @@ impl Backend for PostgresLedger {
     async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
         let counts = self.read(portable_sql::JOB_COUNTS_SQL, &[]).await?;
         let oldest = self.read(portable_sql::OLDEST_UNFINISHED_SQL, &[]).await?;
+        let work = self.read(portable_sql::WORK_BY_ROUTE_SQL, &[]).await?;
         let expected = self.read(sql::COUNT_EXPECTATIONS_SQL, &[]).await?;
         let size = self
             .read("SELECT pg_database_size(current_database())", &[])
@@ -367,6 +389,13 @@ impl Backend for PostgresLedger {
                 .map_or(0, |row| row.get::<_, i64>(0).unsigned_abs()),
             wal_bytes: None,
             claim_queue_depth: self.claim_queue_depth() as u64,
+            work: work
+                .iter()
+                .map(|row| {
+                    let count = |i| row.get::<_, i64>(i).unsigned_abs();
+                    (row.get(0), count(1), count(2))
+                })
+                .collect(),
         })
     }
 
@@ -606,8 +635,12 @@ impl Backend for PostgresLedger {
         hold::set_dispatch(self, paused, by, reason, now).await
     }
 
-    async fn hold(&self) -> Result<Option<Hold>, StorageError> {
-        hold::hold(self).await
+    async fn hold(&self, route: &RouteName) -> Result<Option<Hold>, StorageError> {
+        hold::hold(self, route).await
+    }
+
+    async fn holds(&self) -> Result<Vec<Hold>, StorageError> {
+        hold::holds(self).await
     }
 
     async fn open_hold(&self, opened: &Hold) -> Result<bool, StorageError> {
@@ -618,8 +651,13 @@ impl Backend for PostgresLedger {
         hold::move_probe(self, moved).await
     }
 
-    async fn end_hold(&self, since: i64, now: i64) -> Result<Option<Hold>, StorageError> {
-        hold::end_hold(self, since, now).await
+    async fn end_hold(
+        &self,
+        route: &RouteName,
+        since: i64,
+        now: i64,
+    ) -> Result<Option<Hold>, StorageError> {
+        hold::end_hold(self, route, since, now).await
     }
 
     async fn dispatch_stops(

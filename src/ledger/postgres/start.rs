@@ -18,6 +18,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0006_hold.sql"),
     include_str!("../../../migrations/postgres/0007_dispatch_stops.sql"),
     include_str!("../../../migrations/postgres/0008_minute_rollups.sql"),
+    include_str!("../../../migrations/postgres/0009_routes.sql"),
     include_str!("../../../migrations/postgres/0010_trace_context.sql"),
 ];
 /// The advisory lock that serialises migrations between receivers starting at once.

@@ -108,17 +108,18 @@ pub(super) fn summary_from_row(row: &Row) -> JobSummary {
 /// A row of [`sql::ATTEMPTS_OF_JOB_SQL`].
 pub(super) fn attempt_record_from_row(row: &Row) -> AttemptRecord {
     AttemptRecord {
-        number: row.get::<_, i32>(0).unsigned_abs(),
-        cause: row.get(1),
-        receiver: row.get(2),
-        started_at: row.get(3),
-        ended_at: row.get(4),
-        outcome: row.get(5),
-        exit_status: row.get(6),
+        route: row.get(0),
+        number: row.get::<_, i32>(1).unsigned_abs(),
+        cause: row.get(2),
+        receiver: row.get(3),
+        started_at: row.get(4),
+        ended_at: row.get(5),
+        outcome: row.get(6),
+        exit_status: row.get(7),
         http_status: row
-            .get::<_, Option<i32>>(7)
+            .get::<_, Option<i32>>(8)
             .and_then(|status| u16::try_from(status).ok()),
-        error: row.get(8),
+        error: row.get(9),
     }
 }
 

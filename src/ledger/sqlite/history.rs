@@ -11,33 +11,35 @@ const TRIM_ATTEMPTS_SQL: &str = "DELETE FROM job_attempts WHERE job_id = ?1 AND 
     SELECT id FROM job_attempts WHERE job_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2 - 1)";
 const TRIM_ACTIONS_SQL: &str = "DELETE FROM job_actions WHERE job_id = ?1 AND id < (
     SELECT id FROM job_actions WHERE job_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2 - 1)";
-pub const ATTEMPTS_OF_JOB_SQL: &str = "SELECT number, cause, receiver, started_at, ended_at,
-        outcome, exit_status, http_status, error
+pub const ATTEMPTS_OF_JOB_SQL: &str = "SELECT route, number, cause, receiver, started_at,
+        ended_at, outcome, exit_status, http_status, error
     FROM job_attempts WHERE job_id = ?1 ORDER BY id";
 pub const ACTIONS_OF_JOB_SQL: &str =
     "SELECT at, action, actor, reason FROM job_actions WHERE job_id = ?1 ORDER BY id";
 
-/// Records the start of attempt `number`.
+/// Records the start of attempt `number` of the job's work on `route`.
 pub fn record_start(
     conn: &Connection,
     job_id: &str,
+    route: &str,
     number: u32,
     cause: &str,
     now: i64,
 ) -> rusqlite::Result<()> {
     conn.prepare_cached(
-        "INSERT INTO job_attempts (job_id, number, cause, started_at) VALUES (?1, ?2, ?3, ?4)",
+        "INSERT INTO job_attempts (job_id, route, number, cause, started_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
-    .execute(params![job_id, number, cause, now])?;
+    .execute(params![job_id, route, number, cause, now])?;
     conn.prepare_cached(TRIM_ATTEMPTS_SQL)?
         .execute(params![job_id, HISTORY_PER_JOB])?;
     Ok(())
 }
 
-/// Records how the running attempt `number` ended.
+/// Records how the running attempt `number` of a job's work on a route ended.
 pub fn record_end(
     conn: &Connection,
-    job_id: &str,
+    (job_id, route): (&str, &str),
     number: i64,
     outcome: &str,
     failure: Option<&Failure>,
@@ -46,7 +48,7 @@ pub fn record_end(
     conn.prepare_cached(
         "UPDATE job_attempts SET ended_at = ?3, outcome = ?4, exit_status = ?5,
                                  http_status = ?6, error = ?7
-         WHERE job_id = ?1 AND number = ?2 AND ended_at IS NULL",
+         WHERE job_id = ?1 AND route = ?8 AND number = ?2 AND ended_at IS NULL",
     )?
     .execute(params![
         job_id,
@@ -56,6 +58,7 @@ pub fn record_end(
         failure.and_then(|f| f.exit_status),
         failure.and_then(|f| f.http_status),
         failure.map(|f| f.error.as_str()),
+        route,
     ])?;
     Ok(())
 }
@@ -96,15 +99,16 @@ pub fn record_action_if_known(
 
 fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
     Ok(AttemptRecord {
-        number: row.get(0)?,
-        cause: row.get(1)?,
-        receiver: row.get(2)?,
-        started_at: row.get(3)?,
-        ended_at: row.get(4)?,
-        outcome: row.get(5)?,
-        exit_status: row.get(6)?,
-        http_status: row.get(7)?,
-        error: row.get(8)?,
+        route: row.get(0)?,
+        number: row.get(1)?,
+        cause: row.get(2)?,
+        receiver: row.get(3)?,
+        started_at: row.get(4)?,
+        ended_at: row.get(5)?,
+        outcome: row.get(6)?,
+        exit_status: row.get(7)?,
+        http_status: row.get(8)?,
+        error: row.get(9)?,
     })
 }
 

@@ -1,4 +1,6 @@
-//! The `jobs` table on SQLite: every statement that reads or changes it, and its row mappers.
+//! The `jobs` and `job_routes` tables on SQLite: every statement that reads or changes them,
+//! and their row mappers. The work-side statements change a job's work on one route
+//! (`job_routes`); its trigger keeps the job's summary in `jobs`, which the lists read.
 
 use std::str::FromStr;
 
@@ -16,16 +18,21 @@ use crate::ledger::model::{
     State,
 };
 use crate::ledger::portable_sql::{
-    list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL, OLDEST_UNFINISHED_SQL,
+    list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL, OLDEST_UNFINISHED_SQL, WORK_BY_ROUTE_SQL,
 };
+use crate::route_name::RouteName;
 
 // The statements that must stay cheap however large the ledger grows; tests check that each
 // reads only its partial index (EXPLAIN QUERY PLAN).
-pub const EXPIRED_LEASES_SQL: &str = "SELECT job_id, attempts FROM jobs
+pub const EXPIRED_LEASES_SQL: &str = "SELECT job_id, route, attempts FROM job_routes
          WHERE state = 'running' AND lease_expires_at <= ?1";
-pub const DUE_JOBS_SQL: &str = "SELECT job_id FROM jobs
-         WHERE state IN ('claimed', 'retrying') AND next_attempt_at <= ?1
+/// Parameters: now, limit, route.
+pub const DUE_JOBS_SQL: &str = "SELECT job_id FROM job_routes
+         WHERE route = ?3 AND state IN ('claimed', 'retrying') AND next_attempt_at <= ?1
          ORDER BY next_attempt_at LIMIT ?2";
+/// Parameters: route.
+pub const NEXT_DUE_ON_ROUTE_SQL: &str = "SELECT min(next_attempt_at) FROM job_routes
+         WHERE route = ?1 AND state IN ('claimed', 'retrying')";
 pub const NEXT_DUE_SQL: &str = "SELECT min(next_attempt_at) FROM jobs
          WHERE state IN ('claimed', 'retrying')";
 /// INDEXED BY: the planner would otherwise pick jobs_finished, which also holds every
@@ -38,31 +45,32 @@ pub const PURGE_BODIES_SQL: &str = "UPDATE jobs
 pub const DELETE_FINISHED_SQL: &str = "DELETE FROM jobs WHERE rowid IN (
     SELECT rowid FROM jobs WHERE state IN ('done', 'dead') AND finished_at < ?1 LIMIT ?2)";
 
-/// Parameters: job_id, attempt number, state, error, retry at, finished at, now.
+/// Parameters: job_id, attempt number, state, error, retry at, finished at, now, route.
 pub const FINISH_ATTEMPT_SQL: &str =
-    "UPDATE jobs SET state = ?3, last_error = coalesce(?4, last_error),
+    "UPDATE job_routes SET state = ?3, last_error = coalesce(?4, last_error),
                      next_attempt_at = ?5, finished_at = ?6, lease_expires_at = NULL,
                      updated_at = ?7, next_attempt_cause = 'backoff'
-     WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'";
-/// Parameters: job_id, attempt number, now, the next attempt's cause.
+     WHERE job_id = ?1 AND route = ?8 AND attempts = ?2 AND state = 'running'";
+/// Parameters: job_id, attempt number, now, the next attempt's cause, route.
 pub const RELEASE_ATTEMPT_SQL: &str =
-    "UPDATE jobs SET state = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'claimed' END,
+    "UPDATE job_routes SET state = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'claimed' END,
                      attempts = attempts - 1, next_attempt_at = ?3,
                      lease_expires_at = NULL, updated_at = ?3, next_attempt_cause = ?4
-     WHERE job_id = ?1 AND attempts = ?2 AND state = 'running'";
-/// Parameters: job_id, now, max_attempts, error, cutoff, attempt number. The lease and
+     WHERE job_id = ?1 AND route = ?5 AND attempts = ?2 AND state = 'running'";
+/// Parameters: job_id, now, max_attempts, error, cutoff, attempt number, route. The lease and
 /// the attempt are checked again: the lease may have been taken back since it was read.
-pub const TAKE_BACK_LEASE_SQL: &str = "UPDATE jobs SET
+pub const TAKE_BACK_LEASE_SQL: &str = "UPDATE job_routes SET
              state = CASE WHEN attempts >= ?3 THEN 'dead' ELSE 'retrying' END,
              next_attempt_at = CASE WHEN attempts >= ?3 THEN NULL ELSE CAST(?2 AS BIGINT) END,
              finished_at = CASE WHEN attempts >= ?3 THEN CAST(?2 AS BIGINT) ELSE NULL END,
              lease_expires_at = NULL, last_error = ?4, updated_at = ?2,
              next_attempt_cause = 'take_back'
-         WHERE job_id = ?1 AND state = 'running' AND lease_expires_at <= ?5 AND attempts = ?6
+         WHERE job_id = ?1 AND route = ?7 AND state = 'running' AND lease_expires_at <= ?5
+           AND attempts = ?6
          RETURNING state";
-/// Parameters: job_id, now, error.
+/// Parameters: job_id, now, error. Every route's waiting work.
 pub const GIVE_UP_SQL: &str =
-    "UPDATE jobs SET state = 'dead', next_attempt_at = NULL, finished_at = ?2,
+    "UPDATE job_routes SET state = 'dead', next_attempt_at = NULL, finished_at = ?2,
                      last_error = ?3, updated_at = ?2
      WHERE job_id = ?1 AND state IN ('claimed', 'retrying')";
 pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
@@ -71,13 +79,15 @@ pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attemp
          coalesce((SELECT count FROM job_duplicates AS d WHERE d.job_id = jobs.job_id), 0),
          (SELECT last_at FROM job_duplicates AS d WHERE d.job_id = jobs.job_id)
      FROM jobs WHERE job_id = ?1";
-/// Parameters: job_id, now.
+/// Parameters: job_id, now. A finished job's routes in its state (a dead job's dead ones, a
+/// done job's all), with a body to run them from.
 pub const RETRY_JOB_SQL: &str =
-    "UPDATE jobs SET state = 'claimed', attempts = 0, next_attempt_at = ?2, finished_at = NULL,
-                     updated_at = ?2, next_attempt_cause = 'manual_retry'
-     WHERE job_id = ?1 AND state IN ('done', 'dead') AND body IS NOT NULL";
+    "UPDATE job_routes SET state = 'claimed', attempts = 0, next_attempt_at = ?2,
+                     finished_at = NULL, updated_at = ?2, next_attempt_cause = 'manual_retry'
+     WHERE job_id = ?1 AND state = (SELECT state FROM jobs WHERE job_id = ?1
+                                    AND state IN ('done', 'dead') AND body IS NOT NULL)";
 /// Parameters: job_id, now.
-pub const RUN_NOW_SQL: &str = "UPDATE jobs SET next_attempt_at = ?2, updated_at = ?2,
+pub const RUN_NOW_SQL: &str = "UPDATE job_routes SET next_attempt_at = ?2, updated_at = ?2,
                      next_attempt_cause = 'run_now'
      WHERE job_id = ?1 AND state = 'retrying'";
 /// The finished jobs a bulk retry takes, oldest finished first (the state's own index, in
@@ -108,30 +118,48 @@ pub const RETRY_REFUSAL_SQL: &str = "SELECT state, body IS NULL FROM jobs WHERE 
 /// pages of memcpy. Without it, a claim that runs out of disk or memory midway makes SQLite roll
 /// back the whole batch's transaction, not the claim alone; `commit_batch` sees that and answers
 /// every claim of the batch 503.
+///
+/// Parameters: job_id, source, event_type, body, now, state, error. A job no route takes is
+/// written finished (`state` done or dead, with `error`), and has no work.
 pub const CLAIM_SQL: &str = "INSERT OR FAIL INTO jobs (job_id, state, source, event_type, body,
-                                          received_at, next_attempt_at, updated_at, trace_context)
-     VALUES (?1, 'claimed', ?2, ?3, ?4, ?5, ?5, ?5, ?6)
+                                          received_at, next_attempt_at, updated_at,
+                                          last_error, finished_at, trace_context)
+     VALUES (?1, ?6, ?2, ?3, ?4, ?5, CASE WHEN ?6 = 'claimed' THEN ?5 END, ?5,
+             ?7, CASE WHEN ?6 = 'claimed' THEN NULL ELSE ?5 END, ?8)
      ON CONFLICT (job_id) DO NOTHING";
+/// A claimed job's work on one route. Parameters: job_id, route, now. `OR IGNORE`: the only
+/// conflict there can be is a route named twice, which is one route's work; no other
+/// constraint can fail (every value is given), so the job's row never stands without its work.
+pub const CLAIM_ROUTE_SQL: &str = "INSERT OR IGNORE INTO job_routes
+         (job_id, route, state, next_attempt_at, updated_at)
+     VALUES (?1, ?2, 'claimed', ?3, ?3)";
 
-/// Records a job unless its job_id is already known. The one idempotency check there is.
+/// Records a job, and its work on each route it takes, unless its job_id is already known.
+/// The one idempotency check there is: a duplicate writes no work either.
 pub fn insert_claim(
     conn: &Connection,
     claim: &NewClaim,
     now: i64,
 ) -> rusqlite::Result<ClaimOutcome> {
+    let (state, error) = claim.routing.claimed_state();
     let inserted = conn.prepare_cached(CLAIM_SQL)?.execute(params![
         claim.job_id,
         claim.source.as_str(),
         claim.event_type.as_ref().map(EventType::as_str),
         claim.body.as_str(),
         now,
+        state,
+        error,
         claim.trace_context
     ])?;
-    Ok(if inserted == 1 {
-        ClaimOutcome::Claimed
-    } else {
-        ClaimOutcome::Duplicate
-    })
+    if inserted != 1 {
+        return Ok(ClaimOutcome::Duplicate);
+    }
+    let mut statement = conn.prepare_cached(CLAIM_ROUTE_SQL)?;
+    for route in claim.routing.routes() {
+        statement.execute(params![claim.job_id, route, now])?;
+    }
+    Ok(ClaimOutcome::Claimed)
 }
 
 /// Moves a due job to `running` under a lease and counts the attempt. `None` when the job is not
@@ -139,34 +167,48 @@ pub fn insert_claim(
 pub fn start_attempt(
     conn: &Connection,
     job_id: &JobId,
+    route: &RouteName,
     now: i64,
     lease_expires_at: i64,
 ) -> rusqlite::Result<Option<Attempt>> {
-    let started = conn
+    let Some((event_type, source, body)) = conn
         .prepare_cached(
-            "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_expires_at = ?2,
-                             next_attempt_at = NULL, updated_at = ?3
-             WHERE job_id = ?1 AND state IN ('claimed', 'retrying') AND body IS NOT NULL
-             RETURNING attempts, event_type, source, body, next_attempt_cause",
+            "SELECT event_type, source, body FROM jobs WHERE job_id = ?1 AND body IS NOT NULL",
         )?
-        .query_row(params![job_id, lease_expires_at, now], |row| {
+        .query_row([job_id], |row| {
             Ok((
-                Attempt {
-                    job_id: job_id.clone(),
-                    number: row.get(0)?,
-                    event_type: row.get(1)?,
-                    source: Source::parse(&row.get::<_, String>(2)?),
-                    body: row.get(3)?,
-                },
-                row.get::<_, String>(4)?,
+                row.get::<_, Option<String>>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
             ))
         })
-        .optional()?;
-    let Some((attempt, cause)) = started else {
+        .optional()?
+    else {
         return Ok(None);
     };
-    record_start(conn, job_id.as_str(), attempt.number, &cause, now)?;
-    Ok(Some(attempt))
+    let started = conn
+        .prepare_cached(
+            "UPDATE job_routes SET state = 'running', attempts = attempts + 1,
+                                   lease_expires_at = ?3, next_attempt_at = NULL, updated_at = ?4
+             WHERE job_id = ?1 AND route = ?2 AND state IN ('claimed', 'retrying')
+             RETURNING attempts, next_attempt_cause",
+        )?
+        .query_row(params![job_id, route, lease_expires_at, now], |row| {
+            Ok((row.get::<_, u32>(0)?, row.get::<_, String>(1)?))
+        })
+        .optional()?;
+    let Some((number, cause)) = started else {
+        return Ok(None);
+    };
+    record_start(conn, job_id.as_str(), route.as_str(), number, &cause, now)?;
+    Ok(Some(Attempt {
+        job_id: job_id.clone(),
+        route: route.clone(),
+        number,
+        event_type,
+        source: Source::parse(&source),
+        body,
+    }))
 }
 
 /// Records how a running attempt ended. Returns the job's new state, or `None` if this attempt
@@ -187,7 +229,8 @@ pub fn finish_attempt(
         failure.map(|f| f.error.as_str()),
         retry_at,
         finished_at,
-        now
+        now,
+        attempt.route
     ])?;
     if changed != 1 {
         return Ok(None);
@@ -195,7 +238,7 @@ pub fn finish_attempt(
     let number = i64::from(attempt.number);
     record_end(
         conn,
-        attempt.job_id.as_str(),
+        (attempt.job_id.as_str(), attempt.route.as_str()),
         number,
         end.history_outcome(),
         failure,
@@ -216,14 +259,15 @@ pub fn release_attempt(
         attempt.job_id,
         attempt.number,
         now,
-        release.next_cause()
+        release.next_cause(),
+        attempt.route
     ])?;
     if changed == 1 {
         let number = i64::from(attempt.number);
         let why = release.recorded();
         record_end(
             conn,
-            attempt.job_id.as_str(),
+            (attempt.job_id.as_str(), attempt.route.as_str()),
             number,
             "released",
             Some(&why),
@@ -241,7 +285,8 @@ pub fn expired_leases(conn: &Connection, cutoff: i64) -> rusqlite::Result<Vec<Le
         .query_map([cutoff], |row| {
             Ok(LeasedAttempt {
                 job_id: row.get(0)?,
-                number: row.get(1)?,
+                route: row.get(1)?,
+                number: row.get(2)?,
             })
         })?
         .collect()
@@ -261,7 +306,15 @@ pub fn take_back_lease(
     let state = conn
         .prepare_cached(TAKE_BACK_LEASE_SQL)?
         .query_row(
-            params![lease.job_id, now, max_attempts, error, cutoff, lease.number],
+            params![
+                lease.job_id,
+                now,
+                max_attempts,
+                error,
+                cutoff,
+                lease.number,
+                lease.route
+            ],
             |row| row.get::<_, String>(0),
         )
         .optional()?;
@@ -269,7 +322,7 @@ pub fn take_back_lease(
         let failure = crate::ledger::model::Failure::new(error);
         record_end(
             conn,
-            &lease.job_id,
+            (&lease.job_id, &lease.route),
             lease.number,
             "taken_back",
             Some(&failure),
@@ -291,7 +344,7 @@ pub fn give_up(
     let changed = conn
         .prepare_cached(GIVE_UP_SQL)?
         .execute(params![job_id, now, error])?
-        == 1;
+        > 0;
     if changed {
         record_action(conn, job_id, action, actor, Some(error), now)?;
     }
@@ -300,11 +353,21 @@ pub fn give_up(
 
 /// Jobs waiting to run whose time has come, oldest first, split into those that can run and
 /// stored ids that are not a valid [`JobId`] (written before ids were checked).
-pub fn due_jobs(conn: &Connection, now: i64, limit: usize) -> rusqlite::Result<DueJobs> {
+pub fn due_jobs(
+    conn: &Connection,
+    route: &RouteName,
+    now: i64,
+    limit: usize,
+) -> rusqlite::Result<DueJobs> {
     let mut statement = conn.prepare_cached(DUE_JOBS_SQL)?;
-    let rows = statement.query_map(params![now, limit as i64], |row| row.get::<_, String>(0))?;
+    let rows = statement.query_map(params![now, limit as i64, route], |row| {
+        row.get::<_, String>(0)
+    })?;
     let due = rows.collect::<rusqlite::Result<_>>()?;
-    Ok(DueJobs::sort(due, next_due_at(conn)?))
+    let next_at = conn
+        .prepare_cached(NEXT_DUE_ON_ROUTE_SQL)?
+        .query_row([route], |row| row.get(0))?;
+    Ok(DueJobs::sort(due, next_at))
 }
 
 /// When the earliest waiting job is due.
@@ -398,6 +461,16 @@ fn count_rows(conn: &Connection) -> rusqlite::Result<Vec<(String, i64)>> {
     rows.collect()
 }
 
+/// Work by route: `(route, waiting, running)`.
+pub fn work_by_route(conn: &Connection) -> rusqlite::Result<Vec<(String, u64, u64)>> {
+    let mut statement = conn.prepare_cached(WORK_BY_ROUTE_SQL)?;
+    let rows = statement.query_map([], |row| {
+        let count = |i| row.get::<_, i64>(i).map(i64::unsigned_abs);
+        Ok((row.get(0)?, count(1)?, count(2)?))
+    })?;
+    rows.collect()
+}
+
 /// The oldest job still waiting or running: when it was received (Unix ms).
 pub fn oldest_unfinished(conn: &Connection) -> rusqlite::Result<Option<i64>> {
     conn.prepare_cached(OLDEST_UNFINISHED_SQL)?
@@ -424,7 +497,7 @@ pub fn job_ids_like(conn: &Connection, pattern: &str) -> rusqlite::Result<Vec<St
 }
 
 pub fn run_now(conn: &Connection, job_id: &str, by: &str, now: i64) -> rusqlite::Result<bool> {
-    let changed = conn.execute(RUN_NOW_SQL, params![job_id, now])? == 1;
+    let changed = conn.execute(RUN_NOW_SQL, params![job_id, now])? > 0;
     if changed {
         record_action(conn, job_id, "run_now", by, None, now)?;
     }
@@ -443,7 +516,7 @@ fn retry_one(
     let changed = conn
         .prepare_cached(RETRY_JOB_SQL)?
         .execute(params![job_id, now])?
-        == 1;
+        > 0;
     if changed {
         record_action(conn, job_id, "retry", by, reason, now)?;
     }
@@ -553,14 +626,22 @@ pub fn set_dispatch(
     reason: Option<&str>,
     now: i64,
 ) -> rusqlite::Result<bool> {
-    let hold_ended = !paused && conn.execute("DELETE FROM dispatch_hold", [])? > 0;
+    let hold_ended = !paused && conn.execute("DELETE FROM route_holds", [])? > 0;
     let changed = conn.execute(
         "UPDATE dispatch SET paused = ?1, changed_at = ?2, changed_by = ?3
          WHERE id = 1 AND (paused <> ?1 OR ?4)",
         params![paused, now, by, hold_ended],
     )? == 1;
     match (changed, paused) {
-        (true, true) => hold::begin_stop(conn, StopKind::Pause, now, Some(by), reason)?,
+        (true, true) => {
+            let pause = hold::Stop {
+                kind: StopKind::Pause,
+                route: None,
+                by: Some(by),
+                reason,
+            };
+            hold::begin_stop(conn, &pause, now)?
+        }
         (true, false) => hold::end_stops(conn, None, now, Some(by))?,
         (false, _) => {}
     }

@@ -42,6 +42,7 @@ use super::rollups::{delete_old_sql, MinuteRollup};
 use crate::config::SqliteConfig;
 use crate::job_id::JobId;
 use crate::metrics::Snapshot;
+use crate::route_name::RouteName;
 
 pub use backup::{backup, BackupReport};
 use checkpoint::Checkpointer;
@@ -55,7 +56,7 @@ pub use integrity::damage_for_test;
 use integrity::BackgroundCheck;
 pub use jobs::{
     insert_claim, COUNT_RETRY_MATCHING_SQL, DELETE_FINISHED_SQL, DUE_JOBS_SQL, EXPIRED_LEASES_SQL,
-    NEXT_DUE_SQL, PURGE_BODIES_SQL, RETRY_MATCHING_SQL,
+    NEXT_DUE_ON_ROUTE_SQL, NEXT_DUE_SQL, PURGE_BODIES_SQL, RETRY_MATCHING_SQL,
 };
 use open::{apply_pragmas, open_connection, open_existing_connection, open_for_writing};
 use wal_watch::WalWatch;
@@ -295,11 +296,12 @@ impl Backend for SqliteLedger {
     async fn start_attempt(
         &self,
         job_id: &JobId,
+        route: &RouteName,
         now: i64,
         lease_expires_at: i64,
     ) -> Result<Option<Attempt>, StorageError> {
-        let job_id = job_id.clone();
-        self.write(move |conn| jobs::start_attempt(conn, &job_id, now, lease_expires_at))
+        let (job_id, route) = (job_id.clone(), route.clone());
+        self.write(move |conn| jobs::start_attempt(conn, &job_id, &route, now, lease_expires_at))
             .await
     }
 
@@ -361,8 +363,14 @@ impl Backend for SqliteLedger {
         }
     }
 
-    async fn due_jobs(&self, now: i64, limit: usize) -> Result<DueJobs, StorageError> {
-        self.read(move |conn| jobs::due_jobs(conn, now, limit))
+    async fn due_jobs(
+        &self,
+        route: &RouteName,
+        now: i64,
+        limit: usize,
+    ) -> Result<DueJobs, StorageError> {
+        let route = route.clone();
+        self.read(move |conn| jobs::due_jobs(conn, &route, now, limit))
             .await
     }
 
@@ -480,12 +488,13 @@ impl Backend for SqliteLedger {
     /// Jobs by state, the oldest unfinished one's age, expected jobs, file
     /// sizes, the writer's queue.
     async fn metrics_snapshot(&self) -> Result<Snapshot, StorageError> {
-        let (counts, oldest, expected) = self
+        let (counts, oldest, expected, work) = self
             .read(|conn| {
                 Ok((
                     jobs::job_counts(conn)?,
                     jobs::oldest_unfinished(conn)?,
                     expected::count_expectations(conn)?,
+                    jobs::work_by_route(conn)?,
                 ))
             })
             .await?;
@@ -505,6 +514,7 @@ impl Backend for SqliteLedger {
             ledger_bytes: size(""),
             wal_bytes: Some(size("-wal")),
             claim_queue_depth: self.claim_queue_depth() as u64,
+            work,
         })
     }
 
@@ -615,8 +625,13 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn hold(&self) -> Result<Option<Hold>, StorageError> {
-        self.read(hold::hold).await
+    async fn hold(&self, route: &RouteName) -> Result<Option<Hold>, StorageError> {
+        let route = route.clone();
+        self.read(move |conn| hold::hold(conn, &route)).await
+    }
+
+    async fn holds(&self) -> Result<Vec<Hold>, StorageError> {
+        self.read(hold::holds).await
     }
 
     async fn open_hold(&self, opened: &Hold) -> Result<bool, StorageError> {
@@ -629,8 +644,14 @@ impl Backend for SqliteLedger {
         self.write(move |conn| hold::move_probe(conn, &moved)).await
     }
 
-    async fn end_hold(&self, since: i64, now: i64) -> Result<Option<Hold>, StorageError> {
-        self.write(move |conn| hold::end_hold(conn, since, now))
+    async fn end_hold(
+        &self,
+        route: &RouteName,
+        since: i64,
+        now: i64,
+    ) -> Result<Option<Hold>, StorageError> {
+        let route = route.clone();
+        self.write(move |conn| hold::end_hold(conn, &route, since, now))
             .await
     }
 

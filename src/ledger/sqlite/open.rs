@@ -21,6 +21,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0006_hold.sql"),
     include_str!("../../../migrations/sqlite/0007_dispatch_stops.sql"),
     include_str!("../../../migrations/sqlite/0008_minute_rollups.sql"),
+    include_str!("../../../migrations/sqlite/0009_routes.sql"),
     include_str!("../../../migrations/sqlite/0010_trace_context.sql"),
 ];
 

@@ -483,6 +483,7 @@ mod tests {
             body: "{}".into(),
             source: Source::Webhook,
             trace_context: None,
+            routing: crate::ledger::model::Routing::default_route(),
         }
     }
 
@@ -496,7 +497,7 @@ mod tests {
         let (writer, reader) = ledger(&dir);
         let mut explain = writer.prepare(&format!("EXPLAIN {CLAIM_SQL}")).unwrap();
         let checks: Vec<(String, i64)> = explain
-            .query_map([rusqlite::types::Null; 6], |row| {
+            .query_map([rusqlite::types::Null; 8], |row| {
                 Ok((row.get(1)?, row.get(2)?, row.get(3)?))
             })
             .unwrap()
@@ -519,6 +520,8 @@ mod tests {
             None::<String>,
             "{}",
             None::<i64>,
+            "claimed",
+            None::<String>,
             None::<String>
         ];
         let refused = writer.execute(CLAIM_SQL, no_time).unwrap_err().to_string();

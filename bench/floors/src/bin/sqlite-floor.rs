@@ -5,7 +5,7 @@
 //! Makes DB from the receiver's migrations (every `*.sql` of MIGRATIONS_DIR, in name order),
 //! in WAL mode with `synchronous = FULL`, then claims CLAIMS jobs of ~700 B bodies in
 //! transactions of 64 with the receiver's claim statement (`INSERT ... ON CONFLICT (job_id) DO
-//! NOTHING`). DUP_RATIO of them repeat an earlier job_id; at 1, every claim repeats one of a
+//! NOTHING`) and, for a new job, its work on one route (`job_routes`). DUP_RATIO of them repeat an earlier job_id; at 1, every claim repeats one of a
 //! set claimed before the measure starts. Prints one JSON line: the process's CPU (user +
 //! system) per claim over the claims alone, and claims per second.
 
@@ -23,6 +23,10 @@ const CLAIM: &str = "INSERT OR FAIL INTO jobs (job_id, state, source, event_type
                                           received_at, next_attempt_at, updated_at)
      VALUES (?1, 'claimed', 'webhook', 'job.completed', ?2, ?3, ?3, ?3)
      ON CONFLICT (job_id) DO NOTHING";
+/// A new job's work on its one route (`CLAIM_ROUTE_SQL`).
+const CLAIM_ROUTE: &str = "INSERT OR IGNORE INTO job_routes
+         (job_id, route, state, next_attempt_at, updated_at)
+     VALUES (?1, 'default', 'claimed', ?2, ?2)";
 
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -100,6 +104,7 @@ fn claim_all(conn: &mut Connection, ids: &[String]) -> Result<(), Error> {
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         {
             let mut claim = tx.prepare_cached(CLAIM)?;
+            let mut route = tx.prepare_cached(CLAIM_ROUTE)?;
             let now = now_ms();
             for id in batch {
                 body.clear();
@@ -108,7 +113,9 @@ fn claim_all(conn: &mut Connection, ids: &[String]) -> Result<(), Error> {
                 body.push_str("\",\"type\":\"job.completed\",\"result\":{\"pad\":\"");
                 body.extend(std::iter::repeat_n('x', 560));
                 body.push_str("\"}}");
-                claim.execute(params![id, body, now])?;
+                if claim.execute(params![id, body, now])? == 1 {
+                    route.execute(params![id, now])?;
+                }
             }
         }
         tx.commit()?;
