@@ -349,6 +349,7 @@ async fn a_receiver_of_the_release_before_routes_cannot_claim_nor_start_after_th
                     body: "{}".into(),
                     source: sume_receiver::ledger::Source::Webhook,
                     routing: sume_receiver::ledger::Routing::default_route(),
+                    trace_context: None,
                 };
                 ledger.claim(claim).await.unwrap();
                 let url = postgres_url_of(dir.path());

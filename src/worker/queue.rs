@@ -181,8 +181,12 @@ impl Queues {
 
     /// Whether a lease was left behind on some route since the last call.
     pub fn take_lease_left_behind(&self) -> bool {
-        self.each()
-            .fold(false, |any, queue| queue.take_lease_left_behind() || any)
+        // Every route's flag is taken, not only up to the first that was set.
+        let mut any = false;
+        for queue in self.each() {
+            any |= queue.take_lease_left_behind();
+        }
+        any
     }
 
     /// Whether the job's work on `route` is queued or running in this process.
