@@ -137,6 +137,7 @@ on_both_ledgers! {
         assert_eq!(attempt.trace_id, delivery.trace_id);
         assert_eq!(attempt.parent_span_id, delivery.span_id);
         assert_eq!(attribute(attempt, "sume.attempt").as_deref(), Some("1"));
+        assert_eq!(attribute(attempt, "sume.route").as_deref(), Some("default"));
         // The handler's request span has no job id of its own: found by its parent.
         let all = collector.spans();
         let request = all
