@@ -363,13 +363,13 @@ async fn a_receiver_of_the_release_before_routes_cannot_claim_nor_start_after_th
                             OLDER_RELEASE_CLAIM,
                             &[&ids, &sources, &types, &bodies, &1_000i64],
                         )
-                        .map_err(|error| error.to_string());
+                        .map_err(|error| format!("{error:?}"));
                     let started = client
                         .execute(
                             OLDER_RELEASE_START,
                             &[&"new-1", &i64::MAX, &1_000i64, &"old-receiver"],
                         )
-                        .map_err(|error| error.to_string());
+                        .map_err(|error| format!("{error:?}"));
                     (claimed, started)
                 });
                 let claimed = claimed.unwrap_err();
