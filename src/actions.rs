@@ -12,7 +12,7 @@ use hyper::StatusCode;
 
 use crate::job_id::JobId;
 use crate::ledger::{
-    duration_ms, now_ms, GroupRetry, Ledger, RetryError, StorageError, GROUP_RETRY_BATCH,
+    duration_ms, now_ms, Actor, GroupRetry, Ledger, RetryError, StorageError, GROUP_RETRY_BATCH,
 };
 use crate::logging::Escaped;
 use crate::traces::{Kind, Parent, Span, Tracer};
@@ -97,20 +97,19 @@ pub struct Actions<'a> {
 }
 
 impl Actions<'_> {
-    /// `action` on `job_id`, recorded as `by`'s (a cancel with `reason`).
+    /// `action` on `job_id`, recorded as `actor`'s (a cancel with the actor's reason).
     pub async fn on_job(
         &self,
         action: JobAction,
         job_id: &JobId,
-        by: &str,
-        reason: Option<&str>,
+        actor: &Actor,
     ) -> Result<(), Refused> {
-        let mut span = self.span(action.as_str(), by);
+        let mut span = self.span(action.as_str(), &actor.by);
         span.set("sume.job_id", job_id.as_str());
         let done = match action {
-            JobAction::Retry => self.retry(job_id, by).await,
-            JobAction::RunNow => self.run_now(job_id, by).await,
-            JobAction::Cancel => self.cancel(job_id, by, reason).await,
+            JobAction::Retry => self.retry(job_id, actor).await,
+            JobAction::RunNow => self.run_now(job_id, actor).await,
+            JobAction::Cancel => self.cancel(job_id, actor).await,
         };
         if let Err(refused) = &done {
             span.fail("refused", || refused.to_string());
@@ -127,10 +126,10 @@ impl Actions<'_> {
     }
 
     /// Makes a `done` or `dead` job due again with a fresh set of attempts.
-    pub async fn retry(&self, job_id: &JobId, by: &str) -> Result<(), Refused> {
-        match self.ledger.retry_job(job_id, by, now_ms()).await {
+    pub async fn retry(&self, job_id: &JobId, actor: &Actor) -> Result<(), Refused> {
+        match self.ledger.retry_job(job_id, actor, now_ms()).await {
             Ok(()) => {
-                self.done(JobAction::Retry, job_id, by);
+                self.done(JobAction::Retry, job_id, actor);
                 Ok(())
             }
             Err(RetryError::Storage(error)) => Err(Refused::Storage(error)),
@@ -140,49 +139,39 @@ impl Actions<'_> {
     }
 
     /// Makes a job waiting in backoff due now.
-    pub async fn run_now(&self, job_id: &JobId, by: &str) -> Result<(), Refused> {
-        let changed = self.ledger.run_now(job_id, by, now_ms()).await?;
-        self.changed(changed, JobAction::RunNow, job_id, by, "a retrying job")
+    pub async fn run_now(&self, job_id: &JobId, actor: &Actor) -> Result<(), Refused> {
+        let changed = self.ledger.run_now(job_id, actor, now_ms()).await?;
+        self.changed(changed, JobAction::RunNow, job_id, actor, "a retrying job")
             .await
     }
 
-    /// Makes a waiting job `dead` without running it; `reason` must say something.
-    pub async fn cancel(
-        &self,
-        job_id: &JobId,
-        by: &str,
-        reason: Option<&str>,
-    ) -> Result<(), Refused> {
-        let reason = said(reason)?.ok_or(Refused::NoReason)?;
-        let changed = self.ledger.cancel_job(job_id, by, reason, now_ms()).await?;
+    /// Makes a waiting job `dead` without running it; the actor's reason must say something.
+    pub async fn cancel(&self, job_id: &JobId, actor: &Actor) -> Result<(), Refused> {
+        let reason = said(actor.reason())?.ok_or(Refused::NoReason)?;
+        let actor = Actor::because(&actor.by, Some(reason));
+        let changed = self.ledger.cancel_job(job_id, &actor, now_ms()).await?;
         self.changed(
             changed,
             JobAction::Cancel,
             job_id,
-            by,
+            &actor,
             "a claimed or retrying job",
         )
         .await
     }
 
-    /// Pauses (with an optional `reason`) or resumes dispatch on every receiver; `false` if it
-    /// already was.
-    pub async fn set_dispatch(
-        &self,
-        paused: bool,
-        by: &str,
-        reason: Option<&str>,
-    ) -> Result<bool, Refused> {
-        let mut span = self.span(if paused { "pause" } else { "resume" }, by);
-        let reason = said(reason)?.filter(|_| paused);
-        let changed = self
-            .ledger
-            .set_dispatch(paused, by, reason, now_ms())
-            .await?;
+    /// Pauses (with the actor's reason, if any) or resumes dispatch on every receiver; `false`
+    /// if it already was.
+    pub async fn set_dispatch(&self, paused: bool, actor: &Actor) -> Result<bool, Refused> {
+        let mut span = self.span(if paused { "pause" } else { "resume" }, &actor.by);
+        let reason = said(actor.reason())?.filter(|_| paused);
+        let actor = Actor::because(&actor.by, reason);
+        let changed = self.ledger.set_dispatch(paused, &actor, now_ms()).await?;
         if let Some(queue) = self.queue {
             queue.dispatch_changed(paused);
         }
         span.set("sume.changed", changed);
+        let by = &actor.by;
         tracing::info!(%by, paused, changed, "dispatch changed by an operator");
         Ok(changed)
     }
@@ -202,18 +191,19 @@ impl Actions<'_> {
     }
 
     /// Retries the next [`GROUP_RETRY_BATCH`] dead jobs of the dead-letter group `signature`,
-    /// as `by`'s action; the batch says how many are left for the next call.
+    /// as `actor`'s action; the batch says how many are left for the next call.
     pub async fn retry_dead_group(
         &self,
         signature: &str,
-        by: &str,
+        actor: &Actor,
     ) -> Result<GroupRetry, StorageError> {
-        let mut span = self.span("retry-group", by);
+        let mut span = self.span("retry-group", &actor.by);
         let batch = self
             .ledger
-            .retry_dead_group(signature, by, now_ms(), GROUP_RETRY_BATCH)
+            .retry_dead_group(signature, actor, now_ms(), GROUP_RETRY_BATCH)
             .await?;
         span.set("sume.retried", batch.retried as i64);
+        let by = &actor.by;
         if let Some(queue) = self.queue {
             queue.look_in_ledger();
         }
@@ -227,11 +217,11 @@ impl Actions<'_> {
         changed: bool,
         action: JobAction,
         job_id: &JobId,
-        by: &str,
+        actor: &Actor,
         applies_to: &'static str,
     ) -> Result<(), Refused> {
         if changed {
-            self.done(action, job_id, by);
+            self.done(action, job_id, actor);
             return Ok(());
         }
         match self.ledger.show_job(job_id).await? {
@@ -245,10 +235,11 @@ impl Actions<'_> {
     }
 
     /// The job may be due now: the local worker looks, without waiting for its next look.
-    fn done(&self, action: JobAction, job_id: &JobId, by: &str) {
+    fn done(&self, action: JobAction, job_id: &JobId, actor: &Actor) {
         if let Some(queue) = self.queue {
             queue.look_in_ledger();
         }
+        let by = &actor.by;
         tracing::info!(job_id = %job_id, action = action.as_str(), %by, "job action by an operator");
     }
 }

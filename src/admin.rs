@@ -25,7 +25,7 @@ use crate::access::{Role, Tokens};
 use crate::actions::{Actions, JobAction, Refused};
 use crate::console::Console;
 use crate::job_id::JobId;
-use crate::ledger::{self, now_ms, Ledger};
+use crate::ledger::{self, now_ms, Actor, Ledger};
 use crate::peer_throttle::PeerThrottle;
 use crate::refusals::Refusals;
 use crate::response::{error_response, json_response};
@@ -156,7 +156,7 @@ impl Router for Admin {
                 let reason = crate::console::form_value(&query, "reason");
                 match self
                     .actions()
-                    .set_dispatch(paused, &by, reason.as_deref())
+                    .set_dispatch(paused, &Actor::because(&by, reason.as_deref()))
                     .await
                 {
                     Ok(changed) => json_response(
@@ -244,7 +244,7 @@ impl Admin {
         let reason = crate::console::form_value(query, "reason");
         match self
             .actions()
-            .on_job(action, job_id, by, reason.as_deref())
+            .on_job(action, job_id, &Actor::because(by, reason.as_deref()))
             .await
         {
             Ok(()) => {

@@ -491,8 +491,7 @@ async fn dispatch(server: &TestServer, change: &str) {
     ledger
         .set_dispatch(
             change == "pause",
-            "test",
-            None,
+            &ledger::Actor::new("test"),
             sume_receiver::ledger::now_ms(),
         )
         .await

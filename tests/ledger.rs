@@ -588,9 +588,13 @@ async fn another_connections_commit_is_seen_and_an_idle_ledger_stays_quiet() {
     assert!(idle.await.is_err(), "woken with nothing written");
 
     let cli = Ledger::open_existing(&config.database).await.unwrap();
-    cli.set_dispatch(true, "cli:test", None, ledger::now_ms())
-        .await
-        .unwrap();
+    cli.set_dispatch(
+        true,
+        &ledger::Actor::because("cli:test", None),
+        ledger::now_ms(),
+    )
+    .await
+    .unwrap();
     tokio::time::timeout(Duration::from_secs(10), ledger.work_added_elsewhere())
         .await
         .expect("the other connection's commit is seen");

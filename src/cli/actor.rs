@@ -1,10 +1,16 @@
 //! Who the command line acts as, for the jobs' history.
 
+use sume_receiver::ledger::Actor;
 use sume_receiver::logging::Escaped;
 
 /// Who the command line acts as, for the jobs' history: `cli:<user>` (the user behind sudo,
-/// where there is one).
-pub(super) fn actor() -> String {
+/// where there is one), for `reason` if one is given.
+pub(super) fn actor(reason: Option<&str>) -> Actor {
+    Actor::because(&name(), reason)
+}
+
+/// `cli:<user> (uid N)`.
+fn name() -> String {
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
     let name = ["SUDO_USER", "USER", "LOGNAME"]

@@ -9,7 +9,7 @@ use super::pages::{self, Viewer};
 use super::verdict::plural;
 use super::Console;
 use crate::actions::{Actions, JobAction, Refused};
-use crate::ledger::GROUP_RETRY_BATCH;
+use crate::ledger::{Actor, GROUP_RETRY_BATCH};
 
 impl Console {
     /// A form's action; answers with a page saying what happened.
@@ -34,7 +34,10 @@ impl Console {
         let (message, back) = match (segments.as_slice(), job_action) {
             (["dispatch", change @ ("pause" | "resume")], _) => {
                 let paused = *change == "pause";
-                match actions.set_dispatch(paused, by, reason.as_deref()).await {
+                match actions
+                    .set_dispatch(paused, &Actor::because(by, reason.as_deref()))
+                    .await
+                {
                     Ok(_) => (
                         if paused {
                             "Dispatch paused: deliveries are claimed, no job runs."
@@ -53,7 +56,10 @@ impl Console {
                     Ok(job_id) => job_id,
                     Err(response) => return *response,
                 };
-                match actions.on_job(action, &job_id, by, reason.as_deref()).await {
+                match actions
+                    .on_job(action, &job_id, &Actor::because(by, reason.as_deref()))
+                    .await
+                {
                     Ok(()) => {
                         let paused = self.ledger.dispatch().await.is_ok_and(|d| d.paused);
                         (queued(action, paused), pages::job_href(job_id.as_str()))
@@ -64,7 +70,7 @@ impl Console {
             }
             (["dead", "retry"], _) => {
                 let signature = form_value(form, "signature").unwrap_or_default();
-                let batch = match actions.retry_dead_group(&signature, by).await {
+                let batch = match actions.retry_dead_group(&signature, &Actor::new(by)).await {
                     Ok(batch) => batch,
                     Err(error) => return unavailable(&error),
                 };

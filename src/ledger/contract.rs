@@ -15,7 +15,7 @@ use super::model::{
     Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
     Release, RetentionStep, RetryCount, RetryError, RetryFilter, State,
 };
-use super::params::{ActionTaken, ProbeMove};
+use super::params::{ActionTaken, Actor, ProbeMove};
 use super::rollups::MinuteRollup;
 use super::work_side::WorkSide;
 
@@ -158,7 +158,7 @@ macro_rules! operations {
         /// An operator's cancel: makes a job's waiting work (`claimed` or `retrying`, every
         /// route's) `dead` without running it, recorded with who and why; `false` if none was
         /// waiting.
-        fn cancel_job(&self, job_id: &crate::job_id::JobId, by: &str, reason: &str, now: i64)
+        fn cancel_job(&self, job_id: &crate::job_id::JobId, actor: &Actor, now: i64)
             -> Result<bool, StorageError>;
 
         /// Resolves once new work may be in the ledger that this process did not put there (a
@@ -246,24 +246,26 @@ macro_rules! operations {
         fn trace_context(&self, job_id: &crate::job_id::JobId) -> Result<Option<String>, StorageError>;
 
         /// Makes a `done` or `dead` job due again with a fresh set of attempts (and wakes the
-        /// workers of every receiver), recorded as `by`'s action: a dead job's dead routes, a
+        /// workers of every receiver), recorded as `actor`'s action: a dead job's dead routes, a
         /// done job's every route.
-        fn retry_job(&self, job_id: &crate::job_id::JobId, by: &str, now: i64) -> Result<(), RetryError>;
+        fn retry_job(&self, job_id: &crate::job_id::JobId, actor: &Actor, now: i64)
+            -> Result<(), RetryError>;
 
         /// Retries up to `limit` of the finished jobs `filter` takes, in one transaction, each
-        /// recorded as `by`'s action with `reason`; how many. A job retried leaves the filter,
+        /// recorded as `actor`'s action; how many. A job retried leaves the filter,
         /// so repeating this until it returns 0 takes them all, a batch at a time.
-        fn retry_matching(&self, filter: &RetryFilter, by: &str, reason: &str, now: i64,
-                          limit: usize) -> Result<usize, StorageError>;
+        fn retry_matching(&self, filter: &RetryFilter, actor: &Actor, now: i64, limit: usize)
+            -> Result<usize, StorageError>;
 
         /// What [`Backend::retry_matching`] would take in all, counted exactly.
         fn count_retry_matching(&self, filter: &RetryFilter)
             -> Result<RetryCount, StorageError>;
 
         /// Makes a job waiting in backoff (`retrying`) due at `now`, skipping the rest of its
-        /// backoff (and wakes the workers of every receiver), recorded as `by`'s action;
+        /// backoff (and wakes the workers of every receiver), recorded as `actor`'s action;
         /// `false` if it was not waiting for a retry.
-        fn run_now(&self, job_id: &crate::job_id::JobId, by: &str, now: i64) -> Result<bool, StorageError>;
+        fn run_now(&self, job_id: &crate::job_id::JobId, actor: &Actor, now: i64)
+            -> Result<bool, StorageError>;
 
         /// Records an action on a job that changes nothing else (a replay through another
         /// handler); `false` if the job is not in the ledger.
@@ -279,9 +281,10 @@ macro_rules! operations {
 
         /// Pauses or resumes the workers of every receiver; `false` if they already were.
         /// Deliveries are received and claimed either way. Resuming also ends a hold (and is
-        /// then a change, recorded as `by`'s, even if dispatch was not paused). A change begins
-        /// or ends stops in the log of [`Backend::dispatch_stops`] (a pause with `reason`).
-        fn set_dispatch(&self, paused: bool, by: &str, reason: Option<&str>, now: i64)
+        /// then a change, recorded as `actor`'s, even if dispatch was not paused). A change
+        /// begins or ends stops in the log of [`Backend::dispatch_stops`] (a pause with the
+        /// actor's reason).
+        fn set_dispatch(&self, paused: bool, actor: &Actor, now: i64)
             -> Result<bool, StorageError>;
 
         /// `route`'s hold, if one is open (`src/hold/`).

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::{DeadGroup, Ledger, RetryError, State, StorageError};
+use super::{Actor, DeadGroup, Ledger, RetryError, State, StorageError};
 
 /// The most dead jobs one grouping reads (the newest): bounds its time and memory.
 pub const DEAD_READ: usize = 100_000;
@@ -155,7 +155,7 @@ impl Ledger {
         Ok(jobs)
     }
 
-    /// Retries up to `batch` dead jobs of the group `signature`, each recorded as `by`'s
+    /// Retries up to `batch` dead jobs of the group `signature`, each recorded as `actor`'s
     /// retry: a batch at a time, so no request holds the ledger (or the console) for long.
     /// What happened: how many were retried, how many could not be (retention purged their
     /// body, or they are no longer dead), and how many of the group were left for the next
@@ -163,7 +163,7 @@ impl Ledger {
     pub async fn retry_dead_group(
         &self,
         signature: &str,
-        by: &str,
+        actor: &Actor,
         now: i64,
         batch: usize,
     ) -> Result<GroupRetry, StorageError> {
@@ -178,7 +178,7 @@ impl Ledger {
                 done.refused += 1;
                 continue;
             };
-            match self.retry_job(&job_id, by, now).await {
+            match self.retry_job(&job_id, actor, now).await {
                 Ok(()) => done.retried += 1,
                 Err(RetryError::Storage(error)) => return Err(error),
                 Err(_) => done.refused += 1,

@@ -41,7 +41,7 @@ pub use model::{
     Leases, NewClaim, PollResult, Release, RetentionStep, RetryCount, RetryError, RetryFilter,
     Routing, Source, State, StopKind, HISTORY_PER_JOB,
 };
-pub use params::{ActionTaken, ProbeMove};
+pub use params::{ActionTaken, Actor, ProbeMove};
 pub use stops::{waiting_spans, STOPS_PER_JOB};
 /// Rows of its list a page filtered by event type reads at most.
 pub const ROWS_READ_PER_FILTERED_PAGE: usize = 10_000;

@@ -182,11 +182,11 @@ impl Queues {
     /// Whether a lease was left behind on some route since the last call.
     pub fn take_lease_left_behind(&self) -> bool {
         // Every route's flag is taken, not only up to the first that was set.
-        let mut any = false;
+        let mut left_behind = false;
         for queue in self.each() {
-            any |= queue.take_lease_left_behind();
+            left_behind |= queue.take_lease_left_behind();
         }
-        any
+        left_behind
     }
 
     /// Whether the job's work on `route` is queued or running in this process.

@@ -8,14 +8,14 @@ on_both_ledgers! {
     async fn dispatch_can_be_paused_and_resumed() {
         let (_dir, ledger) = fresh().await;
         assert!(!ledger.dispatch().await.unwrap().paused);
-        assert!(ledger.set_dispatch(true, "cli:dave", None, 1_000).await.unwrap());
-        assert!(!ledger.set_dispatch(true, "cli:erin", None, 2_000).await.unwrap(), "already paused");
+        assert!(ledger.set_dispatch(true, &ledger::Actor::because("cli:dave", None), 1_000).await.unwrap());
+        assert!(!ledger.set_dispatch(true, &ledger::Actor::because("cli:erin", None), 2_000).await.unwrap(), "already paused");
         let dispatch = ledger.dispatch().await.unwrap();
         assert_eq!(
             dispatch,
             ledger::Dispatch { paused: true, changed_at: Some(1_000), changed_by: Some("cli:dave".into()) }
         );
-        assert!(ledger.set_dispatch(false, "cli:erin", None, 3_000).await.unwrap());
+        assert!(ledger.set_dispatch(false, &ledger::Actor::because("cli:erin", None), 3_000).await.unwrap());
         assert!(!ledger.dispatch().await.unwrap().paused);
         ledger.close().await;
     }
@@ -46,8 +46,8 @@ on_both_ledgers! {
             next_probe_at: since + 5_000,
             probe_interval_ms: 5_000,
         };
-        assert!(ledger.set_dispatch(true, "cli:dave", Some("deploy «é»"), 1_000).await.unwrap());
-        assert!(!ledger.set_dispatch(true, "cli:erin", Some("again"), 1_200).await.unwrap());
+        assert!(ledger.set_dispatch(true, &ledger::Actor::because("cli:dave", Some("deploy «é»")), 1_000).await.unwrap());
+        assert!(!ledger.set_dispatch(true, &ledger::Actor::because("cli:erin", Some("again")), 1_200).await.unwrap());
         assert!(ledger.open_hold(&opened(1_500)).await.unwrap());
         assert!(!ledger.open_hold(&opened(1_600)).await.unwrap(), "a hold was open");
         assert_eq!(
@@ -57,10 +57,10 @@ on_both_ledgers! {
                 stop(hold, 1_500, None, Some(cause), None, None),
             ]
         );
-        assert!(ledger.set_dispatch(false, "cli:erin", None, 3_000).await.unwrap());
+        assert!(ledger.set_dispatch(false, &ledger::Actor::because("cli:erin", None), 3_000).await.unwrap());
         assert!(ledger.open_hold(&opened(4_000)).await.unwrap());
         assert_eq!(ledger.end_hold(&default_route(), 4_000, 5_000).await.unwrap().map(|h| h.since), Some(4_000));
-        assert!(ledger.set_dispatch(true, "cli:dave", None, 6_000).await.unwrap());
+        assert!(ledger.set_dispatch(true, &ledger::Actor::because("cli:dave", None), 6_000).await.unwrap());
         let all = [
             stop(pause, 1_000, Some("cli:dave"), Some("deploy «é»"), Some(3_000), Some("cli:erin")),
             stop(hold, 1_500, None, Some(cause), Some(3_000), Some("cli:erin")),
@@ -123,16 +123,16 @@ on_both_ledgers! {
             probe_interval_ms: 5_000,
         };
         assert!(ledger.open_hold(&hold).await.unwrap());
-        assert!(ledger.set_dispatch(true, "cli:dave", None, 2_000).await.unwrap());
+        assert!(ledger.set_dispatch(true, &ledger::Actor::because("cli:dave", None), 2_000).await.unwrap());
         assert_eq!(ledger.hold(&default_route()).await.unwrap(), Some(hold.clone()), "a pause keeps the hold");
-        assert!(ledger.set_dispatch(false, "cli:dave", None, 3_000).await.unwrap());
+        assert!(ledger.set_dispatch(false, &ledger::Actor::because("cli:dave", None), 3_000).await.unwrap());
         assert_eq!(ledger.hold(&default_route()).await.unwrap(), None);
 
         assert!(ledger.open_hold(&hold).await.unwrap());
-        assert!(ledger.set_dispatch(false, "cli:erin", None, 4_000).await.unwrap(), "a hold ended");
+        assert!(ledger.set_dispatch(false, &ledger::Actor::because("cli:erin", None), 4_000).await.unwrap(), "a hold ended");
         assert_eq!(ledger.hold(&default_route()).await.unwrap(), None);
         assert_eq!(ledger.dispatch().await.unwrap().changed_by.as_deref(), Some("cli:erin"));
-        assert!(!ledger.set_dispatch(false, "cli:erin", None, 5_000).await.unwrap(), "nothing to end");
+        assert!(!ledger.set_dispatch(false, &ledger::Actor::because("cli:erin", None), 5_000).await.unwrap(), "nothing to end");
         ledger.close().await;
     }
 }

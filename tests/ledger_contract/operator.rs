@@ -21,19 +21,19 @@ on_both_ledgers! {
             ("retry-purged", "retry-dead")
         };
         let now = ledger::now_ms();
-        ledger.retry_job(&id(kept), "test", now).await.unwrap();
+        ledger.retry_job(&id(kept), &ledger::Actor::new("test"), now).await.unwrap();
         let job = ledger.show_job(&id(kept)).await.unwrap().unwrap();
         assert_eq!((job.summary.state.as_str(), job.summary.attempts), ("claimed", 0));
         assert!(matches!(
-            ledger.retry_job(&id(purged), "test", now).await,
+            ledger.retry_job(&id(purged), &ledger::Actor::new("test"), now).await,
             Err(RetryError::BodyPurged(_))
         ));
         assert!(matches!(
-            ledger.retry_job(&id("retry-waiting"), "test", now).await,
+            ledger.retry_job(&id("retry-waiting"), &ledger::Actor::new("test"), now).await,
             Err(RetryError::NotFinished { .. })
         ));
         assert!(matches!(
-            ledger.retry_job(&id("retry-unknown"), "test", now).await,
+            ledger.retry_job(&id("retry-unknown"), &ledger::Actor::new("test"), now).await,
             Err(RetryError::Unknown(_))
         ));
         ledger.close().await;
@@ -47,7 +47,7 @@ on_both_ledgers! {
         let attempt = started(&ledger, "backoff", i64::MAX).await;
         ledger.finish_attempt(&attempt, &failed(Some(now + 3_600_000)), now).await.unwrap();
         assert!(ledger.due_jobs(&default_route(), now, 10).await.unwrap().runnable.is_empty());
-        assert!(ledger.run_now(&id("backoff"), "test", now).await.unwrap());
+        assert!(ledger.run_now(&id("backoff"), &ledger::Actor::new("test"), now).await.unwrap());
         let due = ledger.due_jobs(&default_route(), now, 10).await.unwrap();
         assert_eq!(due.runnable, [JobId::parse("backoff").unwrap()]);
         let job = ledger.show_job(&id("backoff")).await.unwrap().unwrap();
@@ -55,10 +55,10 @@ on_both_ledgers! {
         // Only a job waiting for its retry: not a claimed, running, finished or unknown one.
         claimed(&ledger, "waiting").await;
         for job_id in ["waiting", "unknown"] {
-            assert!(!ledger.run_now(&id(job_id), "test", now).await.unwrap(), "{job_id}");
+            assert!(!ledger.run_now(&id(job_id), &ledger::Actor::new("test"), now).await.unwrap(), "{job_id}");
         }
         started(&ledger, "backoff", i64::MAX).await;
-        assert!(!ledger.run_now(&id("backoff"), "test", now).await.unwrap(), "a running job");
+        assert!(!ledger.run_now(&id("backoff"), &ledger::Actor::new("test"), now).await.unwrap(), "a running job");
         ledger.close().await;
     }
 
@@ -69,7 +69,7 @@ on_both_ledgers! {
         let (_dir, ledger) = fresh().await;
         let now = ledger::now_ms();
         claimed(&ledger, "unwanted").await;
-        assert!(ledger.cancel_job(&id("unwanted"), "cli:bob", "duplicate order", now).await.unwrap());
+        assert!(ledger.cancel_job(&id("unwanted"), &ledger::Actor::because("cli:bob", Some("duplicate order")), now).await.unwrap());
         let job = ledger.show_job(&id("unwanted")).await.unwrap().unwrap();
         assert_eq!(job.summary.state, "dead");
         assert_eq!(job.summary.last_error.as_deref(), Some("cancelled by cli:bob: duplicate order"));
@@ -80,7 +80,7 @@ on_both_ledgers! {
         claimed(&ledger, "busy").await;
         started(&ledger, "busy", i64::MAX).await;
         for job_id in ["unwanted", "busy", "unknown"] {
-            assert!(!ledger.cancel_job(&id(job_id), "cli:bob", "no", now).await.unwrap(), "{job_id}");
+            assert!(!ledger.cancel_job(&id(job_id), &ledger::Actor::because("cli:bob", Some("no")), now).await.unwrap(), "{job_id}");
         }
         ledger.close().await;
     }
@@ -115,7 +115,7 @@ on_both_ledgers! {
         assert_eq!(count, ledger::RetryCount { retryable: 2, body_purged: 0 });
         let mut retried = 0;
         loop {
-            let batch = ledger.retry_matching(&filter, "cli:carol", "bulk", 10_000, 1).await.unwrap();
+            let batch = ledger.retry_matching(&filter, &ledger::Actor::because("cli:carol", Some("bulk")), 10_000, 1).await.unwrap();
             assert!(batch <= 1, "at most the limit");
             if batch == 0 {
                 break;
@@ -163,7 +163,7 @@ on_both_ledgers! {
         }
         for (job_id, by) in [("dl-cancel-1", "cli:bob"), ("dl-cancel-2", "console:alice")] {
             claimed(&ledger, job_id).await;
-            assert!(ledger.cancel_job(&id(job_id), by, &format!("{job_id} is a test"), 6_000).await.unwrap());
+            assert!(ledger.cancel_job(&id(job_id), &ledger::Actor::because(by, Some(&format!("{job_id} is a test"))), 6_000).await.unwrap());
         }
         let groups = ledger.dead_groups(10).await.unwrap();
         let found: Vec<(&str, u64)> =
@@ -184,9 +184,9 @@ on_both_ledgers! {
         assert_eq!(members, ["dl-1", "dl-2", "dl-3"]);
 
         // In batches: 2, then the last one.
-        let first = ledger.retry_dead_group(downstream, "console:alice", 7_000, 2).await.unwrap();
+        let first = ledger.retry_dead_group(downstream, &ledger::Actor::new("console:alice"), 7_000, 2).await.unwrap();
         assert_eq!((first.retried, first.refused, first.left), (2, 0, 1));
-        let rest = ledger.retry_dead_group(downstream, "console:alice", 7_000, 2).await.unwrap();
+        let rest = ledger.retry_dead_group(downstream, &ledger::Actor::new("console:alice"), 7_000, 2).await.unwrap();
         assert_eq!((rest.retried, rest.refused, rest.left), (1, 0, 0));
         for (job_id, state) in [
             ("dl-1", State::Claimed),
@@ -199,7 +199,7 @@ on_both_ledgers! {
         let job = ledger.show_job(&id("dl-2")).await.unwrap().unwrap();
         let retry = job.actions.last().unwrap();
         assert_eq!((retry.action.as_str(), retry.actor.as_str()), ("retry", "console:alice"));
-        assert_eq!(ledger.retry_dead_group(downstream, "console:alice", 8_000, 2).await.unwrap(), Default::default());
+        assert_eq!(ledger.retry_dead_group(downstream, &ledger::Actor::new("console:alice"), 8_000, 2).await.unwrap(), Default::default());
         ledger.close().await;
     }
 }

@@ -41,7 +41,7 @@ on_both_ledgers! {
         claimed(&ledger, "forgotten").await;
         let attempt = started(&ledger, "forgotten", i64::MAX).await;
         ledger.finish_attempt(&attempt, &failed(None), 1_000).await.unwrap();
-        ledger.retry_job(&id("forgotten"), "test", 1_000).await.unwrap();
+        ledger.retry_job(&id("forgotten"), &ledger::Actor::new("test"), 1_000).await.unwrap();
         let attempt = started(&ledger, "forgotten", i64::MAX).await;
         ledger.finish_attempt(&attempt, &AttemptEnd::Done, 1_000).await.unwrap();
         ledger.record_duplicates(&[(JobId::parse("forgotten").unwrap(), 2, 1_500)]).await.unwrap();
@@ -65,10 +65,10 @@ on_both_ledgers! {
     async fn retention_forgets_ended_stops_in_batches() {
         let (_dir, ledger) = fresh().await;
         for at in [1_000, 3_000, 5_000] {
-            assert!(ledger.set_dispatch(true, "cli:dave", None, at).await.unwrap());
-            assert!(ledger.set_dispatch(false, "cli:dave", None, at + 1_000).await.unwrap());
+            assert!(ledger.set_dispatch(true, &ledger::Actor::because("cli:dave", None), at).await.unwrap());
+            assert!(ledger.set_dispatch(false, &ledger::Actor::because("cli:dave", None), at + 1_000).await.unwrap());
         }
-        assert!(ledger.set_dispatch(true, "cli:dave", None, 7_000).await.unwrap());
+        assert!(ledger.set_dispatch(true, &ledger::Actor::because("cli:dave", None), 7_000).await.unwrap());
         let step = RetentionStep::DeleteEndedStops;
         assert_eq!(ledger.retention_step(step, 5_000, 1).await.unwrap(), 1);
         assert_eq!(ledger.retention_step(step, 5_000, 10).await.unwrap(), 1);

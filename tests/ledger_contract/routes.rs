@@ -83,7 +83,7 @@ on_both_ledgers! {
         );
         assert_eq!(state_of(&ledger, "both").await, Some(State::Retrying), "a still waits");
         assert!(due_on(&ledger, "b").await.is_empty());
-        assert!(ledger.run_now(&id("both"), "cli:test", ledger::now_ms()).await.unwrap());
+        assert!(ledger.run_now(&id("both"), &ledger::Actor::new("cli:test"), ledger::now_ms()).await.unwrap());
         let again = start_on(&ledger, "both", "a").await.expect("a's retry is due now");
         assert_eq!(again.number, 2);
         assert_eq!(
@@ -121,7 +121,7 @@ on_both_ledgers! {
         let bad = start_on(&ledger, "half", "bad").await.unwrap();
         ledger.finish_attempt(&bad, &failed(None), ledger::now_ms()).await.unwrap();
         assert_eq!(state_of(&ledger, "half").await, Some(State::Dead));
-        ledger.retry_job(&id("half"), "cli:test", ledger::now_ms()).await.unwrap();
+        ledger.retry_job(&id("half"), &ledger::Actor::new("cli:test"), ledger::now_ms()).await.unwrap();
         assert_eq!(state_of(&ledger, "half").await, Some(State::Claimed));
         assert_eq!(due_on(&ledger, "bad").await, ["half"]);
         assert!(due_on(&ledger, "ok").await.is_empty(), "the done route is not run again");

@@ -19,7 +19,7 @@ impl Cancel {
     pub(super) async fn run(self, ledger: &Ledger) -> anyhow::Result<()> {
         let job_id = self.job_id;
         actions(ledger)
-            .cancel(&job_id, &actor(), Some(&self.reason))
+            .cancel(&job_id, &actor(Some(&self.reason)))
             .await
             .map_err(|refusal| refused(&job_id, refusal))?;
         println!("job {job_id} is dead (cancelled); `jobs retry {job_id}` would run it again");

@@ -31,9 +31,7 @@ async fn set_dispatch(
     paused: bool,
     reason: Option<&str>,
 ) -> anyhow::Result<()> {
-    let changed = actions(ledger)
-        .set_dispatch(paused, &actor(), reason)
-        .await?;
+    let changed = actions(ledger).set_dispatch(paused, &actor(reason)).await?;
     let receivers = if config.database.sqlite_path().is_some() {
         "the service"
     } else {

@@ -60,8 +60,7 @@ impl Replay {
                 &job_id,
                 ledger::ActionTaken {
                     action: "replay",
-                    by: &actor(),
-                    reason: &reason,
+                    actor: &actor(Some(&reason)),
                 },
                 ledger::now_ms(),
             )

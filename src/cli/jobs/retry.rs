@@ -39,7 +39,7 @@ impl Retry {
     pub(super) async fn run(self, config: &Config, ledger: &Ledger) -> anyhow::Result<()> {
         if let Some(job_id) = self.job_id {
             actions(ledger)
-                .retry(&job_id, &actor())
+                .retry(&job_id, &actor(None))
                 .await
                 .map_err(|refusal| refused(&job_id, refusal))?;
             println!(
@@ -96,11 +96,11 @@ async fn retry_matching(
         return Ok(());
     }
     let reason = retry_reason(filter);
-    let by = actor();
+    let by = actor(Some(&reason));
     let mut retried = 0;
     loop {
         let batch = ledger
-            .retry_matching(filter, &by, &reason, ledger::now_ms(), RETRY_BATCH)
+            .retry_matching(filter, &by, ledger::now_ms(), RETRY_BATCH)
             .await
             .with_context(|| format!("stopped after retrying {retried} job(s)"))?;
         if batch == 0 {
@@ -143,7 +143,7 @@ async fn retry_group(ledger: &Ledger, signature: &str, yes: bool) -> anyhow::Res
         return Ok(());
     }
     // In batches, as the console does: each a short run of transactions, with progress.
-    let by = actor();
+    let by = actor(None);
     let (mut retried, mut refused) = (0, 0);
     loop {
         let batch = actions(ledger).retry_dead_group(signature, &by).await?;

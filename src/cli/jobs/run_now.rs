@@ -17,7 +17,7 @@ pub struct RunNow {
 impl RunNow {
     pub(super) async fn run(self, config: &Config, ledger: &Ledger) -> anyhow::Result<()> {
         let job_id = self.job_id;
-        if let Err(refusal) = actions(ledger).run_now(&job_id, &actor()).await {
+        if let Err(refusal) = actions(ledger).run_now(&job_id, &actor(None)).await {
             let finished = matches!(&refusal, Refused::NotApplicable { state, .. } if state == "done" || state == "dead");
             let error = refused(&job_id, refusal);
             if finished {

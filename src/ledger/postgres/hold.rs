@@ -7,7 +7,7 @@ use tokio_postgres::Row;
 use super::{sql, PostgresLedger, CHANNEL};
 use crate::ledger::error::StorageError;
 use crate::ledger::model::{Dispatch, DispatchStop, Hold, StopKind};
-use crate::ledger::params::ProbeMove;
+use crate::ledger::params::{Actor, ProbeMove};
 use crate::ledger::portable_sql::{
     dispatch_stops_sql, end_hold_sql, hold_sql, holds_sql, move_probe_sql, open_hold_sql, Dialect,
     HOLD_COLUMNS,
@@ -38,12 +38,14 @@ pub(super) async fn dispatch(ledger: &PostgresLedger) -> Result<Dispatch, Storag
 pub(super) async fn set_dispatch(
     ledger: &PostgresLedger,
     paused: bool,
-    by: &str,
-    reason: Option<&str>,
+    actor: &Actor,
     now: i64,
 ) -> Result<bool, StorageError> {
     let changed = ledger
-        .count(sql::SET_DISPATCH_SQL, &[&paused, &now, &by, &reason])
+        .count(
+            sql::SET_DISPATCH_SQL,
+            &[&paused, &now, &actor.by, &actor.reason],
+        )
         .await?
         == 1;
     if changed {

@@ -48,7 +48,7 @@ use super::model::{
     LeasedAttempt, Leases, NewClaim, PollResult, Release, RetentionStep, RetryCount, RetryError,
     RetryFilter, Source, State, HISTORY_PER_JOB, RECEIVER_ACTOR,
 };
-use super::params::{ActionTaken, ProbeMove};
+use super::params::{ActionTaken, Actor, ProbeMove};
 use super::portable_sql::{self, Dialect};
 use super::rollups::{delete_old_sql, MinuteRollup};
 use super::work_side::WorkSide;
@@ -276,14 +276,16 @@ impl Backend for PostgresLedger {
     async fn cancel_job(
         &self,
         job_id: &JobId,
-        by: &str,
-        reason: &str,
+        actor: &Actor,
         now: i64,
     ) -> Result<bool, StorageError> {
         let job_id = job_id.as_str();
-        let error = format!("cancelled by {by}: {reason}");
+        let error = actor.cancelled();
         let changed = self
-            .count(sql::GIVE_UP_SQL, &[&job_id, &now, &error, &"cancel", &by])
+            .count(
+                sql::GIVE_UP_SQL,
+                &[&job_id, &now, &error, &"cancel", &actor.by],
+            )
             .await?;
         if changed == 1 {
             self.trim_actions(&[job_id]).await?;
@@ -500,10 +502,13 @@ impl Backend for PostgresLedger {
         Ok(rows.first().and_then(|row| row.get(0)))
     }
 
-    async fn retry_job(&self, job_id: &JobId, by: &str, now: i64) -> Result<(), RetryError> {
+    async fn retry_job(&self, job_id: &JobId, actor: &Actor, now: i64) -> Result<(), RetryError> {
         let job_id = job_id.as_str();
         if self
-            .count(sql::RETRY_JOB_SQL, &[&job_id, &now, &by])
+            .count(
+                sql::RETRY_JOB_SQL,
+                &[&job_id, &now, &actor.by, &actor.reason],
+            )
             .await?
             == 1
         {
@@ -521,8 +526,7 @@ impl Backend for PostgresLedger {
     async fn retry_matching(
         &self,
         filter: &RetryFilter,
-        by: &str,
-        reason: &str,
+        actor: &Actor,
         now: i64,
         limit: usize,
     ) -> Result<usize, StorageError> {
@@ -536,8 +540,8 @@ impl Backend for PostgresLedger {
                     &filter.error_contains,
                     &(limit as i64),
                     &now,
-                    &by,
-                    &reason,
+                    &actor.by,
+                    &actor.reason,
                 ],
             )
             .await?;
@@ -570,9 +574,10 @@ impl Backend for PostgresLedger {
         })
     }
 
-    async fn run_now(&self, job_id: &JobId, by: &str, now: i64) -> Result<bool, StorageError> {
+    async fn run_now(&self, job_id: &JobId, actor: &Actor, now: i64) -> Result<bool, StorageError> {
         let job_id = job_id.as_str();
-        if self.count(sql::RUN_NOW_SQL, &[&job_id, &now, &by]).await? == 1 {
+        let params: [&(dyn ToSql + Sync); 4] = [&job_id, &now, &actor.by, &actor.reason];
+        if self.count(sql::RUN_NOW_SQL, &params).await? == 1 {
             self.trim_actions(&[job_id]).await?;
             self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
             return Ok(true);
@@ -599,11 +604,11 @@ impl Backend for PostgresLedger {
         now: i64,
     ) -> Result<bool, StorageError> {
         let job_id = job_id.as_str();
-        let ActionTaken { action, by, reason } = taken;
+        let ActionTaken { action, actor } = taken;
         let recorded = self
             .count(
                 sql::RECORD_ACTION_SQL,
-                &[&job_id, &now, &action, &by, &reason],
+                &[&job_id, &now, &action, &actor.by, &actor.reason],
             )
             .await?
             == 1;
@@ -628,11 +633,10 @@ impl Backend for PostgresLedger {
     async fn set_dispatch(
         &self,
         paused: bool,
-        by: &str,
-        reason: Option<&str>,
+        actor: &Actor,
         now: i64,
     ) -> Result<bool, StorageError> {
-        hold::set_dispatch(self, paused, by, reason, now).await
+        hold::set_dispatch(self, paused, actor, now).await
     }
 
     async fn hold(&self, route: &RouteName) -> Result<Option<Hold>, StorageError> {

@@ -118,8 +118,8 @@ pub const COUNT_RETRY_MATCHING_SQL: &str = "SELECT
      FROM jobs
      WHERE state = $1 AND state IN ('done', 'dead') AND finished_at >= $2 AND finished_at < $3
        AND (CAST($4 AS TEXT) IS NULL OR strpos(last_error, $4) > 0)";
-/// Parameters: job_id, now, actor. A finished job's routes in its state (a dead job's dead
-/// ones, a done job's all). One row: 1 if the job was finished and has its body.
+/// Parameters: job_id, now, actor, reason. A finished job's routes in its state (a dead job's
+/// dead ones, a done job's all). One row: 1 if the job was finished and has its body.
 pub const RETRY_JOB_SQL: &str = "WITH retried AS (
         UPDATE job_routes SET state = 'claimed', attempts = 0, next_attempt_at = $2,
                         finished_at = NULL, updated_at = $2, next_attempt_cause = 'manual_retry'
@@ -127,18 +127,19 @@ pub const RETRY_JOB_SQL: &str = "WITH retried AS (
                                        AND state IN ('done', 'dead') AND body IS NOT NULL)
         RETURNING job_id),
     recorded AS (
-        INSERT INTO job_actions (job_id, at, action, actor)
-        SELECT DISTINCT job_id, $2, 'retry', $3 FROM retried)
+        INSERT INTO job_actions (job_id, at, action, actor, reason)
+        SELECT DISTINCT job_id, $2, 'retry', $3, CAST($4 AS TEXT) FROM retried)
     SELECT least(count(*), 1) FROM retried";
-/// Parameters: job_id, now, actor. One row: 1 if some of the job's work waited for a retry.
+/// Parameters: job_id, now, actor, reason. One row: 1 if some of the job's work waited for a
+/// retry.
 pub const RUN_NOW_SQL: &str = "WITH hurried AS (
         UPDATE job_routes SET next_attempt_at = $2, updated_at = $2,
                               next_attempt_cause = 'run_now'
         WHERE job_id = $1 AND state = 'retrying'
         RETURNING job_id),
     recorded AS (
-        INSERT INTO job_actions (job_id, at, action, actor)
-        SELECT DISTINCT job_id, $2, 'run_now', $3 FROM hurried)
+        INSERT INTO job_actions (job_id, at, action, actor, reason)
+        SELECT DISTINCT job_id, $2, 'run_now', $3, CAST($4 AS TEXT) FROM hurried)
     SELECT least(count(*), 1) FROM hurried";
 /// Parameters: job_id, now, action, actor, reason. One row: 1 if the job is in the ledger.
 pub const RECORD_ACTION_SQL: &str = "WITH recorded AS (

@@ -4,6 +4,7 @@
 use rusqlite::{params, Connection, Row};
 
 use crate::ledger::model::{ActionRecord, AttemptRecord, Failure, HISTORY_PER_JOB};
+use crate::ledger::params::Actor;
 
 /// Parameters: job_id, kept. Keeps the newest `kept` attempts of the job; reads only the job's
 /// own entries of the index, so it costs what the job's history holds.
@@ -68,14 +69,13 @@ pub fn record_action(
     conn: &Connection,
     job_id: &str,
     action: &str,
-    actor: &str,
-    reason: Option<&str>,
+    actor: &Actor,
     now: i64,
 ) -> rusqlite::Result<()> {
     conn.prepare_cached(
         "INSERT INTO job_actions (job_id, at, action, actor, reason) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
-    .execute(params![job_id, now, action, actor, reason])?;
+    .execute(params![job_id, now, action, actor.by, actor.reason()])?;
     conn.prepare_cached(TRIM_ACTIONS_SQL)?
         .execute(params![job_id, HISTORY_PER_JOB])?;
     Ok(())
@@ -85,14 +85,15 @@ pub fn record_action(
 pub fn record_action_if_known(
     conn: &Connection,
     job_id: &str,
-    (action, actor, reason): (&str, &str, &str),
+    action: &str,
+    actor: &Actor,
     now: i64,
 ) -> rusqlite::Result<bool> {
     let known = conn
         .prepare_cached("SELECT 1 FROM jobs WHERE job_id = ?1")?
         .exists([job_id])?;
     if known {
-        record_action(conn, job_id, action, actor, Some(reason), now)?;
+        record_action(conn, job_id, action, actor, now)?;
     }
     Ok(known)
 }

@@ -17,6 +17,7 @@ use crate::ledger::model::{
     JobSummary, LeasedAttempt, NewClaim, Release, RetryCount, RetryError, RetryFilter, Source,
     State,
 };
+use crate::ledger::params::Actor;
 use crate::ledger::portable_sql::{
     list_jobs_sql, stats_sql, Dialect, JOB_COUNTS_SQL, OLDEST_UNFINISHED_SQL, WORK_BY_ROUTE_SQL,
 };
@@ -332,13 +333,13 @@ pub fn take_back_lease(
     Ok(state.map(|state| State::from_str(&state).unwrap_or(State::Retrying)))
 }
 
-/// Makes a waiting job `dead` with `error`, no attempt run, recorded as `action` by `actor`;
-/// `false` if it was not waiting.
+/// Makes a waiting job `dead` with `error`, no attempt run, recorded as `action` by `actor`
+/// (whose reason is the error); `false` if it was not waiting.
 pub fn give_up(
     conn: &Connection,
     job_id: &str,
     error: &str,
-    (action, actor): (&str, &str),
+    (action, by): (&str, &str),
     now: i64,
 ) -> rusqlite::Result<bool> {
     let changed = conn
@@ -346,7 +347,7 @@ pub fn give_up(
         .execute(params![job_id, now, error])?
         > 0;
     if changed {
-        record_action(conn, job_id, action, actor, Some(error), now)?;
+        record_action(conn, job_id, action, &Actor::because(by, Some(error)), now)?;
     }
     Ok(changed)
 }
@@ -496,29 +497,23 @@ pub fn job_ids_like(conn: &Connection, pattern: &str) -> rusqlite::Result<Vec<St
     rows.collect()
 }
 
-pub fn run_now(conn: &Connection, job_id: &str, by: &str, now: i64) -> rusqlite::Result<bool> {
+pub fn run_now(conn: &Connection, job_id: &str, actor: &Actor, now: i64) -> rusqlite::Result<bool> {
     let changed = conn.execute(RUN_NOW_SQL, params![job_id, now])? > 0;
     if changed {
-        record_action(conn, job_id, "run_now", by, None, now)?;
+        record_action(conn, job_id, "run_now", actor, now)?;
     }
     Ok(changed)
 }
 
 /// Makes a `done` or `dead` job due again with a fresh set of attempts; `false` if it was not
 /// finished or has no body.
-fn retry_one(
-    conn: &Connection,
-    job_id: &str,
-    by: &str,
-    reason: Option<&str>,
-    now: i64,
-) -> rusqlite::Result<bool> {
+fn retry_one(conn: &Connection, job_id: &str, actor: &Actor, now: i64) -> rusqlite::Result<bool> {
     let changed = conn
         .prepare_cached(RETRY_JOB_SQL)?
         .execute(params![job_id, now])?
         > 0;
     if changed {
-        record_action(conn, job_id, "retry", by, reason, now)?;
+        record_action(conn, job_id, "retry", actor, now)?;
     }
     Ok(changed)
 }
@@ -528,10 +523,10 @@ fn retry_one(
 pub fn retry_job(
     conn: &Connection,
     job_id: &str,
-    by: &str,
+    actor: &Actor,
     now: i64,
 ) -> rusqlite::Result<Result<(), RetryError>> {
-    if retry_one(conn, job_id, by, None, now)? {
+    if retry_one(conn, job_id, actor, now)? {
         return Ok(Ok(()));
     }
     let found = conn
@@ -551,11 +546,11 @@ fn filter_params(filter: &RetryFilter) -> (&'static str, i64, i64, Option<&str>)
     )
 }
 
-/// Retries up to `limit` of the jobs `filter` takes, each recorded with `reason`; how many.
+/// Retries up to `limit` of the jobs `filter` takes, each recorded as `actor`'s; how many.
 pub fn retry_matching(
     conn: &Connection,
     filter: &RetryFilter,
-    (by, reason): (&str, &str),
+    actor: &Actor,
     now: i64,
     limit: usize,
 ) -> rusqlite::Result<usize> {
@@ -568,7 +563,7 @@ pub fn retry_matching(
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let mut retried = 0;
     for job_id in &job_ids {
-        retried += usize::from(retry_one(conn, job_id, by, Some(reason), now)?);
+        retried += usize::from(retry_one(conn, job_id, actor, now)?);
     }
     Ok(retried)
 }
@@ -622,10 +617,10 @@ pub fn dispatch(conn: &Connection) -> rusqlite::Result<Dispatch> {
 pub fn set_dispatch(
     conn: &Connection,
     paused: bool,
-    by: &str,
-    reason: Option<&str>,
+    actor: &Actor,
     now: i64,
 ) -> rusqlite::Result<bool> {
+    let by = actor.by.as_str();
     let hold_ended = !paused && conn.execute("DELETE FROM route_holds", [])? > 0;
     let changed = conn.execute(
         "UPDATE dispatch SET paused = ?1, changed_at = ?2, changed_by = ?3
@@ -638,7 +633,7 @@ pub fn set_dispatch(
                 kind: StopKind::Pause,
                 route: None,
                 by: Some(by),
-                reason,
+                reason: actor.reason(),
             };
             hold::begin_stop(conn, &pause, now)?
         }

@@ -36,7 +36,7 @@ use super::model::{
     Expectation, Hold, JobDetail, JobPage, JobStats, LeasedAttempt, Leases, NewClaim, PollResult,
     Release, RetentionStep, RetryCount, RetryError, RetryFilter, State, RECEIVER_ACTOR,
 };
-use super::params::{ActionTaken, ProbeMove};
+use super::params::{ActionTaken, Actor, ProbeMove};
 use super::portable_sql::Dialect;
 use super::rollups::{delete_old_sql, MinuteRollup};
 use crate::config::SqliteConfig;
@@ -389,12 +389,11 @@ impl Backend for SqliteLedger {
     async fn cancel_job(
         &self,
         job_id: &JobId,
-        by: &str,
-        reason: &str,
+        actor: &Actor,
         now: i64,
     ) -> Result<bool, StorageError> {
-        let (job_id, by) = (job_id.to_owned(), by.to_owned());
-        let error = format!("cancelled by {by}: {reason}");
+        let (job_id, by) = (job_id.to_owned(), actor.by.clone());
+        let error = actor.cancelled();
         self.write(move |conn| jobs::give_up(conn, job_id.as_str(), &error, ("cancel", &by), now))
             .await
     }
@@ -558,22 +557,21 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn retry_job(&self, job_id: &JobId, by: &str, now: i64) -> Result<(), RetryError> {
-        let (job_id, by) = (job_id.to_owned(), by.to_owned());
-        self.write(move |conn| jobs::retry_job(conn, job_id.as_str(), &by, now))
+    async fn retry_job(&self, job_id: &JobId, actor: &Actor, now: i64) -> Result<(), RetryError> {
+        let (job_id, actor) = (job_id.to_owned(), actor.clone());
+        self.write(move |conn| jobs::retry_job(conn, job_id.as_str(), &actor, now))
             .await?
     }
 
     async fn retry_matching(
         &self,
         filter: &RetryFilter,
-        by: &str,
-        reason: &str,
+        actor: &Actor,
         now: i64,
         limit: usize,
     ) -> Result<usize, StorageError> {
-        let (filter, by, reason) = (filter.clone(), by.to_owned(), reason.to_owned());
-        self.write(move |conn| jobs::retry_matching(conn, &filter, (&by, &reason), now, limit))
+        let (filter, actor) = (filter.clone(), actor.clone());
+        self.write(move |conn| jobs::retry_matching(conn, &filter, &actor, now, limit))
             .await
     }
 
@@ -583,9 +581,9 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn run_now(&self, job_id: &JobId, by: &str, now: i64) -> Result<bool, StorageError> {
-        let (job_id, by) = (job_id.to_owned(), by.to_owned());
-        self.write(move |conn| jobs::run_now(conn, job_id.as_str(), &by, now))
+    async fn run_now(&self, job_id: &JobId, actor: &Actor, now: i64) -> Result<bool, StorageError> {
+        let (job_id, actor) = (job_id.to_owned(), actor.clone());
+        self.write(move |conn| jobs::run_now(conn, job_id.as_str(), &actor, now))
             .await
     }
 
@@ -601,10 +599,13 @@ impl Backend for SqliteLedger {
         taken: ActionTaken<'_>,
         now: i64,
     ) -> Result<bool, StorageError> {
-        let strings = [job_id.as_str(), taken.action, taken.by, taken.reason].map(str::to_owned);
+        let (job_id, action, actor) = (
+            job_id.to_owned(),
+            taken.action.to_owned(),
+            taken.actor.clone(),
+        );
         self.write(move |conn| {
-            let [job_id, action, by, reason] = &strings;
-            history::record_action_if_known(conn, job_id, (action, by, reason), now)
+            history::record_action_if_known(conn, job_id.as_str(), &action, &actor, now)
         })
         .await
     }
@@ -616,12 +617,11 @@ impl Backend for SqliteLedger {
     async fn set_dispatch(
         &self,
         paused: bool,
-        by: &str,
-        reason: Option<&str>,
+        actor: &Actor,
         now: i64,
     ) -> Result<bool, StorageError> {
-        let (by, reason) = (by.to_owned(), reason.map(str::to_owned));
-        self.write(move |conn| jobs::set_dispatch(conn, paused, &by, reason.as_deref(), now))
+        let actor = actor.clone();
+        self.write(move |conn| jobs::set_dispatch(conn, paused, &actor, now))
             .await
     }
 
