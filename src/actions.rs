@@ -15,6 +15,7 @@ use crate::ledger::{
     duration_ms, now_ms, Actor, GroupRetry, Ledger, RetryError, StorageError, GROUP_RETRY_BATCH,
 };
 use crate::logging::Escaped;
+use crate::route_name::RouteName;
 use crate::traces::{Kind, Parent, Span, Tracer};
 use crate::worker::Queues;
 
@@ -97,19 +98,24 @@ pub struct Actions<'a> {
 }
 
 impl Actions<'_> {
-    /// `action` on `job_id`, recorded as `actor`'s (a cancel with the actor's reason).
+    /// `action` on `job_id`'s work on `route`, or on all its routes (`None`), recorded as
+    /// `actor`'s (a cancel with the actor's reason).
     pub async fn on_job(
         &self,
         action: JobAction,
         job_id: &JobId,
+        route: Option<&RouteName>,
         actor: &Actor,
     ) -> Result<(), Refused> {
         let mut span = self.span(action.as_str(), &actor.by);
         span.set("sume.job_id", job_id.as_str());
+        if let Some(route) = route {
+            span.set("sume.route", route.as_str());
+        }
         let done = match action {
-            JobAction::Retry => self.retry(job_id, actor).await,
-            JobAction::RunNow => self.run_now(job_id, actor).await,
-            JobAction::Cancel => self.cancel(job_id, actor).await,
+            JobAction::Retry => self.retry(job_id, route, actor).await,
+            JobAction::RunNow => self.run_now(job_id, route, actor).await,
+            JobAction::Cancel => self.cancel(job_id, route, actor).await,
         };
         if let Err(refused) = &done {
             span.fail("refused", || refused.to_string());
@@ -125,9 +131,15 @@ impl Actions<'_> {
         span
     }
 
-    /// Makes a `done` or `dead` job due again with a fresh set of attempts.
-    pub async fn retry(&self, job_id: &JobId, actor: &Actor) -> Result<(), Refused> {
-        match self.ledger.retry_job(job_id, actor, now_ms()).await {
+    /// Makes a `done` or `dead` job (or its work on `route`) due again with a fresh set of
+    /// attempts.
+    pub async fn retry(
+        &self,
+        job_id: &JobId,
+        route: Option<&RouteName>,
+        actor: &Actor,
+    ) -> Result<(), Refused> {
+        match self.ledger.retry_job(job_id, route, actor, now_ms()).await {
             Ok(()) => {
                 self.done(JobAction::Retry, job_id, actor);
                 Ok(())
@@ -139,17 +151,30 @@ impl Actions<'_> {
     }
 
     /// Makes a job waiting in backoff due now.
-    pub async fn run_now(&self, job_id: &JobId, actor: &Actor) -> Result<(), Refused> {
-        let changed = self.ledger.run_now(job_id, actor, now_ms()).await?;
+    pub async fn run_now(
+        &self,
+        job_id: &JobId,
+        route: Option<&RouteName>,
+        actor: &Actor,
+    ) -> Result<(), Refused> {
+        let changed = self.ledger.run_now(job_id, route, actor, now_ms()).await?;
         self.changed(changed, JobAction::RunNow, job_id, actor, "a retrying job")
             .await
     }
 
     /// Makes a waiting job `dead` without running it; the actor's reason must say something.
-    pub async fn cancel(&self, job_id: &JobId, actor: &Actor) -> Result<(), Refused> {
+    pub async fn cancel(
+        &self,
+        job_id: &JobId,
+        route: Option<&RouteName>,
+        actor: &Actor,
+    ) -> Result<(), Refused> {
         let reason = said(actor.reason())?.ok_or(Refused::NoReason)?;
         let actor = Actor::because(&actor.by, Some(reason));
-        let changed = self.ledger.cancel_job(job_id, &actor, now_ms()).await?;
+        let changed = self
+            .ledger
+            .cancel_job(job_id, route, &actor, now_ms())
+            .await?;
         self.changed(
             changed,
             JobAction::Cancel,

@@ -29,6 +29,7 @@ use crate::ledger::{self, now_ms, Actor, Ledger};
 use crate::peer_throttle::PeerThrottle;
 use crate::refusals::Refusals;
 use crate::response::{error_response, json_response};
+use crate::route_name::RouteName;
 use crate::server::Router;
 use crate::tls::Tls;
 use crate::traces::Tracer;
@@ -232,8 +233,9 @@ impl Admin {
         }
     }
 
-    /// `retry`, `run-now` or `cancel` (with `?reason=`), recorded as `by`'s action; the job's
-    /// state after it. 409 when the job is not in a state the action applies to.
+    /// `retry`, `run-now` or `cancel` (with `?reason=`), of the job's work on every route or on
+    /// `?route=`, recorded as `by`'s action; the job's state after it. 409 when the job is not in
+    /// a state the action applies to; 400 for a route name that cannot be one.
     async fn act(
         &self,
         job_id: &JobId,
@@ -242,9 +244,15 @@ impl Admin {
         query: &str,
     ) -> Response<Full<Bytes>> {
         let reason = crate::console::form_value(query, "reason");
+        let route = match crate::console::form_value(query, "route").map(|r| RouteName::parse(&r)) {
+            None => None,
+            Some(Ok(route)) => Some(route),
+            Some(Err(why)) => return error_response(StatusCode::BAD_REQUEST, &why),
+        };
+        let actor = Actor::because(by, reason.as_deref());
         match self
             .actions()
-            .on_job(action, job_id, &Actor::because(by, reason.as_deref()))
+            .on_job(action, job_id, route.as_ref(), &actor)
             .await
         {
             Ok(()) => {

@@ -109,6 +109,7 @@ on_both_ledgers! {
         let (_, job) = admin(Method::GET, admin_port, "/v1/jobs/failing").await;
         assert_eq!(job["history"].as_array().unwrap().len(), 2, "{job}");
         assert_eq!(job["history"][1]["cause"], "manual_retry");
+        assert_eq!(job["history"][1]["route"], "default");
         assert_eq!(job["actions"][0]["action"], "retry");
         assert_eq!(job["actions"][0]["actor"], "admin:127.0.0.1");
 
@@ -117,6 +118,9 @@ on_both_ledgers! {
             ("/v1/jobs/failing/cancel?reason=not%20wanted", 409),
             ("/v1/jobs/failing/run-now", 409),
             ("/v1/jobs/nobody/retry", 404),
+            // One route's work: a route the job does not have, a text no route can be named.
+            ("/v1/jobs/failing/retry?route=archive", 404),
+            ("/v1/jobs/failing/retry?route=Not%20A%20Route", 400),
             ("/v1/jobs/failing/explode", 404),
         ] {
             let (status, answer) = admin(Method::POST, admin_port, path).await;

@@ -237,7 +237,7 @@ async fn a_jobs_retry_from_the_command_line_is_picked_up() {
     let cli = ledger::Ledger::open_existing(&server.config.database)
         .await
         .unwrap();
-    cli.retry_job(&JobId::parse("job-again").unwrap(), &ledger::Actor::new("cli:test"), ledger::now_ms())
+    cli.retry_job(&JobId::parse("job-again").unwrap(), None, &ledger::Actor::new("cli:test"), ledger::now_ms())
         .await
         .unwrap();
     cli.close().await;

@@ -57,7 +57,12 @@ impl Console {
                     Err(response) => return *response,
                 };
                 match actions
-                    .on_job(action, &job_id, &Actor::because(by, reason.as_deref()))
+                    .on_job(
+                        action,
+                        &job_id,
+                        None,
+                        &Actor::because(by, reason.as_deref()),
+                    )
                     .await
                 {
                     Ok(()) => {

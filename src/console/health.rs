@@ -21,6 +21,11 @@ pub trait HealthSource: Send + Sync {
     /// Why dispatch is held, while an outage hold holds it (a pause by hand is read from the
     /// ledger's dispatch row).
     fn dispatch_held(&self) -> Option<String>;
+    /// The routes whose work this receiver runs; `None` with no handler at all (the work waits
+    /// for an external consumer, as it should).
+    fn routes_run(&self) -> Option<Vec<String>> {
+        None
+    }
 }
 
 /// The receiver's own answers: its ledger's writer, the ledger's work side (PostgreSQL tracks
@@ -65,6 +70,11 @@ impl HealthSource for ReceiverHealth {
             })
             .collect();
         (!lines.is_empty()).then(|| lines.join("; "))
+    }
+
+    fn routes_run(&self) -> Option<Vec<String>> {
+        let names: Vec<String> = self.queue.names().map(ToString::to_string).collect();
+        (!names.is_empty()).then_some(names)
     }
 }
 
@@ -174,7 +184,23 @@ pub fn facts(sources: &Sources) -> Facts {
             .unwrap_or(0),
         tolerance_secs: sources.tolerance.as_secs(),
         disk: sources.disk,
+        unrun_work: unrun_work(sources),
     }
+}
+
+/// Work waiting on routes this receiver does not run: a route taken out of the config keeps
+/// its work in the ledger, unrun, until a route of its name comes back.
+fn unrun_work(sources: &Sources) -> Vec<(String, u64)> {
+    let (Some(ledger), Some(run)) = (sources.ledger, sources.health.routes_run()) else {
+        return Vec::new();
+    };
+    ledger
+        .snapshot
+        .work
+        .iter()
+        .filter(|(route, waiting, _)| *waiting > 0 && !run.contains(route))
+        .map(|(route, waiting, _)| (route.clone(), *waiting))
+        .collect()
 }
 
 #[cfg(test)]

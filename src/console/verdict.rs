@@ -69,6 +69,9 @@ pub struct Facts {
     pub tolerance_secs: u64,
     /// Free and total bytes of the file system under the ledger, where it is a file.
     pub disk: Option<(u64, u64)>,
+    /// Work waiting on routes this receiver does not run (taken out of the config): by route,
+    /// how many jobs.
+    pub unrun_work: Vec<(String, u64)>,
 }
 
 /// One fact that holds, the level it calls for, and where its evidence is.
@@ -225,6 +228,21 @@ pub fn verdict(facts: &Facts) -> Verdict {
             );
         }
     }
+    if !facts.unrun_work.is_empty() {
+        let routes: Vec<String> = facts
+            .unrun_work
+            .iter()
+            .map(|(route, waiting)| format!("{route} ({})", plural(*waiting, "job", "jobs")))
+            .collect();
+        add(
+            Level::Attention,
+            format!(
+                "Work waits for routes this receiver does not run (not in its config): {}; it runs when a route of that name comes back",
+                routes.join(", ")
+            ),
+            "/console/config",
+        );
+    }
     reasons.sort_by_key(|reason| std::cmp::Reverse(reason.level));
     Verdict {
         level: reasons.first().map_or(Level::Ok, |reason| reason.level),
@@ -379,6 +397,13 @@ mod tests {
             .level,
             Level::Ok
         );
+    }
+
+    #[test]
+    fn work_for_a_route_no_longer_run_calls_for_attention() {
+        let (level, text) = one(|f| f.unrun_work = vec![("archive".into(), 12)]);
+        assert_eq!(level, Level::Attention);
+        assert!(text.contains("archive (12 jobs)"), "{text}");
     }
 
     #[test]

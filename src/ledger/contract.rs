@@ -155,11 +155,16 @@ macro_rules! operations {
         /// the stored text: it is one that [`JobId`](crate::job_id::JobId) refuses.
         fn give_up(&self, job_id: &str, error: &str, now: i64) -> Result<bool, StorageError>;
 
-        /// An operator's cancel: makes a job's waiting work (`claimed` or `retrying`, every
-        /// route's) `dead` without running it, recorded with who and why; `false` if none was
-        /// waiting.
-        fn cancel_job(&self, job_id: &crate::job_id::JobId, actor: &Actor, now: i64)
-            -> Result<bool, StorageError>;
+        /// An operator's cancel: makes a job's waiting work (`claimed` or `retrying`) on
+        /// `route`, or on every route (`None`), `dead` without running it, recorded with who
+        /// and why; `false` if none was waiting.
+        fn cancel_job(
+            &self,
+            job_id: &crate::job_id::JobId,
+            route: Option<&crate::route_name::RouteName>,
+            actor: &Actor,
+            now: i64
+        ) -> Result<bool, StorageError>;
 
         /// Resolves once new work may be in the ledger that this process did not put there (a
         /// claim on another receiver); never, where this process is the only writer.
@@ -246,10 +251,15 @@ macro_rules! operations {
         fn trace_context(&self, job_id: &crate::job_id::JobId) -> Result<Option<String>, StorageError>;
 
         /// Makes a `done` or `dead` job due again with a fresh set of attempts (and wakes the
-        /// workers of every receiver), recorded as `actor`'s action: a dead job's dead routes, a
-        /// done job's every route.
-        fn retry_job(&self, job_id: &crate::job_id::JobId, actor: &Actor, now: i64)
-            -> Result<(), RetryError>;
+        /// workers of every receiver), recorded as `actor`'s action: the finished work on
+        /// `route`, or with `None` a dead job's dead routes and a done job's every route.
+        fn retry_job(
+            &self,
+            job_id: &crate::job_id::JobId,
+            route: Option<&crate::route_name::RouteName>,
+            actor: &Actor,
+            now: i64
+        ) -> Result<(), RetryError>;
 
         /// Retries up to `limit` of the finished jobs `filter` takes, in one transaction, each
         /// recorded as `actor`'s action; how many. A job retried leaves the filter,
@@ -262,10 +272,15 @@ macro_rules! operations {
             -> Result<RetryCount, StorageError>;
 
         /// Makes a job waiting in backoff (`retrying`) due at `now`, skipping the rest of its
-        /// backoff (and wakes the workers of every receiver), recorded as `actor`'s action;
-        /// `false` if it was not waiting for a retry.
-        fn run_now(&self, job_id: &crate::job_id::JobId, actor: &Actor, now: i64)
-            -> Result<bool, StorageError>;
+        /// backoff (and wakes the workers of every receiver), on `route` or on every route
+        /// (`None`), recorded as `actor`'s action; `false` if none was waiting for a retry.
+        fn run_now(
+            &self,
+            job_id: &crate::job_id::JobId,
+            route: Option<&crate::route_name::RouteName>,
+            actor: &Actor,
+            now: i64
+        ) -> Result<bool, StorageError>;
 
         /// Records an action on a job that changes nothing else (a replay through another
         /// handler); `false` if the job is not in the ledger.

@@ -178,7 +178,7 @@ impl Ledger {
                 done.refused += 1;
                 continue;
             };
-            match self.retry_job(&job_id, actor, now).await {
+            match self.retry_job(&job_id, None, actor, now).await {
                 Ok(()) => done.retried += 1,
                 Err(RetryError::Storage(error)) => return Err(error),
                 Err(_) => done.refused += 1,

@@ -98,7 +98,7 @@ on_both_ledgers! {
         service.finish_attempt(&attempt, &AttemptEnd::Done, ledger::now_ms()).await.unwrap();
         let cli = Ledger::open_existing(&config.database).await.unwrap();
         assert_eq!(state_of(&cli, "shared").await, Some(State::Done));
-        cli.retry_job(&id("shared"), &ledger::Actor::new("test"), ledger::now_ms()).await.unwrap();
+        cli.retry_job(&id("shared"), None, &ledger::Actor::new("test"), ledger::now_ms()).await.unwrap();
         assert_eq!(cli.claim(new_claim("shared")).await.unwrap(), ClaimOutcome::Duplicate);
         assert_eq!(cli.claim(new_claim("from-cli")).await.unwrap(), ClaimOutcome::Claimed);
         cli.close().await;

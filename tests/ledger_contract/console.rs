@@ -41,11 +41,11 @@ on_both_ledgers! {
         let lease = LeasedAttempt { route: "default".into(), job_id: c.job_id.to_string(), number: c.number.into() };
         ledger.take_back_lease(&lease, 200, now, 1, "lease expired").await.unwrap();
         agree("done, retrying, taken back dead").await;
-        ledger.cancel_job(&id("count-e"), &ledger::Actor::because("test", Some("not wanted")), now).await.unwrap();
+        ledger.cancel_job(&id("count-e"), None, &ledger::Actor::because("test", Some("not wanted")), now).await.unwrap();
         ledger.give_up("count-b", "given up", now).await.unwrap();
         agree("cancelled, given up").await;
-        ledger.retry_job(&id("count-c"), &ledger::Actor::new("test"), now).await.unwrap();
-        ledger.run_now(&id("count-c"), &ledger::Actor::new("test"), now).await.unwrap();
+        ledger.retry_job(&id("count-c"), None, &ledger::Actor::new("test"), now).await.unwrap();
+        ledger.run_now(&id("count-c"), None, &ledger::Actor::new("test"), now).await.unwrap();
         agree("retried").await;
         ledger.fold_counts().await.unwrap();
         let forgotten = ledger.retention_step(RetentionStep::DeleteFinished, i64::MAX, 10);
@@ -220,7 +220,7 @@ on_both_ledgers! {
             retry_at: None,
         };
         ledger.finish_attempt(&second, &http_failure, now + 9).await.unwrap();
-        ledger.retry_job(&id("told"), &ledger::Actor::new("cli:alice"), now + 10).await.unwrap();
+        ledger.retry_job(&id("told"), None, &ledger::Actor::new("cli:alice"), now + 10).await.unwrap();
         let third = started(&ledger, "told", i64::MAX).await;
         assert_eq!(third.number, 1, "a retry starts a new set of attempts");
         ledger.finish_attempt(&third, &AttemptEnd::Done, now + 20).await.unwrap();
@@ -297,7 +297,7 @@ on_both_ledgers! {
         for _ in 0..rounds {
             let attempt = started(&ledger, "restless", i64::MAX).await;
             ledger.finish_attempt(&attempt, &failed(None), 1_000).await.unwrap();
-            ledger.retry_job(&id("restless"), &ledger::Actor::new("test"), 1_000).await.unwrap();
+            ledger.retry_job(&id("restless"), None, &ledger::Actor::new("test"), 1_000).await.unwrap();
         }
         let job = ledger.show_job(&id("restless")).await.unwrap().unwrap();
         assert_eq!(job.history.len(), ledger::HISTORY_PER_JOB as usize);

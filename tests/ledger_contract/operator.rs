@@ -21,19 +21,19 @@ on_both_ledgers! {
             ("retry-purged", "retry-dead")
         };
         let now = ledger::now_ms();
-        ledger.retry_job(&id(kept), &ledger::Actor::new("test"), now).await.unwrap();
+        ledger.retry_job(&id(kept), None, &ledger::Actor::new("test"), now).await.unwrap();
         let job = ledger.show_job(&id(kept)).await.unwrap().unwrap();
         assert_eq!((job.summary.state.as_str(), job.summary.attempts), ("claimed", 0));
         assert!(matches!(
-            ledger.retry_job(&id(purged), &ledger::Actor::new("test"), now).await,
+            ledger.retry_job(&id(purged), None, &ledger::Actor::new("test"), now).await,
             Err(RetryError::BodyPurged(_))
         ));
         assert!(matches!(
-            ledger.retry_job(&id("retry-waiting"), &ledger::Actor::new("test"), now).await,
+            ledger.retry_job(&id("retry-waiting"), None, &ledger::Actor::new("test"), now).await,
             Err(RetryError::NotFinished { .. })
         ));
         assert!(matches!(
-            ledger.retry_job(&id("retry-unknown"), &ledger::Actor::new("test"), now).await,
+            ledger.retry_job(&id("retry-unknown"), None, &ledger::Actor::new("test"), now).await,
             Err(RetryError::Unknown(_))
         ));
         ledger.close().await;
@@ -47,7 +47,7 @@ on_both_ledgers! {
         let attempt = started(&ledger, "backoff", i64::MAX).await;
         ledger.finish_attempt(&attempt, &failed(Some(now + 3_600_000)), now).await.unwrap();
         assert!(ledger.due_jobs(&default_route(), now, 10).await.unwrap().runnable.is_empty());
-        assert!(ledger.run_now(&id("backoff"), &ledger::Actor::new("test"), now).await.unwrap());
+        assert!(ledger.run_now(&id("backoff"), None, &ledger::Actor::new("test"), now).await.unwrap());
         let due = ledger.due_jobs(&default_route(), now, 10).await.unwrap();
         assert_eq!(due.runnable, [JobId::parse("backoff").unwrap()]);
         let job = ledger.show_job(&id("backoff")).await.unwrap().unwrap();
@@ -55,10 +55,10 @@ on_both_ledgers! {
         // Only a job waiting for its retry: not a claimed, running, finished or unknown one.
         claimed(&ledger, "waiting").await;
         for job_id in ["waiting", "unknown"] {
-            assert!(!ledger.run_now(&id(job_id), &ledger::Actor::new("test"), now).await.unwrap(), "{job_id}");
+            assert!(!ledger.run_now(&id(job_id), None, &ledger::Actor::new("test"), now).await.unwrap(), "{job_id}");
         }
         started(&ledger, "backoff", i64::MAX).await;
-        assert!(!ledger.run_now(&id("backoff"), &ledger::Actor::new("test"), now).await.unwrap(), "a running job");
+        assert!(!ledger.run_now(&id("backoff"), None, &ledger::Actor::new("test"), now).await.unwrap(), "a running job");
         ledger.close().await;
     }
 
@@ -69,7 +69,7 @@ on_both_ledgers! {
         let (_dir, ledger) = fresh().await;
         let now = ledger::now_ms();
         claimed(&ledger, "unwanted").await;
-        assert!(ledger.cancel_job(&id("unwanted"), &ledger::Actor::because("cli:bob", Some("duplicate order")), now).await.unwrap());
+        assert!(ledger.cancel_job(&id("unwanted"), None, &ledger::Actor::because("cli:bob", Some("duplicate order")), now).await.unwrap());
         let job = ledger.show_job(&id("unwanted")).await.unwrap().unwrap();
         assert_eq!(job.summary.state, "dead");
         assert_eq!(job.summary.last_error.as_deref(), Some("cancelled by cli:bob: duplicate order"));
@@ -80,7 +80,7 @@ on_both_ledgers! {
         claimed(&ledger, "busy").await;
         started(&ledger, "busy", i64::MAX).await;
         for job_id in ["unwanted", "busy", "unknown"] {
-            assert!(!ledger.cancel_job(&id(job_id), &ledger::Actor::because("cli:bob", Some("no")), now).await.unwrap(), "{job_id}");
+            assert!(!ledger.cancel_job(&id(job_id), None, &ledger::Actor::because("cli:bob", Some("no")), now).await.unwrap(), "{job_id}");
         }
         ledger.close().await;
     }
@@ -163,7 +163,7 @@ on_both_ledgers! {
         }
         for (job_id, by) in [("dl-cancel-1", "cli:bob"), ("dl-cancel-2", "console:alice")] {
             claimed(&ledger, job_id).await;
-            assert!(ledger.cancel_job(&id(job_id), &ledger::Actor::because(by, Some(&format!("{job_id} is a test"))), 6_000).await.unwrap());
+            assert!(ledger.cancel_job(&id(job_id), None, &ledger::Actor::because(by, Some(&format!("{job_id} is a test"))), 6_000).await.unwrap());
         }
         let groups = ledger.dead_groups(10).await.unwrap();
         let found: Vec<(&str, u64)> =

@@ -41,7 +41,7 @@ on_both_ledgers! {
         claimed(&ledger, "forgotten").await;
         let attempt = started(&ledger, "forgotten", i64::MAX).await;
         ledger.finish_attempt(&attempt, &failed(None), 1_000).await.unwrap();
-        ledger.retry_job(&id("forgotten"), &ledger::Actor::new("test"), 1_000).await.unwrap();
+        ledger.retry_job(&id("forgotten"), None, &ledger::Actor::new("test"), 1_000).await.unwrap();
         let attempt = started(&ledger, "forgotten", i64::MAX).await;
         ledger.finish_attempt(&attempt, &AttemptEnd::Done, 1_000).await.unwrap();
         ledger.record_duplicates(&[(JobId::parse("forgotten").unwrap(), 2, 1_500)]).await.unwrap();

@@ -83,7 +83,7 @@ on_both_ledgers! {
         );
         assert_eq!(state_of(&ledger, "both").await, Some(State::Retrying), "a still waits");
         assert!(due_on(&ledger, "b").await.is_empty());
-        assert!(ledger.run_now(&id("both"), &ledger::Actor::new("cli:test"), ledger::now_ms()).await.unwrap());
+        assert!(ledger.run_now(&id("both"), None, &ledger::Actor::new("cli:test"), ledger::now_ms()).await.unwrap());
         let again = start_on(&ledger, "both", "a").await.expect("a's retry is due now");
         assert_eq!(again.number, 2);
         assert_eq!(
@@ -121,10 +121,44 @@ on_both_ledgers! {
         let bad = start_on(&ledger, "half", "bad").await.unwrap();
         ledger.finish_attempt(&bad, &failed(None), ledger::now_ms()).await.unwrap();
         assert_eq!(state_of(&ledger, "half").await, Some(State::Dead));
-        ledger.retry_job(&id("half"), &ledger::Actor::new("cli:test"), ledger::now_ms()).await.unwrap();
+        ledger.retry_job(&id("half"), None, &ledger::Actor::new("cli:test"), ledger::now_ms()).await.unwrap();
         assert_eq!(state_of(&ledger, "half").await, Some(State::Claimed));
         assert_eq!(due_on(&ledger, "bad").await, ["half"]);
         assert!(due_on(&ledger, "ok").await.is_empty(), "the done route is not run again");
+        ledger.close().await;
+    }
+
+    /// Cancel, run-now and retry on one route leave the job's other routes as they were; a
+    /// route the job does not have is refused as unknown.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_action_on_one_route_changes_that_routes_work_alone() {
+        let (_dir, ledger) = fresh().await;
+        ledger.claim(routed_claim("picked", &["a", "b", "c"])).await.unwrap();
+        let by = ledger::Actor::because("cli:test", Some("not for c"));
+        let now = ledger::now_ms();
+        assert!(ledger.cancel_job(&id("picked"), Some(&route("c")), &by, now).await.unwrap());
+        assert!(!ledger.cancel_job(&id("picked"), Some(&route("c")), &by, now).await.unwrap(), "c is dead already");
+        assert_eq!(due_on(&ledger, "a").await, ["picked"]);
+        assert!(due_on(&ledger, "c").await.is_empty());
+        for on in ["a", "b"] {
+            let attempt = start_on(&ledger, "picked", on).await.unwrap();
+            let retry_at = ledger::now_ms() + 60_000;
+            ledger.finish_attempt(&attempt, &failed(Some(retry_at)), ledger::now_ms()).await.unwrap();
+        }
+        let operator = ledger::Actor::new("cli:test");
+        assert!(ledger.run_now(&id("picked"), Some(&route("b")), &operator, ledger::now_ms()).await.unwrap());
+        assert_eq!(due_on(&ledger, "b").await, ["picked"]);
+        assert!(due_on(&ledger, "a").await.is_empty(), "a still waits out its backoff");
+        ledger.retry_job(&id("picked"), Some(&route("c")), &operator, ledger::now_ms()).await.unwrap();
+        assert_eq!(due_on(&ledger, "c").await, ["picked"], "c runs again, alone");
+        assert!(matches!(
+            ledger.retry_job(&id("picked"), Some(&route("a")), &operator, ledger::now_ms()).await,
+            Err(RetryError::NotFinished { state, .. }) if state == "retrying"
+        ));
+        assert!(matches!(
+            ledger.retry_job(&id("picked"), Some(&route("zzz")), &operator, ledger::now_ms()).await,
+            Err(RetryError::Unknown(_))
+        ));
         ledger.close().await;
     }
 

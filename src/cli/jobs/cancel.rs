@@ -2,6 +2,7 @@
 
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::Ledger;
+use sume_receiver::route_name::RouteName;
 
 use super::{actions, refused};
 use crate::cli::actor::actor;
@@ -13,13 +14,17 @@ pub struct Cancel {
     /// Why: recorded in the job's history and as its last error.
     #[arg(long)]
     reason: String,
+    /// Only the job's work on this route (its routes' names: `jobs show`); without it, every
+    /// route's.
+    #[arg(long, value_parser = RouteName::parse)]
+    route: Option<RouteName>,
 }
 
 impl Cancel {
     pub(super) async fn run(self, ledger: &Ledger) -> anyhow::Result<()> {
         let job_id = self.job_id;
         actions(ledger)
-            .cancel(&job_id, &actor(Some(&self.reason)))
+            .cancel(&job_id, self.route.as_ref(), &actor(Some(&self.reason)))
             .await
             .map_err(|refusal| refused(&job_id, refusal))?;
         println!("job {job_id} is dead (cancelled); `jobs retry {job_id}` would run it again");

@@ -5,6 +5,7 @@ use anyhow::{bail, Context};
 use sume_receiver::config::Config;
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{self, Ledger, State};
+use sume_receiver::route_name::RouteName;
 
 use super::{actions, refused, shell_word, who_runs_it};
 use crate::cli::actor::actor;
@@ -33,13 +34,16 @@ pub struct Retry {
     /// Retry them (without it, only count them).
     #[arg(long, requires = "state")]
     yes: bool,
+    /// With a job id: only the job's work on this route (done or dead), not its other routes'.
+    #[arg(long, requires = "job_id", value_parser = RouteName::parse)]
+    route: Option<RouteName>,
 }
 
 impl Retry {
     pub(super) async fn run(self, config: &Config, ledger: &Ledger) -> anyhow::Result<()> {
         if let Some(job_id) = self.job_id {
             actions(ledger)
-                .retry(&job_id, &actor(None))
+                .retry(&job_id, self.route.as_ref(), &actor(None))
                 .await
                 .map_err(|refusal| refused(&job_id, refusal))?;
             println!(

@@ -267,7 +267,14 @@ impl Backend for PostgresLedger {
         let changed = self
             .count(
                 sql::GIVE_UP_SQL,
-                &[&job_id, &now, &error, &"give_up", &RECEIVER_ACTOR],
+                &[
+                    &job_id,
+                    &now,
+                    &error,
+                    &"give_up",
+                    &RECEIVER_ACTOR,
+                    &None::<&str>,
+                ],
             )
             .await?;
         Ok(changed == 1)
@@ -276,15 +283,17 @@ impl Backend for PostgresLedger {
     async fn cancel_job(
         &self,
         job_id: &JobId,
+        route: Option<&RouteName>,
         actor: &Actor,
         now: i64,
     ) -> Result<bool, StorageError> {
         let job_id = job_id.as_str();
         let error = actor.cancelled();
+        let route = route.map(RouteName::as_str);
         let changed = self
             .count(
                 sql::GIVE_UP_SQL,
-                &[&job_id, &now, &error, &"cancel", &actor.by],
+                &[&job_id, &now, &error, &"cancel", &actor.by, &route],
             )
             .await?;
         if changed == 1 {
@@ -502,21 +511,24 @@ impl Backend for PostgresLedger {
         Ok(rows.first().and_then(|row| row.get(0)))
     }
 
-    async fn retry_job(&self, job_id: &JobId, actor: &Actor, now: i64) -> Result<(), RetryError> {
+    async fn retry_job(
+        &self,
+        job_id: &JobId,
+        route: Option<&RouteName>,
+        actor: &Actor,
+        now: i64,
+    ) -> Result<(), RetryError> {
         let job_id = job_id.as_str();
-        if self
-            .count(
-                sql::RETRY_JOB_SQL,
-                &[&job_id, &now, &actor.by, &actor.reason],
-            )
-            .await?
-            == 1
-        {
+        let route = route.map(RouteName::as_str);
+        let params: [&(dyn ToSql + Sync); 5] = [&job_id, &now, &actor.by, &actor.reason, &route];
+        if self.count(sql::RETRY_JOB_SQL, &params).await? == 1 {
             self.trim_actions(&[job_id]).await?;
             self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
             return Ok(());
         }
-        let found = self.query(sql::RETRY_REFUSAL_SQL, &[&job_id]).await?;
+        let found = self
+            .query(sql::RETRY_REFUSAL_SQL, &[&job_id, &route])
+            .await?;
         Err(RetryError::refusal(
             job_id,
             found.first().map(|row| (row.get(0), row.get(1))),
@@ -574,9 +586,16 @@ impl Backend for PostgresLedger {
         })
     }
 
-    async fn run_now(&self, job_id: &JobId, actor: &Actor, now: i64) -> Result<bool, StorageError> {
+    async fn run_now(
+        &self,
+        job_id: &JobId,
+        route: Option<&RouteName>,
+        actor: &Actor,
+        now: i64,
+    ) -> Result<bool, StorageError> {
         let job_id = job_id.as_str();
-        let params: [&(dyn ToSql + Sync); 4] = [&job_id, &now, &actor.by, &actor.reason];
+        let route = route.map(RouteName::as_str);
+        let params: [&(dyn ToSql + Sync); 5] = [&job_id, &now, &actor.by, &actor.reason, &route];
         if self.count(sql::RUN_NOW_SQL, &params).await? == 1 {
             self.trim_actions(&[job_id]).await?;
             self.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;

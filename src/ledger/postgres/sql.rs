@@ -61,12 +61,13 @@ pub const TAKE_BACK_LEASE_SQL: &str = "WITH taken AS (
         WHERE job_id = $1 AND route = $7 AND number = $6 AND ended_at IS NULL
           AND EXISTS (SELECT 1 FROM taken))
     SELECT state FROM taken";
-/// Parameters: job_id, now, error, action, actor. Every route's waiting work. One row: 1 if
-/// some was waiting.
+/// Parameters: job_id, now, error, action, actor, route. The route's waiting work, or every
+/// route's (NULL). One row: 1 if some was waiting.
 pub const GIVE_UP_SQL: &str = "WITH given_up AS (
         UPDATE job_routes SET state = 'dead', next_attempt_at = NULL, finished_at = $2,
                         last_error = $3, updated_at = $2
         WHERE job_id = $1 AND state IN ('claimed', 'retrying')
+          AND (CAST($6 AS TEXT) IS NULL OR route = $6)
         RETURNING job_id),
     recorded AS (
         INSERT INTO job_actions (job_id, at, action, actor, reason)
@@ -118,24 +119,28 @@ pub const COUNT_RETRY_MATCHING_SQL: &str = "SELECT
      FROM jobs
      WHERE state = $1 AND state IN ('done', 'dead') AND finished_at >= $2 AND finished_at < $3
        AND (CAST($4 AS TEXT) IS NULL OR strpos(last_error, $4) > 0)";
-/// Parameters: job_id, now, actor, reason. A finished job's routes in its state (a dead job's
-/// dead ones, a done job's all). One row: 1 if the job was finished and has its body.
+/// Parameters: job_id, now, actor, reason, route. A finished job's routes in its state (a dead
+/// job's dead ones, a done job's all), or the route's finished work. One row: 1 if some was
+/// finished and the job has its body.
 pub const RETRY_JOB_SQL: &str = "WITH retried AS (
         UPDATE job_routes SET state = 'claimed', attempts = 0, next_attempt_at = $2,
                         finished_at = NULL, updated_at = $2, next_attempt_cause = 'manual_retry'
-        WHERE job_id = $1 AND state = (SELECT state FROM jobs WHERE job_id = $1
-                                       AND state IN ('done', 'dead') AND body IS NOT NULL)
+        WHERE job_id = $1 AND state IN ('done', 'dead')
+          AND EXISTS (SELECT 1 FROM jobs WHERE job_id = $1 AND body IS NOT NULL)
+          AND CASE WHEN CAST($5 AS TEXT) IS NULL
+                   THEN state = (SELECT state FROM jobs WHERE job_id = $1)
+                   ELSE route = $5 END
         RETURNING job_id),
     recorded AS (
         INSERT INTO job_actions (job_id, at, action, actor, reason)
         SELECT DISTINCT job_id, $2, 'retry', $3, CAST($4 AS TEXT) FROM retried)
     SELECT least(count(*), 1) FROM retried";
-/// Parameters: job_id, now, actor, reason. One row: 1 if some of the job's work waited for a
-/// retry.
+/// Parameters: job_id, now, actor, reason, route (NULL: every route). One row: 1 if some of
+/// the job's work waited for a retry.
 pub const RUN_NOW_SQL: &str = "WITH hurried AS (
         UPDATE job_routes SET next_attempt_at = $2, updated_at = $2,
                               next_attempt_cause = 'run_now'
-        WHERE job_id = $1 AND state = 'retrying'
+        WHERE job_id = $1 AND state = 'retrying' AND (CAST($5 AS TEXT) IS NULL OR route = $5)
         RETURNING job_id),
     recorded AS (
         INSERT INTO job_actions (job_id, at, action, actor, reason)
@@ -169,8 +174,13 @@ pub const SET_DISPATCH_SQL: &str = "WITH ended AS (
 /// job_ids matching a LIKE pattern (the load generator's check of its run).
 #[cfg(feature = "bench")]
 pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE $1";
-/// why [`RETRY_JOB_SQL`] changed nothing.
-pub const RETRY_REFUSAL_SQL: &str = "SELECT state, body IS NULL FROM jobs WHERE job_id = $1";
+/// why [`RETRY_JOB_SQL`] changed nothing: the job's state, or its route's (the second
+/// parameter, when given).
+pub const RETRY_REFUSAL_SQL: &str = "SELECT coalesce(
+             (SELECT state FROM job_routes WHERE job_id = $1 AND route = $2), state),
+         body IS NULL
+     FROM jobs WHERE job_id = $1 AND (CAST($2 AS TEXT) IS NULL OR EXISTS (
+         SELECT 1 FROM job_routes WHERE job_id = $1 AND route = $2))";
 /// Parameters: job_id, now, first poll at.
 pub const EXPECT_JOB_SQL: &str =
     "INSERT INTO expected_jobs (job_id, expected_at, next_poll_at) VALUES ($1, $2, $3)

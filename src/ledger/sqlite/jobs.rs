@@ -69,28 +69,30 @@ pub const TAKE_BACK_LEASE_SQL: &str = "UPDATE job_routes SET
          WHERE job_id = ?1 AND route = ?7 AND state = 'running' AND lease_expires_at <= ?5
            AND attempts = ?6
          RETURNING state";
-/// Parameters: job_id, now, error. Every route's waiting work.
+/// Parameters: job_id, now, error, route. The route's waiting work, or every route's (NULL).
 pub const GIVE_UP_SQL: &str =
     "UPDATE job_routes SET state = 'dead', next_attempt_at = NULL, finished_at = ?2,
                      last_error = ?3, updated_at = ?2
-     WHERE job_id = ?1 AND state IN ('claimed', 'retrying')";
+     WHERE job_id = ?1 AND state IN ('claimed', 'retrying') AND (?4 IS NULL OR route = ?4)";
 pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
          next_attempt_at, finished_at, last_error, lease_expires_at, updated_at, body,
          body_purged_at, next_attempt_cause,
          coalesce((SELECT count FROM job_duplicates AS d WHERE d.job_id = jobs.job_id), 0),
          (SELECT last_at FROM job_duplicates AS d WHERE d.job_id = jobs.job_id)
      FROM jobs WHERE job_id = ?1";
-/// Parameters: job_id, now. A finished job's routes in its state (a dead job's dead ones, a
-/// done job's all), with a body to run them from.
+/// Parameters: job_id, now, route. A finished job's routes in its state (a dead job's dead
+/// ones, a done job's all), or the route's finished work; with a body to run them from.
 pub const RETRY_JOB_SQL: &str =
     "UPDATE job_routes SET state = 'claimed', attempts = 0, next_attempt_at = ?2,
                      finished_at = NULL, updated_at = ?2, next_attempt_cause = 'manual_retry'
-     WHERE job_id = ?1 AND state = (SELECT state FROM jobs WHERE job_id = ?1
-                                    AND state IN ('done', 'dead') AND body IS NOT NULL)";
-/// Parameters: job_id, now.
+     WHERE job_id = ?1 AND state IN ('done', 'dead')
+       AND EXISTS (SELECT 1 FROM jobs WHERE job_id = ?1 AND body IS NOT NULL)
+       AND CASE WHEN ?3 IS NULL THEN state = (SELECT state FROM jobs WHERE job_id = ?1)
+                ELSE route = ?3 END";
+/// Parameters: job_id, now, route (NULL: every route).
 pub const RUN_NOW_SQL: &str = "UPDATE job_routes SET next_attempt_at = ?2, updated_at = ?2,
                      next_attempt_cause = 'run_now'
-     WHERE job_id = ?1 AND state = 'retrying'";
+     WHERE job_id = ?1 AND state = 'retrying' AND (?3 IS NULL OR route = ?3)";
 /// The finished jobs a bulk retry takes, oldest finished first (the state's own index, in
 /// order). Parameters: state, finished since, finished before, error text or NULL, limit.
 pub const RETRY_MATCHING_SQL: &str = "SELECT job_id FROM jobs
@@ -106,8 +108,13 @@ pub const COUNT_RETRY_MATCHING_SQL: &str = "SELECT
 /// job_ids matching a LIKE pattern (the load generator's check of its run).
 #[cfg(feature = "bench")]
 pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE ?1";
-/// why [`RETRY_JOB_SQL`] changed nothing.
-pub const RETRY_REFUSAL_SQL: &str = "SELECT state, body IS NULL FROM jobs WHERE job_id = ?1";
+/// why [`RETRY_JOB_SQL`] changed nothing: the job's state, or its route's (the second
+/// parameter, when given).
+pub const RETRY_REFUSAL_SQL: &str = "SELECT coalesce(
+             (SELECT state FROM job_routes WHERE job_id = ?1 AND route = ?2), state),
+         body IS NULL
+     FROM jobs WHERE job_id = ?1 AND (?2 IS NULL OR EXISTS (
+         SELECT 1 FROM job_routes WHERE job_id = ?1 AND route = ?2))";
 
 /// A claim: the job's row unless its job_id is already known.
 ///
@@ -340,11 +347,12 @@ pub fn give_up(
     job_id: &str,
     error: &str,
     (action, by): (&str, &str),
+    route: Option<&RouteName>,
     now: i64,
 ) -> rusqlite::Result<bool> {
     let changed = conn
         .prepare_cached(GIVE_UP_SQL)?
-        .execute(params![job_id, now, error])?
+        .execute(params![job_id, now, error, route])?
         > 0;
     if changed {
         record_action(conn, job_id, action, &Actor::because(by, Some(error)), now)?;
@@ -497,8 +505,14 @@ pub fn job_ids_like(conn: &Connection, pattern: &str) -> rusqlite::Result<Vec<St
     rows.collect()
 }
 
-pub fn run_now(conn: &Connection, job_id: &str, actor: &Actor, now: i64) -> rusqlite::Result<bool> {
-    let changed = conn.execute(RUN_NOW_SQL, params![job_id, now])? > 0;
+pub fn run_now(
+    conn: &Connection,
+    job_id: &str,
+    route: Option<&RouteName>,
+    actor: &Actor,
+    now: i64,
+) -> rusqlite::Result<bool> {
+    let changed = conn.execute(RUN_NOW_SQL, params![job_id, now, route])? > 0;
     if changed {
         record_action(conn, job_id, "run_now", actor, now)?;
     }
@@ -507,10 +521,16 @@ pub fn run_now(conn: &Connection, job_id: &str, actor: &Actor, now: i64) -> rusq
 
 /// Makes a `done` or `dead` job due again with a fresh set of attempts; `false` if it was not
 /// finished or has no body.
-fn retry_one(conn: &Connection, job_id: &str, actor: &Actor, now: i64) -> rusqlite::Result<bool> {
+fn retry_one(
+    conn: &Connection,
+    job_id: &str,
+    route: Option<&RouteName>,
+    actor: &Actor,
+    now: i64,
+) -> rusqlite::Result<bool> {
     let changed = conn
         .prepare_cached(RETRY_JOB_SQL)?
-        .execute(params![job_id, now])?
+        .execute(params![job_id, now, route])?
         > 0;
     if changed {
         record_action(conn, job_id, "retry", actor, now)?;
@@ -523,14 +543,15 @@ fn retry_one(conn: &Connection, job_id: &str, actor: &Actor, now: i64) -> rusqli
 pub fn retry_job(
     conn: &Connection,
     job_id: &str,
+    route: Option<&RouteName>,
     actor: &Actor,
     now: i64,
 ) -> rusqlite::Result<Result<(), RetryError>> {
-    if retry_one(conn, job_id, actor, now)? {
+    if retry_one(conn, job_id, route, actor, now)? {
         return Ok(Ok(()));
     }
     let found = conn
-        .query_row(RETRY_REFUSAL_SQL, [job_id], |row| {
+        .query_row(RETRY_REFUSAL_SQL, params![job_id, route], |row| {
             Ok((row.get(0)?, row.get(1)?))
         })
         .optional()?;
@@ -563,7 +584,7 @@ pub fn retry_matching(
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let mut retried = 0;
     for job_id in &job_ids {
-        retried += usize::from(retry_one(conn, job_id, actor, now)?);
+        retried += usize::from(retry_one(conn, job_id, None, actor, now)?);
     }
     Ok(retried)
 }

@@ -381,7 +381,14 @@ impl Backend for SqliteLedger {
     async fn give_up(&self, job_id: &str, error: &str, now: i64) -> Result<bool, StorageError> {
         let (job_id, error) = (job_id.to_owned(), error.to_owned());
         self.write(move |conn| {
-            jobs::give_up(conn, &job_id, &error, ("give_up", RECEIVER_ACTOR), now)
+            jobs::give_up(
+                conn,
+                &job_id,
+                &error,
+                ("give_up", RECEIVER_ACTOR),
+                None,
+                now,
+            )
         })
         .await
     }
@@ -389,13 +396,17 @@ impl Backend for SqliteLedger {
     async fn cancel_job(
         &self,
         job_id: &JobId,
+        route: Option<&RouteName>,
         actor: &Actor,
         now: i64,
     ) -> Result<bool, StorageError> {
-        let (job_id, by) = (job_id.to_owned(), actor.by.clone());
+        let (job_id, route, by) = (job_id.to_owned(), route.cloned(), actor.by.clone());
         let error = actor.cancelled();
-        self.write(move |conn| jobs::give_up(conn, job_id.as_str(), &error, ("cancel", &by), now))
-            .await
+        self.write(move |conn| {
+            let recorded = ("cancel", by.as_str());
+            jobs::give_up(conn, job_id.as_str(), &error, recorded, route.as_ref(), now)
+        })
+        .await
     }
 
     async fn retention_step(
@@ -557,9 +568,15 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn retry_job(&self, job_id: &JobId, actor: &Actor, now: i64) -> Result<(), RetryError> {
-        let (job_id, actor) = (job_id.to_owned(), actor.clone());
-        self.write(move |conn| jobs::retry_job(conn, job_id.as_str(), &actor, now))
+    async fn retry_job(
+        &self,
+        job_id: &JobId,
+        route: Option<&RouteName>,
+        actor: &Actor,
+        now: i64,
+    ) -> Result<(), RetryError> {
+        let (job_id, route, actor) = (job_id.to_owned(), route.cloned(), actor.clone());
+        self.write(move |conn| jobs::retry_job(conn, job_id.as_str(), route.as_ref(), &actor, now))
             .await?
     }
 
@@ -581,9 +598,15 @@ impl Backend for SqliteLedger {
             .await
     }
 
-    async fn run_now(&self, job_id: &JobId, actor: &Actor, now: i64) -> Result<bool, StorageError> {
-        let (job_id, actor) = (job_id.to_owned(), actor.clone());
-        self.write(move |conn| jobs::run_now(conn, job_id.as_str(), &actor, now))
+    async fn run_now(
+        &self,
+        job_id: &JobId,
+        route: Option<&RouteName>,
+        actor: &Actor,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        let (job_id, route, actor) = (job_id.to_owned(), route.cloned(), actor.clone());
+        self.write(move |conn| jobs::run_now(conn, job_id.as_str(), route.as_ref(), &actor, now))
             .await
     }
 
