@@ -16,6 +16,7 @@ use crate::ledger::{
 };
 use crate::logging::Escaped;
 use crate::route_name::RouteName;
+use crate::traces::{Kind, Parent, Span, Tracer};
 use crate::worker::Queues;
 
 /// A reason (a cancel's, a pause's) is at most this many characters: it is kept in the ledger
@@ -92,6 +93,8 @@ impl Refused {
 pub struct Actions<'a> {
     pub ledger: &'a Ledger,
     pub queue: Option<&'a Queues>,
+    /// A span of each action the service takes, with its actor.
+    pub tracer: &'a Tracer,
 }
 
 impl Actions<'_> {
@@ -104,11 +107,28 @@ impl Actions<'_> {
         route: Option<&RouteName>,
         actor: &Actor,
     ) -> Result<(), Refused> {
-        match action {
+        let mut span = self.span(action.as_str(), &actor.by);
+        span.set("sume.job_id", job_id.as_str());
+        if let Some(route) = route {
+            span.set("sume.route", route.as_str());
+        }
+        let done = match action {
             JobAction::Retry => self.retry(job_id, route, actor).await,
             JobAction::RunNow => self.run_now(job_id, route, actor).await,
             JobAction::Cancel => self.cancel(job_id, route, actor).await,
+        };
+        if let Err(refused) = &done {
+            span.fail("refused", || refused.to_string());
         }
+        done
+    }
+
+    /// The span of an operator's `action` (a trace of its own), with who took it.
+    fn span(&self, action: &'static str, by: &str) -> Span {
+        let mut span = self.tracer.start(action, Kind::Internal, Parent::Root);
+        span.set("sume.action", action);
+        span.set("sume.actor", by);
+        span
     }
 
     /// Makes a `done` or `dead` job (or its work on `route`) due again with a fresh set of
@@ -168,12 +188,14 @@ impl Actions<'_> {
     /// Pauses (with the actor's reason, if any) or resumes dispatch on every receiver; `false`
     /// if it already was.
     pub async fn set_dispatch(&self, paused: bool, actor: &Actor) -> Result<bool, Refused> {
+        let mut span = self.span(if paused { "pause" } else { "resume" }, &actor.by);
         let reason = said(actor.reason())?.filter(|_| paused);
         let actor = Actor::because(&actor.by, reason);
         let changed = self.ledger.set_dispatch(paused, &actor, now_ms()).await?;
         if let Some(queue) = self.queue {
             queue.dispatch_changed(paused);
         }
+        span.set("sume.changed", changed);
         let by = &actor.by;
         tracing::info!(%by, paused, changed, "dispatch changed by an operator");
         Ok(changed)
@@ -222,10 +244,12 @@ impl Actions<'_> {
         signature: &str,
         actor: &Actor,
     ) -> Result<GroupRetry, StorageError> {
+        let mut span = self.span("retry-group", &actor.by);
         let batch = self
             .ledger
             .retry_dead_group(signature, actor, now_ms(), GROUP_RETRY_BATCH)
             .await?;
+        span.set("sume.retried", batch.retried as i64);
         let by = &actor.by;
         if let Some(queue) = self.queue {
             queue.look_in_ledger();

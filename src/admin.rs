@@ -32,6 +32,7 @@ use crate::response::{error_response, json_response};
 use crate::route_name::RouteName;
 use crate::server::Router;
 use crate::tls::Tls;
+use crate::traces::Tracer;
 use crate::worker::Queues;
 
 pub struct Admin {
@@ -48,6 +49,8 @@ pub struct Admin {
     pub console: Console,
     /// The webhook listener's TLS, whose certificate a delivery needs (`/readyz`).
     pub webhook_tls: Option<Arc<Tls>>,
+    /// A span of each operator action.
+    pub tracer: Tracer,
 }
 
 impl Router for Admin {
@@ -234,6 +237,7 @@ impl Admin {
         Actions {
             ledger: &self.ledger,
             queue: Some(&self.queue),
+            tracer: &self.tracer,
         }
     }
 

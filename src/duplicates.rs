@@ -138,6 +138,7 @@ mod tests {
             event_type: None,
             body: "{}".into(),
             source: Source::Webhook,
+            trace_context: None,
             routing: crate::ledger::Routing::default_route(),
         };
         ledger.claim(claim).await.unwrap();

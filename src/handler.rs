@@ -16,6 +16,7 @@ use crate::config::{HandlerKind, HandlerUrl};
 use crate::http_client::{self, HttpClient, SendError};
 use crate::ledger::{Attempt, Failure};
 use crate::logging::Escaped;
+use crate::traces::{Kind, Span, Within};
 
 /// How much of a failing handler's stderr (or HTTP answer) is kept as the job's last error.
 const ERROR_TAIL_BYTES: usize = 2048;
@@ -79,27 +80,76 @@ impl Handler {
     }
 
     /// Runs one attempt. `stop` interrupts it (shutdown grace is over); `timeout` fails it.
+    /// Its span (the command's run, the HTTP request) is a child of `within`'s, and its
+    /// context is passed on: `TRACEPARENT` in the command's environment, `traceparent` header.
     pub async fn run(
         &self,
         attempt: &Attempt,
         timeout: Duration,
         stop: &CancellationToken,
+        within: Within<'_>,
     ) -> Result<(), AttemptError> {
         match self {
-            Handler::Command(argv) => run_command(argv, attempt, timeout, stop).await,
+            Handler::Command(argv) => {
+                let mut span = within.start("command", Kind::Internal);
+                if span.is_recording() {
+                    let program = Path::new(&argv[0]).file_name().unwrap_or_default();
+                    span.set("process.executable.name", &*program.to_string_lossy());
+                }
+                let outcome = run_command(argv, attempt, timeout, stop, &span).await;
+                if let Err(AttemptError::Failed(failure, _)) = &outcome {
+                    if let Some(code) = failure.exit_status {
+                        span.set("process.exit.code", i64::from(code));
+                    }
+                    span.fail(sign_type(&outcome), || failure.error.clone());
+                }
+                outcome
+            }
             Handler::Http {
                 client,
                 url,
                 authorization,
             } => {
-                tokio::select! {
-                    result = post(client, (url, authorization.as_ref()), attempt, timeout) => {
+                let mut span = within.start("POST", Kind::Client);
+                if span.is_recording() {
+                    span.set("http.request.method", "POST");
+                    span.set("server.address", url.host().unwrap_or_default());
+                    if let Some(port) = url.port_u16() {
+                        span.set("server.port", port);
+                    }
+                }
+                let outcome = tokio::select! {
+                    result = post(client, (url, authorization.as_ref()), attempt, timeout, &mut span) => {
                         result.map_err(|(failure, sign)| AttemptError::Failed(failure, sign))
                     }
                     () = stop.cancelled() => Err(AttemptError::Interrupted),
+                };
+                match &outcome {
+                    Ok(()) => {}
+                    Err(AttemptError::Failed(failure, _)) => {
+                        span.fail(sign_type(&outcome), || failure.error.clone());
+                    }
+                    Err(AttemptError::Interrupted) => span.fail("interrupted", String::new),
                 }
+                outcome
             }
         }
+    }
+}
+
+/// A failed attempt's `error.type`: what its sign says of the downstream, else its status.
+fn sign_type(outcome: &Result<(), AttemptError>) -> &'static str {
+    match outcome {
+        Ok(()) => "",
+        Err(AttemptError::Interrupted) => "interrupted",
+        Err(AttemptError::Failed(failure, sign)) => match sign {
+            Sign::TimedOut => "timeout",
+            Sign::Unreachable => "unreachable",
+            Sign::Busy(_) => "busy",
+            Sign::Failed if failure.http_status.is_some() => "http_status",
+            Sign::Failed if failure.exit_status.is_some() => "exit_status",
+            Sign::Failed => "failed",
+        },
     }
 }
 
@@ -108,8 +158,16 @@ async fn run_command(
     attempt: &Attempt,
     timeout: Duration,
     stop: &CancellationToken,
+    span: &Span,
 ) -> Result<(), AttemptError> {
     let mut command = tokio::process::Command::new(&argv[0]);
+    // The W3C environment carrier: the command's own spans join its attempt's trace.
+    if let Some(context) = span.context() {
+        command.env("TRACEPARENT", context.traceparent());
+        if !context.trace_state.is_empty() {
+            command.env("TRACESTATE", &context.trace_state);
+        }
+    }
     command
         .args(&argv[1..])
         .env("SUME_JOB_ID", attempt.job_id.as_str())
@@ -263,9 +321,16 @@ async fn post(
     (url, authorization): (&hyper::Uri, Option<&HeaderValue>),
     attempt: &Attempt,
     timeout: Duration,
+    span: &mut Span,
 ) -> Result<(), (Failure, Sign)> {
     let unsent = |e: String| (Failure::new(e), Sign::Failed);
     let mut request = Request::post(url.clone());
+    if let Some(context) = span.context() {
+        request = request.header("traceparent", context.traceparent());
+        if !context.trace_state.is_empty() {
+            request = request.header("tracestate", context.trace_state.as_str());
+        }
+    }
     if let Some(authorization) = authorization {
         request = request.header(AUTHORIZATION, authorization.clone());
     }
@@ -291,6 +356,7 @@ async fn post(
             };
             (Failure::new(error.to_string()), sign)
         })?;
+    span.set("http.response.status_code", answer.status.as_u16());
     if let Some(why) = &answer.cut {
         // Judged by its status line alone, as curl would: a body cut short loses only its end.
         tracing::debug!(job_id = %attempt.job_id, status = %answer.status, why = %Escaped(why), "the handler's answer broke off after its status");

@@ -12,6 +12,7 @@ use hyper::header::{HeaderValue, CONTENT_LENGTH, RETRY_AFTER};
 use hyper::{HeaderMap, Request, Response, StatusCode};
 use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::Instrument;
 
 use crate::acknowledged::RecentlyAcknowledged;
 use crate::config::{Config, Routes, Secret};
@@ -28,6 +29,7 @@ use crate::refusals::Refusals;
 use crate::response::json_response;
 use crate::rollup::ROLLUP;
 use crate::signature::{self, SignatureError, SignedHeaders};
+use crate::traces::{self, Kind, Parent, Span, SpanContext, Tracer};
 use crate::worker::Queues;
 
 pub const TIMESTAMP_HEADER: &str = "x-sume-webhook-timestamp";
@@ -268,6 +270,9 @@ pub struct Ingest {
     duplicates: Arc<DuplicateTally>,
     /// Answers a duplicate of a recent claim without the ledger.
     recent: Arc<RecentlyAcknowledged>,
+    tracer: Tracer,
+    /// The delivery span's name: `POST <webhook path>` (HTTP's semantic conventions).
+    span_name: String,
 }
 
 impl Ingest {
@@ -281,6 +286,7 @@ impl Ingest {
             Arc<DuplicateTally>,
             Arc<RecentlyAcknowledged>,
         ),
+        tracer: Tracer,
     ) -> Self {
         let server = &config.server;
         Self {
@@ -297,6 +303,8 @@ impl Ingest {
             refusals,
             duplicates,
             recent,
+            tracer,
+            span_name: format!("POST {}", server.webhook_path),
         }
     }
 
@@ -319,10 +327,24 @@ impl Ingest {
         request: Request<Incoming>,
         peer: SocketAddr,
     ) -> Response<Full<Bytes>> {
+        let span = self.delivery_span(&request, peer);
+        let log_span = span.log_span();
+        self.answer(request, peer, span).instrument(log_span).await
+    }
+
+    /// [`Ingest::handle`] within the delivery's span.
+    async fn answer(
+        &self,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+        mut span: Span,
+    ) -> Response<Full<Bytes>> {
         let started = Instant::now();
-        match self.ingest(request).await {
+        match self.ingest(request, &mut span).await {
             Ok((job_id, outcome)) => {
                 let duplicate = outcome == ClaimOutcome::Duplicate;
+                span.set("sume.duplicate", duplicate);
+                span.set("http.response.status_code", 200u16);
                 let outcome = if duplicate {
                     self.duplicates.record(&job_id);
                     DeliveryOutcome::Duplicate
@@ -350,6 +372,8 @@ impl Ingest {
             Err(error) => {
                 METRICS.record_delivery(error.outcome());
                 let (status, outcome) = (error.status().as_u16(), error.outcome().label());
+                span.set("http.response.status_code", status);
+                span.fail(outcome, || error.to_string());
                 self.refusals
                     .record(peer, status, outcome, &error.to_string());
                 tracing::warn!(
@@ -365,9 +389,24 @@ impl Ingest {
         }
     }
 
+    /// The delivery's server span: a child of the request's `traceparent` when it has a valid
+    /// one. Nothing, with tracing off.
+    fn delivery_span(&self, request: &Request<Incoming>, peer: SocketAddr) -> Span {
+        let inbound = traces::delivery_parent(&self.tracer, request.headers());
+        let parent = inbound.as_ref().map_or(Parent::Root, Parent::Child);
+        let mut span = self.tracer.start(&self.span_name, Kind::Server, parent);
+        if span.is_recording() {
+            span.set("http.request.method", request.method().as_str());
+            span.set("http.route", &self.span_name["POST ".len()..]);
+            span.set("client.address", peer.ip().to_string());
+        }
+        span
+    }
+
     async fn ingest(
         &self,
         request: Request<Incoming>,
+        span: &mut Span,
     ) -> Result<(JobId, ClaimOutcome), IngestError> {
         let (parts, body) = request.into_parts();
         let now = unix_now();
@@ -388,7 +427,13 @@ impl Ingest {
         ROLLUP.record_verified(secret, skew);
         METRICS.record_clock_skew(skew);
 
-        let claim = parse_claim(body, &self.routes)?;
+        let mut claim = parse_claim(body, &self.routes)?;
+        span.set("sume.job_id", claim.job_id.as_str());
+        if let Some(event_type) = &claim.event_type {
+            span.set("sume.event_type", event_type.as_str());
+        }
+        // Kept with the job, recorded or not: every attempt then follows the same decision.
+        claim.trace_context = span.context().map(SpanContext::to_stored);
         let job_id = claim.job_id.clone();
         let routes = claim.routing.routes().to_vec();
         let queued = Instant::now();
@@ -396,9 +441,14 @@ impl Ingest {
             METRICS.record_duplicate_from_memory();
             return Ok((job_id, ClaimOutcome::Duplicate));
         }
+        let claim_span = span.context().map(|delivery| {
+            self.tracer
+                .start("claim", Kind::Internal, Parent::Child(delivery))
+        });
         let answered = tokio::time::timeout(self.claim_timeout, self.ledger.claim(claim))
             .await
             .map_err(|_| IngestError::ClaimTimeout(self.claim_timeout))?;
+        drop(claim_span);
         METRICS.record_claim_wait(queued.elapsed());
         let outcome = answered?;
         self.recent.remember(&job_id, queued);
@@ -487,6 +537,7 @@ pub fn parse_claim(body: Bytes, routes: &Routes) -> Result<NewClaim, IngestError
         body,
         source: Source::Webhook,
         routing,
+        trace_context: None,
     })
 }
 

@@ -49,6 +49,7 @@ pub mod signature;
 pub mod sweeper;
 mod throttle;
 mod tls;
+pub mod traces;
 pub mod vacuum;
 pub mod worker;
 

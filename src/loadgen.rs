@@ -408,6 +408,7 @@ impl Run {
             event_type: Some(EventType::parse("job.completed").expect("a valid type")),
             body: self.body(index).into(),
             source: Source::Webhook,
+            trace_context: None,
             routing: crate::ledger::Routing::default_route(),
         }
     }

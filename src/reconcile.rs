@@ -27,6 +27,7 @@ use crate::ledger::{
 };
 use crate::logging::Escaped;
 use crate::metrics::{PollCall, METRICS};
+use crate::traces::{Kind, Parent, Span, SpanContext, Tracer};
 use crate::worker::Queues;
 
 /// Largest status answer kept (it becomes the job's stored body).
@@ -63,6 +64,7 @@ pub struct Reconciler {
     paused_until: Option<Instant>,
     /// Consecutive refusals of our API key, for the back-off and to log the problem once.
     auth_refusals: u32,
+    tracer: Tracer,
 }
 
 impl Reconciler {
@@ -87,7 +89,13 @@ impl Reconciler {
             next_call: Instant::now(),
             paused_until: None,
             auth_refusals: 0,
+            tracer: Tracer::default(),
         }
+    }
+
+    /// Records a span of each poll with `tracer`; a job recovered by a poll joins its trace.
+    pub fn traced_by(self, tracer: Tracer) -> Reconciler {
+        Reconciler { tracer, ..self }
     }
 
     pub async fn reconcile_once(&mut self) -> Result<ReconcileReport, StorageError> {
@@ -136,7 +144,18 @@ impl Reconciler {
                 }
                 Ok(job_id) => {
                     report.polled += 1;
-                    self.poll(&job_id, expectation.polls).await?
+                    let mut span = self.tracer.start("poll Sume", Kind::Client, Parent::Root);
+                    span.set("sume.job_id", job_id.as_str());
+                    span.set("sume.polls", expectation.polls);
+                    let result = self.poll(&job_id, expectation.polls, &span).await?;
+                    span.set("sume.poll_result", poll_label(&result));
+                    if let PollResult::Again {
+                        error: Some(error), ..
+                    } = &result
+                    {
+                        span.fail("poll_failed", || error.clone());
+                    }
+                    result
                 }
             };
             match &result {
@@ -153,7 +172,13 @@ impl Reconciler {
     }
 
     /// Calls the status endpoint once (rate limited) and decides what the answer means.
-    async fn poll(&mut self, job_id: &JobId, polls: u32) -> Result<PollResult, StorageError> {
+    /// A recovered job keeps the poll's trace context (`span`), as a delivery's job keeps its.
+    async fn poll(
+        &mut self,
+        job_id: &JobId,
+        polls: u32,
+        span: &Span,
+    ) -> Result<PollResult, StorageError> {
         tokio::time::sleep_until(self.next_call).await;
         self.next_call =
             Instant::now() + Duration::from_secs_f64(1.0 / self.api.max_requests_per_second);
@@ -223,6 +248,7 @@ impl Reconciler {
             body: body.into(),
             source: Source::Poll,
             routing,
+            trace_context: span.context().map(SpanContext::to_stored),
         };
         let routes = claim.routing.routes().to_vec();
         let queued = std::time::Instant::now();
@@ -290,6 +316,16 @@ impl Reconciler {
                 () = shutdown.cancelled() => break,
             }
         }
+    }
+}
+
+/// What a poll found, as its span says it.
+fn poll_label(result: &PollResult) -> &'static str {
+    match result {
+        PollResult::Recovered { .. } => "recovered",
+        PollResult::Arrived { .. } => "arrived",
+        PollResult::GivenUp { .. } => "given_up",
+        PollResult::Again { .. } => "again",
     }
 }
 

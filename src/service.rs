@@ -24,6 +24,7 @@ use crate::server::{self, App};
 use crate::sweeper::Sweeper;
 use crate::tls::certificate::Certificate;
 use crate::tls::Tls;
+use crate::traces::Tracer;
 use crate::vacuum::Vacuum;
 use crate::worker::{self, Worker};
 use crate::{check, ingest, notify, process};
@@ -110,6 +111,18 @@ pub async fn run_on(
         }
     }
     tasks.spawn(minutes.clone().run(stop.clone()));
+    // Its own stop, after every other task's: the worker's last attempts end during the grace.
+    let (tracer, exporter) =
+        crate::traces::start(config.tracing.as_ref(), &credentials.trace_headers)
+            .context("cannot start the trace exporter (tracing.headers_file)")?;
+    let stop_exporting = CancellationToken::new();
+    let exporter = exporter.map(|exporter| {
+        if let Some(tracing) = &config.tracing {
+            let endpoint = crate::config::redact_url(&tracing.endpoint.to_string());
+            tracing::info!(%endpoint, sample_ratio = tracing.sample_ratio, "traces on: spans exported over OTLP/HTTP");
+        }
+        tokio::spawn(exporter.run(stop_exporting.clone(), config.server.shutdown_grace))
+    });
 
     // A worker per route, with the route's handler, limits and hold.
     let routes = config.routes.list();
@@ -146,7 +159,8 @@ pub async fn run_on(
                     .find(|(name, _)| name == route)
                     .map_or(default_max, |(_, max)| *max)
             }),
-        );
+        )
+        .traced_by(tracer.clone());
         let recovered = sweeper
             .recover()
             .await
@@ -156,6 +170,7 @@ pub async fn run_on(
             "recovered unfinished jobs"
         );
         for worker in workers {
+            let worker = worker.traced_by(tracer.clone());
             tasks.spawn(worker.run(stop.clone(), config.server.shutdown_grace));
         }
         tasks.spawn(sweeper.run(config.sweeper.interval, stop.clone()));
@@ -169,7 +184,8 @@ pub async fn run_on(
         Some((api, api_key)) => {
             let base_url = crate::config::redact_url(&api.base_url);
             let routes = Arc::new(config.routes.clone());
-            let reconciler = Reconciler::new(ledger.clone(), api, api_key, queue.clone(), routes);
+            let reconciler = Reconciler::new(ledger.clone(), api, api_key, queue.clone(), routes)
+                .traced_by(tracer.clone());
             tasks.spawn(reconciler.run(stop.clone()));
             tracing::info!(%base_url, "reconciliation on: expected jobs without a webhook are polled");
         }
@@ -191,7 +207,7 @@ pub async fn run_on(
         (&config, credentials.admin_tokens, admin_certificate),
         seen_by_admin,
         (&mut tasks, tls.clone()),
-        &stop,
+        (&stop, &tracer),
     )
     .await?;
     if let Some(admin) = admin {
@@ -207,6 +223,7 @@ pub async fn run_on(
             ledger.clone(),
             queue,
             (refusals, duplicates, recent),
+            tracer,
         ),
         ledger: ledger.clone(),
         expose_metrics: config.server.expose_metrics,
@@ -245,6 +262,10 @@ pub async fn run_on(
     stop.cancel();
     server.await?;
     while tasks.join_next().await.is_some() {}
+    stop_exporting.cancel();
+    if let Some(exporter) = exporter {
+        let _ = exporter.await;
+    }
     // After the worker's last attempts ended: they count in the current minute.
     if !writer_failed {
         minutes.flush_at_stop().await;
@@ -343,7 +364,7 @@ async fn start_admin(
     (config, tokens, certificate): (&Config, Option<AdminTokens>, Option<Certificate>),
     (ledger, queue, refusals): (Arc<Ledger>, worker::Queues, Arc<Refusals>),
     (tasks, webhook_tls): (&mut tokio::task::JoinSet<()>, Option<Arc<Tls>>),
-    stop: &CancellationToken,
+    (stop, tracer): (&CancellationToken, &Tracer),
 ) -> anyhow::Result<Option<impl Future<Output = ()> + use<>>> {
     let Some((admin_config, tokens)) = config.admin.as_ref().zip(tokens) else {
         return Ok(None);
@@ -376,7 +397,8 @@ async fn start_admin(
             queue: queue.clone(),
         }),
         (tokens.clone(), certificates),
-    );
+    )
+    .traced_by(tracer.clone());
     let admin = Arc::new(Admin {
         ledger,
         tokens,
@@ -386,6 +408,7 @@ async fn start_admin(
         refusals,
         console,
         webhook_tls,
+        tracer: tracer.clone(),
     });
     tracing::info!(listen = %address, https = tls.is_some(), "admin listener on");
     let (server_config, stop) = (config.server.clone(), stop.clone());

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ledger::{now_ms, Leases, Ledger, StorageError};
 use crate::metrics::METRICS;
+use crate::traces::{Kind, Parent, Tracer};
 use crate::worker::Queues;
 
 pub struct Sweeper {
@@ -19,6 +20,7 @@ pub struct Sweeper {
     /// Each route's `max_attempts`: a lease taken back on its last attempt makes its work dead.
     /// A route no longer in the config keeps the default's: its work stays, due, unrun.
     max_attempts: Arc<dyn Fn(&str) -> u32 + Send + Sync>,
+    tracer: Tracer,
 }
 
 /// What one sweep did.
@@ -37,7 +39,13 @@ impl Sweeper {
             ledger,
             queue,
             max_attempts,
+            tracer: Tracer::default(),
         }
+    }
+
+    /// Records a span of each sweep that takes leases back with `tracer`.
+    pub fn traced_by(self, tracer: Tracer) -> Sweeper {
+        Sweeper { tracer, ..self }
     }
 
     /// At start: takes back at once the attempts this receiver was running when it stopped
@@ -75,6 +83,9 @@ impl Sweeper {
         let max_attempts = self.max_attempts.clone();
         let now = now_ms();
         let queue = self.queue.clone();
+        let mut span = self
+            .tracer
+            .start("take back leases", Kind::Internal, Parent::Root);
         let expired = self
             .ledger
             .expire_leases(
@@ -85,7 +96,12 @@ impl Sweeper {
                 move |job_id, route| queue.holds_work(job_id, route),
             )
             .await?;
-        if expired > 0 {
+        if expired == 0 {
+            // Most sweeps find nothing: no span of them.
+            span.discard();
+        } else {
+            span.set("sume.leases_taken_back", expired as i64);
+            span.set("sume.reason", reason);
             METRICS.record_swept(expired);
             tracing::info!(leases_expired = expired, "sweep took back expired leases");
             self.queue.look_in_ledger();

@@ -15,6 +15,7 @@ fn claim(job_id: String) -> NewClaim {
         job_id: JobId::parse(&job_id).unwrap(),
         event_type: None,
         source: Source::Webhook,
+        trace_context: None,
         routing: sume_receiver::ledger::Routing::default_route(),
     }
 }

@@ -25,6 +25,7 @@ fn new_claim(job_id: &str) -> NewClaim {
         event_type: Some(ledger_event_type()),
         body: job_body(job_id).into(),
         source: Source::Webhook,
+        trace_context: None,
         routing: ledger::Routing::default_route(),
     }
 }

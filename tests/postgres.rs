@@ -349,6 +349,7 @@ async fn a_receiver_of_the_release_before_routes_cannot_claim_nor_start_after_th
                     body: "{}".into(),
                     source: sume_receiver::ledger::Source::Webhook,
                     routing: sume_receiver::ledger::Routing::default_route(),
+                    trace_context: None,
                 };
                 ledger.claim(claim).await.unwrap();
                 let url = postgres_url_of(dir.path());
@@ -654,6 +655,7 @@ async fn the_counts_of_ended_sessions_are_folded_and_the_sums_kept() {
                         event_type: None,
                         body: job_body(job_id).into(),
                         source: sume_receiver::ledger::Source::Webhook,
+                        trace_context: None,
                         routing: sume_receiver::ledger::Routing::default_route(),
                     };
                     ledger.claim(claim).await.unwrap();
@@ -895,6 +897,7 @@ async fn a_commit_the_standby_never_answers_is_given_up_with_its_connection() {
             event_type: None,
             body: job_body(job_id).into(),
             source: sume_receiver::ledger::Source::Webhook,
+            trace_context: None,
             routing: sume_receiver::ledger::Routing::default_route(),
         };
         let answered = tokio::time::timeout(Duration::from_secs(30), ledger.claim(claim))
@@ -1058,6 +1061,7 @@ async fn a_row_postgres_refuses_fails_only_its_own_claim() {
                 event_type: None,
                 body: body.into(),
                 source: sume_receiver::ledger::Source::Webhook,
+                trace_context: None,
                 routing: sume_receiver::ledger::Routing::default_route(),
             };
             for round in 0..5 {

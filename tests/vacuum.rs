@@ -190,6 +190,7 @@ async fn vacuum_once_purges_then_forgets_and_never_touches_unfinished_work() {
         event_type: None,
         body: "{}".into(),
         source: Source::Webhook,
+        trace_context: None,
         routing: sume_receiver::ledger::Routing::default_route(),
     };
     assert_eq!(

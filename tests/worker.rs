@@ -357,6 +357,7 @@ async fn sweep_once_takes_back_expired_leases() {
             event_type: None,
             body: job_body(job_id).into(),
             source: Source::Webhook,
+            trace_context: None,
             routing: sume_receiver::ledger::Routing::default_route(),
         };
         ledger.claim(claim).await.unwrap();
@@ -442,6 +443,7 @@ async fn the_sweeper_skips_an_idle_ledger_of_its_own() {
         event_type: None,
         body: job_body("left-running").into(),
         source: Source::Webhook,
+        trace_context: None,
         routing: sume_receiver::ledger::Routing::default_route(),
     };
     ledger.claim(claim).await.unwrap();
@@ -475,6 +477,7 @@ async fn the_sweeper_skips_an_idle_ledger_of_its_own() {
         event_type: None,
         body: job_body("started-unseen").into(),
         source: Source::Webhook,
+        trace_context: None,
         routing: sume_receiver::ledger::Routing::default_route(),
     };
     ledger.claim(claim).await.unwrap();

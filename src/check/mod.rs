@@ -6,7 +6,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::config::{
-    AdminConfig, AdminTokens, Config, Credentials, HandlerKind, Routes, Secret, Unmatched, Unread,
+    AdminConfig, AdminTokens, Config, Credentials, HandlerKind, Routes, Secret, TracingConfig,
+    Unmatched, Unread,
 };
 
 mod tls;
@@ -56,6 +57,9 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
         findings.weak_secrets.extend(weak_tokens(admin, tokens));
     }
     tls::check(&mut findings, unreadable, config, &credentials);
+    if let Some(tracing) = &config.tracing {
+        traces(&mut findings, tracing, &credentials.trace_headers);
+    }
     findings.credentials = unread.is_empty().then_some(credentials);
     // PostgreSQL's URL is a credential, read above; its server is not connected to here:
     // `serve` says at start if it cannot be reached.
@@ -84,6 +88,31 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
         );
     }
     findings
+}
+
+/// Where the spans go (the endpoint's form was checked with the file), and a token that would
+/// cross the network in clear.
+fn traces(findings: &mut Findings, tracing: &TracingConfig, headers: &[(String, Secret)]) {
+    let endpoint = &tracing.endpoint;
+    findings.notes.push(format!(
+        "tracing: spans to {} (OTLP/HTTP, protobuf) as {:?}, sample ratio {}",
+        crate::config::redact_url(&endpoint.to_string()),
+        tracing.service_name,
+        tracing.sample_ratio
+    ));
+    let loopback = endpoint.host().is_some_and(|host| {
+        host == "localhost"
+            || host
+                .trim_matches(['[', ']'])
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    });
+    if !headers.is_empty() && endpoint.scheme_str() == Some("http") && !loopback {
+        findings.warnings.push(
+            "tracing.endpoint speaks plain http to another host, and headers (a token) are sent              with each export: they cross the network readable. Use https"
+                .to_owned(),
+        );
+    }
 }
 
 impl Findings {
@@ -314,6 +343,48 @@ mod tests {
         );
         assert!(findings.errors.is_empty(), "{findings:?}");
         assert!(findings.warnings.is_empty(), "{findings:?}");
+    }
+
+    /// The check says where spans go; a token over plain http to another host is a warning,
+    /// a headers file it cannot read an error, its lines never shown.
+    #[test]
+    fn tracing_is_noted_and_a_token_in_clear_warned() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("otlp-headers"),
+            "Authorization: Bearer s3cret\n",
+        )
+        .unwrap();
+        let traced = |endpoint: &str, headers: &str| {
+            let extra = format!("[tracing]\nendpoint = \"{endpoint}\"\n{headers}");
+            check(&config(dir.path(), &extra), Unreadable::Error)
+        };
+        let local = traced("http://127.0.0.1:4318", "headers_file = \"otlp-headers\"");
+        assert!(local.warnings.is_empty(), "{local:?}");
+        assert!(
+            local.notes[0].contains("tracing: spans to http://127.0.0.1:4318/v1/traces"),
+            "{local:?}"
+        );
+        let remote = traced(
+            "http://collector.example:4318",
+            "headers_file = \"otlp-headers\"",
+        );
+        assert!(
+            remote.warnings[0].contains("tracing.endpoint speaks plain http"),
+            "{remote:?}"
+        );
+        assert!(traced(
+            "https://collector.example",
+            "headers_file = \"otlp-headers\""
+        )
+        .warnings
+        .is_empty());
+        let missing = traced("http://127.0.0.1:4318", "headers_file = \"nowhere\"");
+        assert!(
+            missing.errors[0].starts_with("tracing.headers_file"),
+            "{missing:?}"
+        );
+        assert!(!format!("{local:?}{remote:?}").contains("s3cret"));
     }
 
     /// Regression: check-config passed configs that `serve` then rejected.

@@ -24,6 +24,8 @@ pub struct Credentials {
     /// The certificate and key of each listener that serves them from files (an ACME
     /// listener's come from its cache and its CA).
     pub certificates: Vec<(Listener, Certificate)>,
+    /// The headers sent with each trace export (`tracing.headers_file`'s), with tracing on.
+    pub trace_headers: Vec<(String, Secret)>,
 }
 
 /// The tokens of `[admin]`, as read from their files.
@@ -89,7 +91,13 @@ impl Credentials {
                 CertificateSource::Acme(_) => None,
             })
             .collect();
+        let trace_headers = config
+            .tracing
+            .as_ref()
+            .and_then(|tracing| keep.value("tracing.headers_file", tracing.headers()))
+            .unwrap_or_default();
         let credentials = Credentials {
+            trace_headers,
             signing_secrets,
             api_key,
             admin_tokens,
@@ -124,6 +132,13 @@ impl Config {
         }
         if let Some(api) = &self.sume_api {
             files.push(("sume_api.api_key_file".into(), &api.api_key_file));
+        }
+        if let Some(file) = self
+            .tracing
+            .as_ref()
+            .and_then(|t| t.headers_file.as_deref())
+        {
+            files.push(("tracing.headers_file".into(), file));
         }
         if let LedgerConfig::Postgres(postgres) = &self.database {
             if let PostgresUrlSource::File(file) = &postgres.url {

@@ -18,6 +18,7 @@ mod routes;
 mod secret;
 mod sume_api;
 mod tls;
+mod traces;
 
 pub use admin::{AdminConfig, NamedToken, TokenRole, DEFAULT_DUE_JOB_LIMIT};
 pub use credentials::{AdminTokens, Credentials, Unread};
@@ -33,6 +34,7 @@ use routes::{RouteTable, RoutingTable};
 pub use secret::{redact_url, Secret};
 pub use sume_api::SumeApiConfig;
 pub use tls::{AcmeChallenge, AcmeConfig, CertificateSource, Listener, TlsConfig, LETS_ENCRYPT};
+pub use traces::{TracingConfig, TracingToml};
 
 pub const DEFAULT_PATH: &str = "/etc/sume-receiver/config.toml";
 /// The secret of the example config and the README's quick start: public, so never live on a
@@ -69,6 +71,12 @@ pub struct Config {
     pub admin: Option<AdminConfig>,
     #[serde(default)]
     pub log: LogConfig,
+    /// `[tracing]` as written; what runs is [`Config::tracing`].
+    #[serde(rename = "tracing")]
+    pub tracing_toml: Option<TracingToml>,
+    /// `[tracing]` merged with the `OTEL_*` variables at parse time; `None`: tracing is off.
+    #[serde(skip)]
+    pub tracing: Option<TracingConfig>,
     /// The file this was read from (`None` when parsed from text), for a reload.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -253,6 +261,11 @@ impl Config {
         config.resolve_paths(base_dir);
         config.database.name_receiver(config.server.listen.port());
         let mut problems = Vec::new();
+        config.tracing = TracingConfig::resolve(
+            config.tracing_toml.as_ref(),
+            |name| std::env::var(name).ok(),
+            &mut problems,
+        );
         config.routes = routes::resolve(
             std::mem::take(&mut config.route_tables),
             config.routing.take(),
@@ -405,6 +418,9 @@ impl Config {
 
     fn resolve_paths(&mut self, base_dir: &Path) {
         self.database.resolve_paths(base_dir);
+        if let Some(tracing) = self.tracing_toml.as_mut() {
+            TracingConfig::resolve_paths(tracing, base_dir);
+        }
         let admin_tls = self.admin.as_mut().and_then(|admin| admin.tls.as_mut());
         for tls in self.server.tls.iter_mut().chain(admin_tls) {
             tls.resolve_paths(base_dir);

@@ -24,6 +24,7 @@ impl Console {
         let actions = Actions {
             ledger: &self.ledger,
             queue: Some(&self.queue),
+            tracer: &self.tracer,
         };
         let reason = form_value(form, "reason");
         let job_action = match segments.as_slice() {

@@ -111,9 +111,18 @@ pub struct Console {
     tolerance: Duration,
     /// `[admin] due_job_limit`: the verdict's limit on the oldest due job's wait.
     due_limit: Duration,
+    /// `[tracing]`: a job's page shows its trace id, linked by `trace_url`.
+    tracing: Option<crate::config::TracingConfig>,
+    /// A span of each operator action.
+    tracer: crate::traces::Tracer,
 }
 
 impl Console {
+    /// Records a span of each operator action with `tracer`.
+    pub fn traced_by(self, tracer: crate::traces::Tracer) -> Console {
+        Console { tracer, ..self }
+    }
+
     pub fn new(
         config: &Config,
         (ledger, queue, refusals): (Arc<Ledger>, Queues, Arc<Refusals>),
@@ -151,6 +160,8 @@ impl Console {
             hosts.push(host);
         }
         Console {
+            tracing: config.tracing.clone(),
+            tracer: crate::traces::Tracer::default(),
             settings: settings::settings(config, &ledger, Role::Operator),
             reader_settings: settings::settings(config, &ledger, Role::Reader),
             certificates,

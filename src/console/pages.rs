@@ -353,7 +353,18 @@ fn short(text: &str, max_chars: usize) -> String {
 }
 
 /// One job as a timeline, its payload, and what may be done with it.
-pub fn job(viewer: &Viewer, job: &JobDetail, stops: &[DispatchStop]) -> Markup {
+/// A job's trace on its page: the id of its delivery's trace, and the team's link to it.
+pub struct JobTrace {
+    pub trace_id: String,
+    pub link: Option<String>,
+}
+
+pub fn job(
+    viewer: &Viewer,
+    job: &JobDetail,
+    stops: &[DispatchStop],
+    trace: Option<&JobTrace>,
+) -> Markup {
     let summary = &job.summary;
     let href = job_href(&summary.job_id);
     let mut events: Vec<(i64, Markup)> = vec![(
@@ -430,6 +441,14 @@ pub fn job(viewer: &Viewer, job: &JobDetail, stops: &[DispatchStop]) -> Markup {
                 tr { th { "last error" } td { (summary.last_error.as_deref().unwrap_or("-")) } }
             }
             tr { th { "duplicates" } td { (job.duplicates) } }
+            @if let Some(trace) = trace {
+                tr { th { "trace" } td {
+                    @match &trace.link {
+                        Some(link) => a href=(link) rel="noreferrer" { code { (trace.trace_id) } },
+                        None => code { (trace.trace_id) },
+                    }
+                } }
+            }
         }
         @if viewer.may_act {
             p {

@@ -18,6 +18,7 @@ use crate::metrics::FilesystemSpace;
 use crate::metrics::METRICS;
 use crate::response::{json_response, typed};
 use crate::rollup::ROLLUP;
+use crate::traces::SpanContext;
 
 /// The stops (pauses, holds) of the last hour the overview reads, oldest first: the last hold
 /// is missed only after more stops than this in one hour.
@@ -307,9 +308,11 @@ impl Console {
                     .stops_delaying(&job, now_ms())
                     .await
                     .map_err(|error| Box::new(unavailable(&error)))?;
-                let main = pages::job(viewer, &job, &stops);
+                let trace = self.trace_of(&job_id).await;
+                let main = pages::job(viewer, &job, &stops, trace.as_ref());
                 let mut json = serde_json::json!(job);
                 json["delayed_by"] = serde_json::json!(stops);
+                json["trace_id"] = serde_json::json!(trace.map(|trace| trace.trace_id));
                 Ok((main, json))
             }
             Ok(None) if json => Err(refuse(StatusCode::NOT_FOUND, "no such job in the ledger")),
@@ -324,6 +327,18 @@ impl Console {
             ))),
             Err(error) => Err(Box::new(unavailable(&error))),
         }
+    }
+
+    /// The job's trace, with tracing on: its id, and its link with a `trace_url`. A ledger
+    /// that cannot say leaves it out of the page rather than failing it.
+    async fn trace_of(&self, job_id: &crate::job_id::JobId) -> Option<pages::JobTrace> {
+        let tracing = self.tracing.as_ref()?;
+        let kept = self.ledger.trace_context(job_id).await.ok()??;
+        let trace_id = SpanContext::from_stored(&kept)?.trace_id_hex();
+        Some(pages::JobTrace {
+            link: tracing.trace_link(&trace_id),
+            trace_id,
+        })
     }
 
     /// The stored body exactly as received, as a download: never rendered by the browser.

@@ -251,6 +251,10 @@ macro_rules! operations {
         /// One job with its history: every attempt and action kept.
         fn show_job(&self, job_id: &crate::job_id::JobId) -> Result<Option<JobDetail>, StorageError>;
 
+        /// The trace context kept with a job at its claim (see [`NewClaim::trace_context`]);
+        /// `None` for a job without one, or not in the ledger.
+        fn trace_context(&self, job_id: &crate::job_id::JobId) -> Result<Option<String>, StorageError>;
+
         /// Makes a `done` or `dead` job due again with a fresh set of attempts (and wakes the
         /// workers of every receiver), recorded as `actor`'s action: the finished work on
         /// `route`, or with `None` a dead job's dead routes and a done job's every route.

@@ -105,6 +105,9 @@ pub struct NewClaim {
     pub event_type: Option<EventType>,
     pub body: RawBody,
     pub source: Source,
+    /// The delivery's W3C trace context (`traceparent`, then `tracestate` on a second line),
+    /// kept so that every attempt joins its trace; `None` with tracing off.
+    pub trace_context: Option<String>,
     /// The work the claim writes with it, decided by the routes when it was received.
     pub routing: Routing,
 }

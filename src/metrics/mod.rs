@@ -8,11 +8,13 @@
 mod host;
 mod routes;
 mod tls;
+mod traces;
 
 pub use host::FilesystemSpace;
 use host::ProcessStats;
 pub use routes::RouteMetrics;
 pub use tls::TlsMetrics;
+pub use traces::TraceMetrics;
 
 use crate::rollup::{Series, Timing, ROLLUP};
 use std::sync::{LazyLock, Mutex};
@@ -176,6 +178,7 @@ pub struct Metrics {
     process_cpu: Counter<f64, std::sync::atomic::AtomicU64>,
     pub tls: TlsMetrics,
     pub routes: RouteMetrics,
+    pub traces: TraceMetrics,
     /// Scrapes set the snapshot gauges, then encode: one at a time.
     scrape: Mutex<()>,
 }
@@ -220,12 +223,14 @@ impl Metrics {
             process_cpu: Counter::default(),
             tls: TlsMetrics::default(),
             routes: RouteMetrics::default(),
+            traces: TraceMetrics::default(),
             scrape: Mutex::new(()),
             registry: Registry::default(),
         };
         let m = &metrics;
         m.tls.register(&mut registry);
         m.routes.register(&mut registry);
+        m.traces.register(&mut registry);
         registry.register(
             "sume_deliveries",
             "Webhook deliveries by the answer they got (outcome)",

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::config::HandlerConfig;
 use crate::handler::{AttemptError, Handler};
@@ -31,6 +32,7 @@ use crate::logging::Escaped;
 use crate::metrics::{AttemptResult, METRICS};
 use crate::route_name::RouteName;
 use crate::throttle::Throttled;
+use crate::traces::{self, Span, Tracer, Within};
 pub use queue::{Queue, Queues};
 
 /// Most due jobs taken from the ledger at once when the in-memory queue runs dry.
@@ -61,6 +63,7 @@ pub struct Worker {
     /// its commit was visible, so the next one comes within [`IDLE_LOOK`].
     woken_from_elsewhere: bool,
     breaker: Arc<Breaker>,
+    tracer: Tracer,
 }
 
 impl Worker {
@@ -92,8 +95,14 @@ impl Worker {
             dispatch: None,
             woken_from_elsewhere: false,
             breaker,
+            tracer: Tracer::default(),
         };
         Ok((worker, queue))
+    }
+
+    /// Records each attempt's span with `tracer` (see `src/traces/`).
+    pub fn traced_by(self, tracer: Tracer) -> Worker {
+        Worker { tracer, ..self }
     }
 
     /// Runs jobs until `shutdown`; then lets running handlers finish for up to `grace` before
@@ -125,6 +134,7 @@ impl Worker {
                 stop_handlers: stop_handlers.clone(),
                 start_failures: self.start_failures.clone(),
                 breaker: self.breaker.clone(),
+                tracer: self.tracer.clone(),
             };
             running.spawn(async move {
                 job.run(job_id, ticket).await;
@@ -349,6 +359,7 @@ struct JobRun {
     stop_handlers: CancellationToken,
     start_failures: Arc<Mutex<Throttled>>,
     breaker: Arc<Breaker>,
+    tracer: Tracer,
 }
 
 /// An attempt started under the hold's ticket: what its record needs.
@@ -381,12 +392,27 @@ impl JobRun {
             Ok(started) => started,
             Err(after) => return after,
         };
-        tracing::info!(job_id = %job_id, route = %self.route, attempt = started.attempt.number, probe = started.ticket.is_probe(), "running handler");
-        let outcome = self
-            .handler
-            .run(&started.attempt, self.config.timeout, &self.stop_handlers)
-            .await;
-        self.record(started, outcome).await
+        let mut span = traces::attempt_span(&self.tracer, &self.ledger, &started.attempt).await;
+        if started.ticket.is_probe() {
+            span.set("sume.hold_probe", true);
+        }
+        span.set("sume.route", self.route.as_str());
+        let log_span = span.log_span();
+        async {
+            tracing::info!(job_id = %job_id, route = %self.route, attempt = started.attempt.number, probe = started.ticket.is_probe(), "running handler");
+            let within = Within {
+                tracer: &self.tracer,
+                parent: span.context(),
+            };
+            let timeout = self.config.timeout;
+            let outcome = (self.handler)
+                .run(&started.attempt, timeout, &self.stop_handlers, within)
+                .await;
+            record_outcome(&mut span, &outcome);
+            self.record(started, outcome).await
+        }
+        .instrument(log_span)
+        .await
     }
 
     /// Moves the job to `running` under a lease; what is left to do if it did not start (the
@@ -580,6 +606,19 @@ fn after_end(
             // The row stays `running` until the sweeper takes it back.
             tracing::error!(job_id = %attempt.job_id, %error, "could not record the attempt's end");
             AfterAttempt::LeaseLeftBehind
+        }
+    }
+}
+
+/// The handler's outcome on its attempt's span; the failure's text is the one the ledger keeps
+/// (the tail of the handler's stderr or answer, never the body sent).
+fn record_outcome(span: &mut Span, outcome: &Result<(), AttemptError>) {
+    match outcome {
+        Ok(()) => span.set("sume.outcome", "succeeded"),
+        Err(AttemptError::Interrupted) => span.set("sume.outcome", "interrupted"),
+        Err(AttemptError::Failed(failure, _)) => {
+            span.set("sume.outcome", "failed");
+            span.fail("handler_failed", || failure.error.clone());
         }
     }
 }

@@ -65,6 +65,7 @@ async fn a_failed_start_is_left_to_the_sweeper_once_its_job_is_no_longer_held() 
         stop_handlers: CancellationToken::new(),
         start_failures: Arc::new(Mutex::new(Throttled::new("cannot start jobs"))),
         breaker,
+        tracer: Tracer::default(),
     };
     let running = tokio::spawn(run.run(job_id, crate::hold::Ticket::Attempt));
     tokio::time::sleep(IDLE_LOOK / 2).await;

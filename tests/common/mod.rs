@@ -1,6 +1,7 @@
 //! Shared test helpers: start the real server on 127.0.0.1:0 with a temp ledger, sign deliveries.
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
 
+pub mod otlp;
 pub mod pebble;
 pub mod peers;
 pub mod powercut;

@@ -21,6 +21,24 @@ on_both_ledgers! {
         ledger.close().await;
     }
 
+    /// The trace context kept at the claim reads back for the job's attempts (tracestate on
+    /// its second line); none for a job claimed without one, or not in the ledger.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_claims_trace_context_is_kept_with_its_job() {
+        let (_dir, ledger) = fresh().await;
+        let kept = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\ncongo=t61rcWkgMzE";
+        let traced = NewClaim {
+            trace_context: Some(kept.to_owned()),
+            ..new_claim("traced")
+        };
+        assert_eq!(ledger.claim(traced).await.unwrap(), ClaimOutcome::Claimed);
+        claimed(&ledger, "untraced").await;
+        assert_eq!(ledger.trace_context(&id("traced")).await.unwrap().as_deref(), Some(kept));
+        assert_eq!(ledger.trace_context(&id("untraced")).await.unwrap(), None);
+        assert_eq!(ledger.trace_context(&id("never")).await.unwrap(), None);
+        ledger.close().await;
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn due_jobs_come_oldest_first_up_to_the_limit() {
         let (_dir, ledger) = fresh().await;

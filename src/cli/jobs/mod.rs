@@ -19,6 +19,7 @@ use sume_receiver::config::Config;
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::Ledger;
 use sume_receiver::logging::Escaped;
+use sume_receiver::traces::Tracer;
 
 #[derive(Debug, Subcommand)]
 pub enum JobsCommand {
@@ -92,6 +93,7 @@ fn actions(ledger: &Ledger) -> Actions<'_> {
     Actions {
         ledger,
         queue: None,
+        tracer: Tracer::off(),
     }
 }
 

@@ -47,6 +47,7 @@ impl Replay {
                 &attempt,
                 self.timeout,
                 &tokio_util::sync::CancellationToken::new(),
+                sume_receiver::traces::Within::nothing(),
             )
             .await;
         let reason = format!(

@@ -326,6 +326,8 @@ pub(super) async fn insert_claims(
                 .map(move |route| (job_id, route.as_str()))
         })
         .unzip();
+    let trace_contexts: Vec<Option<&str>> =
+        claims.iter().map(|c| c.trace_context.as_deref()).collect();
     let now = now_ms();
     let (rows, cancelled_wait) = run_on!(pool, Rerun::Unsafe, |client| {
         let statement = client.prepare_cached(sql::INSERT_CLAIMS_SQL).await?;
@@ -343,6 +345,7 @@ pub(super) async fn insert_claims(
                     &errors,
                     &work_job_ids,
                     &work_routes,
+                    &trace_contexts,
                 ],
             )
             .await?;

@@ -519,6 +519,12 @@ impl Backend for PostgresLedger {
         }))
     }
 
+    async fn trace_context(&self, job_id: &JobId) -> Result<Option<String>, StorageError> {
+        let job_id = job_id.as_str();
+        let rows = self.read(sql::TRACE_CONTEXT_SQL, &[&job_id]).await?;
+        Ok(rows.first().and_then(|row| row.get(0)))
+    }
+
     async fn retry_job(
         &self,
         job_id: &JobId,

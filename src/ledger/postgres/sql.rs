@@ -261,12 +261,15 @@ pub const START_ATTEMPT_SQL: &str = "WITH started AS (
 /// two arrays of the same length (job_id, route): written for the claims that were new.
 pub const INSERT_CLAIMS_SQL: &str = "WITH inserted AS (
         INSERT INTO jobs (job_id, state, source, event_type, body, received_at,
-                          next_attempt_at, updated_at, last_error, finished_at, routed)
+                          next_attempt_at, updated_at, last_error, finished_at, routed,
+                          trace_context)
         SELECT job_id, state, source, event_type, body, CAST($5 AS BIGINT),
                CASE WHEN state = 'claimed' THEN CAST($5 AS BIGINT) END, CAST($5 AS BIGINT),
-               error, CASE WHEN state = 'claimed' THEN NULL ELSE CAST($5 AS BIGINT) END, true
-        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $6::text[], $7::text[])
-             AS claim (job_id, source, event_type, body, state, error)
+               error, CASE WHEN state = 'claimed' THEN NULL ELSE CAST($5 AS BIGINT) END, true,
+               trace_context
+        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $6::text[], $7::text[],
+                    $10::text[])
+             AS claim (job_id, source, event_type, body, state, error, trace_context)
         ORDER BY job_id
         ON CONFLICT (job_id) DO NOTHING
         RETURNING job_id),
@@ -309,3 +312,5 @@ pub const FOLD_COUNTS_SQL: &str = "WITH ended AS (
     INSERT INTO job_counts (state, owner, jobs)
     SELECT state, 0, sum(jobs) FROM ended GROUP BY state
     ON CONFLICT (state, owner) DO UPDATE SET jobs = job_counts.jobs + EXCLUDED.jobs";
+/// A job's kept trace context (migrations/postgres/0010_trace_context.sql).
+pub const TRACE_CONTEXT_SQL: &str = "SELECT trace_context FROM jobs WHERE job_id = $1";

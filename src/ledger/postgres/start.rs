@@ -19,6 +19,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0007_dispatch_stops.sql"),
     include_str!("../../../migrations/postgres/0008_minute_rollups.sql"),
     include_str!("../../../migrations/postgres/0009_routes.sql"),
+    include_str!("../../../migrations/postgres/0010_trace_context.sql"),
 ];
 /// The advisory lock that serialises migrations between receivers starting at once.
 const MIGRATION_LOCK: i64 = 0x5355_4d45_0001;

@@ -131,9 +131,9 @@ pub const RETRY_REFUSAL_SQL: &str = "SELECT coalesce(
 /// written finished (`state` done or dead, with `error`), and has no work.
 pub const CLAIM_SQL: &str = "INSERT OR FAIL INTO jobs (job_id, state, source, event_type, body,
                                           received_at, next_attempt_at, updated_at,
-                                          last_error, finished_at)
+                                          last_error, finished_at, trace_context)
      VALUES (?1, ?6, ?2, ?3, ?4, ?5, CASE WHEN ?6 = 'claimed' THEN ?5 END, ?5,
-             ?7, CASE WHEN ?6 = 'claimed' THEN NULL ELSE ?5 END)
+             ?7, CASE WHEN ?6 = 'claimed' THEN NULL ELSE ?5 END, ?8)
      ON CONFLICT (job_id) DO NOTHING";
 /// A claimed job's work on one route. Parameters: job_id, route, now. `OR IGNORE`: the only
 /// conflict there can be is a route named twice, which is one route's work; no other
@@ -157,7 +157,8 @@ pub fn insert_claim(
         claim.body.as_str(),
         now,
         state,
-        error
+        error,
+        claim.trace_context
     ])?;
     if inserted != 1 {
         return Ok(ClaimOutcome::Duplicate);
@@ -424,6 +425,14 @@ pub fn list_jobs(
         rows.collect::<rusqlite::Result<_>>()?,
         limit,
     ))
+}
+
+/// A job's kept trace context (migrations/sqlite/0010_trace_context.sql).
+pub fn trace_context(conn: &Connection, job_id: &str) -> rusqlite::Result<Option<String>> {
+    conn.prepare_cached("SELECT trace_context FROM jobs WHERE job_id = ?1")?
+        .query_row([job_id], |row| row.get(0))
+        .optional()
+        .map(Option::flatten)
 }
 
 pub fn show_job(conn: &Connection, job_id: &str) -> rusqlite::Result<Option<JobDetail>> {

@@ -572,6 +572,12 @@ impl Backend for SqliteLedger {
             .await
     }
 
+    async fn trace_context(&self, job_id: &JobId) -> Result<Option<String>, StorageError> {
+        let job_id = job_id.to_owned();
+        self.read(move |conn| jobs::trace_context(conn, job_id.as_str()))
+            .await
+    }
+
     async fn retry_job(
         &self,
         job_id: &JobId,

@@ -22,6 +22,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0007_dispatch_stops.sql"),
     include_str!("../../../migrations/sqlite/0008_minute_rollups.sql"),
     include_str!("../../../migrations/sqlite/0009_routes.sql"),
+    include_str!("../../../migrations/sqlite/0010_trace_context.sql"),
 ];
 
 /// The writer's connection: the file created if needed, checked to be ours (and whole, when the

@@ -482,6 +482,7 @@ mod tests {
             event_type: None,
             body: "{}".into(),
             source: Source::Webhook,
+            trace_context: None,
             routing: crate::ledger::model::Routing::default_route(),
         }
     }
@@ -496,7 +497,7 @@ mod tests {
         let (writer, reader) = ledger(&dir);
         let mut explain = writer.prepare(&format!("EXPLAIN {CLAIM_SQL}")).unwrap();
         let checks: Vec<(String, i64)> = explain
-            .query_map([rusqlite::types::Null; 7], |row| {
+            .query_map([rusqlite::types::Null; 8], |row| {
                 Ok((row.get(1)?, row.get(2)?, row.get(3)?))
             })
             .unwrap()
@@ -520,6 +521,7 @@ mod tests {
             "{}",
             None::<i64>,
             "claimed",
+            None::<String>,
             None::<String>
         ];
         let refused = writer.execute(CLAIM_SQL, no_time).unwrap_err().to_string();
