@@ -9,6 +9,8 @@
 #   bench/outside.sh   ROUNDS (3) of DURATION (5s) per case, CONNECTIONS (64), DUP_RATIO (0.3)
 #   PLAIN_ONLY=1 BIN=old/sume-receiver bench/outside.sh   the plain cases alone, for a build
 #                      without HTTPS (a before/after of the plain path)
+#   RECEIVER_CONFIG="$(bench/routes.sh 20)" bench/outside.sh   the receiver with more of its
+#                      config (20 routes: bench/routes.sh), its dispatch paused before the start
 #
 # Cases:
 #   plain      the receiver over plain HTTP with keep-alive: DUP_RATIO repeats (-ka) and
@@ -100,7 +102,9 @@ measure() {
 
 WEBHOOK_PATH=/sume/webhook
 receiver() { # DIR SERVER_KEYS: starts a receiver on $port; sets receiver_pid
-  mkdir -p "$1"; SERVER_KEYS="$2" write_config "$1" ''
+  mkdir -p "$1"; SERVER_KEYS="$2" write_config "$1" "${RECEIVER_CONFIG:-}"
+  # Routes' workers must not run jobs during the measure of the request path: paused first.
+  [ -n "${RECEIVER_CONFIG:-}" ] && "$BIN" --config "$1/config.toml" jobs pause >/dev/null
   "$BIN" serve --config "$1/config.toml" 2>>"$1/receiver.log" &
   receiver_pid=$!
 }
