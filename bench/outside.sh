@@ -10,7 +10,7 @@
 #   PLAIN_ONLY=1 BIN=old/sume-receiver bench/outside.sh   the plain cases alone, for a build
 #                      without HTTPS (a before/after of the plain path)
 #   RECEIVER_CONFIG="$(bench/routes.sh 20)" bench/outside.sh   the receiver with more of its
-#                      config (20 routes: bench/routes.sh), its dispatch paused before the start
+#                      config (20 routes: bench/routes.sh), its dispatch paused before any delivery
 #
 # Cases:
 #   plain      the receiver over plain HTTP with keep-alive: DUP_RATIO repeats (-ka) and
@@ -103,10 +103,17 @@ measure() {
 WEBHOOK_PATH=/sume/webhook
 receiver() { # DIR SERVER_KEYS: starts a receiver on $port; sets receiver_pid
   mkdir -p "$1"; SERVER_KEYS="$2" write_config "$1" "${RECEIVER_CONFIG:-}"
-  # Routes' workers must not run jobs during the measure of the request path: paused first.
-  [ -n "${RECEIVER_CONFIG:-}" ] && "$BIN" --config "$1/config.toml" jobs pause >/dev/null
   "$BIN" serve --config "$1/config.toml" 2>>"$1/receiver.log" &
   receiver_pid=$!
+  # Routes' workers must not run jobs during the measure of the request path: paused as soon
+  # as the service has made its ledger, before any delivery.
+  if [ -n "${RECEIVER_CONFIG:-}" ]; then
+    for _ in $(seq 100); do
+      "$BIN" --config "$1/config.toml" jobs pause >/dev/null 2>&1 && return 0
+      sleep 0.05
+    done
+    echo "could not pause the receiver's dispatch" >&2; exit 1
+  fi
 }
 floor() { # DIR [CERT KEY]
   mkdir -p "$1"
