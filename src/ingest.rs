@@ -260,11 +260,9 @@ pub struct Ingest {
     access_log: bool,
     budget: BodyBudget,
     ledger: Arc<Ledger>,
-    /// Where a new claim's work goes to be worked on, per route; none when no handler is
-    /// configured.
+    /// Which routes a delivery takes (decided at its claim, written with it), and where each
+    /// route's work goes to be worked on; none when no handler is configured.
     queue: Queues,
-    /// Which routes a delivery takes: decided at its claim, written with it.
-    routes: Arc<Routes>,
     /// The recent refusals, for the admin listener.
     refusals: Arc<Refusals>,
     duplicates: Arc<DuplicateTally>,
@@ -299,7 +297,6 @@ impl Ingest {
             budget: BodyBudget::new(server.max_inflight_body_bytes, server.max_body_bytes),
             ledger,
             queue,
-            routes: Arc::new(config.routes.clone()),
             refusals,
             duplicates,
             recent,
@@ -427,7 +424,7 @@ impl Ingest {
         ROLLUP.record_verified(secret, skew);
         METRICS.record_clock_skew(skew);
 
-        let mut claim = parse_claim(body, &self.routes)?;
+        let mut claim = parse_claim(body, &self.queue.in_force().routes)?;
         span.set("sume.job_id", claim.job_id.as_str());
         if let Some(event_type) = &claim.event_type {
             span.set("sume.event_type", event_type.as_str());

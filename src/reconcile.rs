@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Routes, Secret, SumeApiConfig};
+use crate::config::{Secret, SumeApiConfig};
 use crate::event_type::EventType;
 use crate::http_client::{self, Answer, HttpClient};
 use crate::job_id::JobId;
@@ -54,9 +54,8 @@ pub struct Reconciler {
     api: SumeApiConfig,
     api_key: Secret,
     client: HttpClient,
+    /// A recovered job takes the routes its webhook would have taken (those in force).
     queue: Queues,
-    /// A recovered job takes the routes its webhook would have taken.
-    routes: Arc<Routes>,
     terminal: HashSet<String>,
     /// Earliest moment for the next call (the rate limit).
     next_call: Instant,
@@ -70,13 +69,7 @@ pub struct Reconciler {
 impl Reconciler {
     /// `api_key` as read at start ([`Credentials`](crate::config::Credentials)): a missing
     /// key file stops the start, not the first poll.
-    pub fn new(
-        ledger: Arc<Ledger>,
-        api: SumeApiConfig,
-        api_key: Secret,
-        queue: Queues,
-        routes: Arc<Routes>,
-    ) -> Self {
+    pub fn new(ledger: Arc<Ledger>, api: SumeApiConfig, api_key: Secret, queue: Queues) -> Self {
         let terminal = api.terminal_statuses.iter().cloned().collect();
         Self {
             ledger,
@@ -84,7 +77,6 @@ impl Reconciler {
             api,
             client: http_client::new_client(),
             queue,
-            routes,
             terminal,
             next_call: Instant::now(),
             paused_until: None,
@@ -240,7 +232,8 @@ impl Reconciler {
         // The status answer's top-level fields, as a webhook's body would have them.
         let fields: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(&body).unwrap_or_default();
-        let chosen = self.routes.select(Some(event_type.as_str()), &fields);
+        let in_force = self.queue.in_force();
+        let chosen = in_force.routes.select(Some(event_type.as_str()), &fields);
         let routing = Routing::chosen(&chosen, Some(&event_type));
         let claim = NewClaim {
             job_id: job_id.clone(),

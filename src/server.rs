@@ -143,7 +143,8 @@ pub async fn operational(
         (true, "/readyz") => {
             // A hold is still ready too: deliveries are claimed, and wait for the downstream.
             let holds = queue.holds();
-            let routes = queue.names().count();
+            let in_force = queue.in_force();
+            let routes = in_force.names().count();
             let dispatch = match routes {
                 0 => "no handler",
                 _ if queue.dispatch_paused() => "paused",
@@ -161,9 +162,9 @@ pub async fn operational(
             // Each route's dispatch: a route held waits alone, the others run.
             if routes > 0 {
                 let mut by_route = serde_json::Map::new();
-                for route in queue.names() {
+                for route in in_force.names() {
                     let hold = holds.iter().find(|hold| hold.route == route.as_str());
-                    let paused = queue
+                    let paused = in_force
                         .route(route.as_str())
                         .is_some_and(Queue::dispatch_paused);
                     let mut state = serde_json::json!({ "dispatch": match hold {
@@ -177,6 +178,15 @@ pub async fn operational(
                     by_route.insert(route.to_string(), state);
                 }
                 body["routes"] = serde_json::Value::Object(by_route);
+            }
+            // Kept in the ledger for a route taken out of the config: it runs when it comes back.
+            let not_run = queue.work_not_run();
+            if !not_run.is_empty() {
+                body["not_in_config"] = not_run
+                    .into_iter()
+                    .map(|(route, waiting)| (route, serde_json::json!({ "waiting": waiting })))
+                    .collect::<serde_json::Map<_, _>>()
+                    .into();
             }
             if let Some(hold) = holds.first().filter(|_| routes == 1) {
                 body["hold"] = hold_json(hold);
@@ -196,12 +206,16 @@ pub async fn operational(
             };
             json_response(status, &body)
         }
-        (true, "/metrics") => metrics(ledger, webhook_tls).await,
+        (true, "/metrics") => metrics(ledger, queue, webhook_tls).await,
         _ => return None,
     })
 }
 
-async fn metrics(ledger: &Ledger, webhook_tls: Option<&Tls>) -> Response<Full<Bytes>> {
+async fn metrics(
+    ledger: &Ledger,
+    queue: &Queues,
+    webhook_tls: Option<&Tls>,
+) -> Response<Full<Bytes>> {
     let now = now_ms();
     // Bounded: a scrape that outlasts Prometheus's timeout would read as the receiver down, not
     // as its ledger unreachable. Served either way, with the ledger's gauges as last read.
@@ -214,7 +228,10 @@ async fn metrics(ledger: &Ledger, webhook_tls: Option<&Tls>) -> Response<Full<By
     })
     .await;
     let (snapshot, next_due) = match read {
-        Ok(Ok((snapshot, next_due))) => (Some(snapshot), next_due),
+        Ok(Ok((snapshot, next_due))) => {
+            queue.note_work(&snapshot.work);
+            (Some(snapshot), next_due)
+        }
         _ => (None, None),
     };
     let scrape = Scrape {

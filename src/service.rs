@@ -15,18 +15,20 @@ use crate::console::{Console, ReceiverHealth};
 use crate::duplicates::DuplicateTally;
 use crate::instance_lock::InstanceLock;
 use crate::ledger::{self, Ledger};
+use crate::logging::Escaped;
 use crate::peer_throttle::PeerThrottle;
 use crate::reconcile::Reconciler;
 use crate::refusals::Refusals;
 use crate::rollup::flush::RollupFlush;
 use crate::rollup::ROLLUP;
+use crate::route_name::RouteName;
 use crate::server::{self, App};
 use crate::sweeper::Sweeper;
 use crate::tls::certificate::Certificate;
 use crate::tls::Tls;
 use crate::traces::Tracer;
 use crate::vacuum::Vacuum;
-use crate::worker::{self, Worker};
+use crate::worker::{self, Crew};
 use crate::{check, ingest, notify, process};
 
 /// Runs the receiver on `listener` until `shutdown` resolves, then shuts down gracefully.
@@ -124,41 +126,26 @@ pub async fn run_on(
         tokio::spawn(exporter.run(stop_exporting.clone(), config.server.shutdown_grace))
     });
 
-    // A worker per route, with the route's handler, limits and hold.
-    let routes = config.routes.list();
-    let mut queues = Vec::new();
-    let mut workers = Vec::new();
-    for route in routes {
-        let (worker, queue) = Worker::new(
-            route.name.clone(),
-            ledger.clone(),
-            route.handler.clone(),
-            config.sweeper.stale_after,
-        )?;
-        queues.push((route.name.clone(), queue));
-        workers.push(worker);
-    }
-    let queue = worker::Queues::new(queues);
-    if routes.is_empty() {
+    // A worker per route, with the route's handler, limits and hold; SIGHUP changes them.
+    let routes = Arc::new(config.routes.clone());
+    let mut crew = Crew::new(
+        ledger.clone(),
+        routes.clone(),
+        (config.sweeper.stale_after, config.server.shutdown_grace),
+        tracer.clone(),
+        stop.clone(),
+    );
+    let queue = crew.queues();
+    if routes.list().is_empty() {
         tracing::warn!(
             "no [handler] configured: claimed jobs stay `claimed` for an external consumer"
         );
     } else {
-        let max_attempts: Vec<(String, u32)> = routes
-            .iter()
-            .map(|route| (route.name.to_string(), route.handler.max_attempts))
-            .collect();
-        // A route no longer in the config: its work is kept, and counted as the first route's.
-        let default_max = routes[0].handler.max_attempts;
+        let max_attempts = queue.clone();
         let sweeper = Sweeper::new(
             ledger.clone(),
             queue.clone(),
-            Arc::new(move |route: &str| {
-                max_attempts
-                    .iter()
-                    .find(|(name, _)| name == route)
-                    .map_or(default_max, |(_, max)| *max)
-            }),
+            Arc::new(move |route: &str| max_attempts.max_attempts(route)),
         )
         .traced_by(tracer.clone());
         let recovered = sweeper
@@ -169,10 +156,7 @@ pub async fn run_on(
             interrupted = recovered.leases_expired,
             "recovered unfinished jobs"
         );
-        for worker in workers {
-            let worker = worker.traced_by(tracer.clone());
-            tasks.spawn(worker.run(stop.clone(), config.server.shutdown_grace));
-        }
+        crew.apply(routes)?;
         tasks.spawn(sweeper.run(config.sweeper.interval, stop.clone()));
     }
 
@@ -183,8 +167,7 @@ pub async fn run_on(
     match config.sume_api.clone().zip(credentials.api_key) {
         Some((api, api_key)) => {
             let base_url = crate::config::redact_url(&api.base_url);
-            let routes = Arc::new(config.routes.clone());
-            let reconciler = Reconciler::new(ledger.clone(), api, api_key, queue.clone(), routes)
+            let reconciler = Reconciler::new(ledger.clone(), api, api_key, queue.clone())
                 .traced_by(tracer.clone());
             tasks.spawn(reconciler.run(stop.clone()));
             tracing::info!(%base_url, "reconciliation on: expected jobs without a webhook are polled");
@@ -229,9 +212,10 @@ pub async fn run_on(
         expose_metrics: config.server.expose_metrics,
         tls: tls.clone(),
     });
-    tasks.spawn(reload_secrets_on_hangup(
+    tasks.spawn(reload_on_hangup(
         config.clone(),
         app.clone(),
+        crew,
         stop.clone(),
     ));
     tracing::info!(
@@ -296,38 +280,103 @@ pub async fn run_on(
 /// connections, handler pipes, the admin listener.
 const RESERVED_FILE_DESCRIPTORS: usize = 64;
 
-/// On SIGHUP: reads the signing secrets again (the config file's and `secrets_file`'s) and
-/// swaps them in between two deliveries. A bad file keeps the secrets in use.
-async fn reload_secrets_on_hangup(config: Config, app: Arc<App>, stop: CancellationToken) {
+/// On SIGHUP: reads the config file again, and puts its signing secrets (the file's and
+/// `secrets_file`'s) and its routes in force between two deliveries. A file that cannot be read
+/// or is not valid keeps the secrets and routes in use. At the stop, waits for the routes'
+/// workers.
+async fn reload_on_hangup(config: Config, app: Arc<App>, mut crew: Crew, stop: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut hangups = match signal(SignalKind::hangup()) {
-        Ok(hangups) => hangups,
-        Err(error) => {
-            tracing::warn!(%error, "cannot handle SIGHUP: secrets reload only at restart");
-            return;
-        }
-    };
+    let mut hangups = signal(SignalKind::hangup())
+        .inspect_err(|error| {
+            tracing::warn!(%error, "cannot handle SIGHUP: secrets and routes change only at restart");
+        })
+        .ok();
+    say_work_not_run(&app).await;
     loop {
         tokio::select! {
-            _ = hangups.recv() => {}
+            Some(_) = async { hangups.as_mut()?.recv().await } => {}
             () = stop.cancelled() => break,
         }
-        match config.reload_signing_secrets() {
-            Ok(secrets) => {
-                let live = secrets.len();
-                app.ingest.replace_secrets(secrets);
-                tracing::info!(
-                    live,
-                    "SIGHUP: signing secrets reloaded (other settings change at restart)"
+        let reloaded = config.reload().and_then(|fresh| {
+            let secrets = fresh.signing_secrets()?;
+            let routes = reloadable_routes(&config, &fresh)?;
+            Ok((secrets, routes))
+        });
+        let (secrets, routes) = match reloaded {
+            Ok(reloaded) => reloaded,
+            Err(error) => {
+                tracing::error!(
+                    error = format!("{error:#}"),
+                    live = app.ingest.secret_count(),
+                    "SIGHUP: reload failed; the secrets and routes in use stay live"
                 );
+                continue;
             }
-            Err(error) => tracing::error!(
-                error = format!("{error:#}"),
-                live = app.ingest.secret_count(),
-                "SIGHUP: reload failed; the secrets in use stay live"
-            ),
-        }
+        };
+        let routes = Arc::new(routes);
+        let changes = match crew.apply(routes.clone()) {
+            Ok(changes) => changes,
+            Err(error) => {
+                tracing::error!(
+                    error = format!("{error:#}"),
+                    "SIGHUP: reload failed: a route cannot run; the secrets and routes in use stay live"
+                );
+                continue;
+            }
+        };
+        let live = secrets.len();
+        app.ingest.replace_secrets(secrets);
+        let names = |list: &[RouteName]| {
+            list.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        tracing::info!(
+            live,
+            routes = routes.list().len(),
+            started = names(&changes.started),
+            replaced = names(&changes.replaced),
+            stopped = names(&changes.stopped),
+            "SIGHUP: signing secrets and routes reloaded (other settings change at restart)"
+        );
+        say_work_not_run(&app).await;
     }
+    crew.stopped().await;
+}
+
+/// Reads each route's waiting work, and warns of the work of routes not in force: it waits
+/// unrun until a route of its name comes back (`/readyz` shows it too).
+async fn say_work_not_run(app: &App) {
+    let queues = app.ingest.queue();
+    if queues.names().is_empty() {
+        return;
+    }
+    match app.ledger.metrics_snapshot().await {
+        Ok(snapshot) => {
+            for (route, waiting) in queues.note_work(&snapshot.work) {
+                tracing::warn!(route = %Escaped(&route), waiting, "work waits for a route not in the config: it runs when a route of that name comes back");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "cannot read the routes' waiting work"),
+    }
+}
+
+/// The routes of the config read again, checked as a start checks them (each route's program
+/// and CA file). A receiver with routes keeps some, and one without gets none: the sweeper and
+/// the work side start with the service.
+fn reloadable_routes(running: &Config, fresh: &Config) -> anyhow::Result<crate::config::Routes> {
+    match (running.routes.list().is_empty(), fresh.routes.list().is_empty()) {
+        (false, true) => anyhow::bail!("the config has no [handler] nor [[route]] any more: a receiver that runs handlers stops running them at a restart, not at a reload"),
+        (true, false) => anyhow::bail!("the config has a [handler] or [[route]] now: a receiver started without one starts running handlers at a restart, not at a reload"),
+        _ => {}
+    }
+    // A CA file that cannot be read stops the routes' workers from being made (Crew::apply).
+    let errors = check::route_errors(fresh);
+    if !errors.is_empty() {
+        anyhow::bail!("{}", errors.join("; "));
+    }
+    Ok(fresh.routes.clone())
 }
 
 /// A listener's TLS from its `[*.tls]` table (and the certificate files read at start), with

@@ -379,3 +379,163 @@ async fn a_fan_out_job_killed_between_its_routes_finishes_each_route_once() {
     );
     service.stop_cleanly().await;
 }
+
+/// `systemctl reload` (SIGHUP) changes the routes without a restart: a route whose URL changed
+/// sends its next jobs to the new downstream, a new route takes its events, a route taken out
+/// keeps its waiting work in the ledger unrun until it comes back, and a broken file changes
+/// nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_changes_the_routes_and_keeps_a_removed_routes_work() {
+    use common::service::{cli, signed_delivery, write_config, Service};
+    if Backend::current() != Backend::Sqlite {
+        return skip(
+            "a_reload_changes_the_routes_and_keeps_a_removed_routes_work",
+            "reads the SQLite file",
+        );
+    }
+    let (first, failed, second, canceled) = (
+        Downstream::start().await,
+        Downstream::start().await,
+        Downstream::start().await,
+        Downstream::start().await,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let completed_to = |url: &str| route("completed", r#"["job.completed"]"#, url, "");
+    let failed_route = route("failed", r#"["job.failed"]"#, &failed.url(), "");
+    let config = write_config(
+        dir.path(),
+        port,
+        "",
+        &[completed_to(&first.url()), failed_route.clone()].concat(),
+    );
+    let service = Service::start(&config, port).await;
+    let client = sume_receiver::http_client::new_client();
+    let deliver = |job_id: &str, event_type: &str| {
+        let request = signed_delivery(port, SECRET, &body(job_id, event_type));
+        let client = client.clone();
+        async move {
+            let answer =
+                sume_receiver::http_client::send(&client, request, Duration::from_secs(10), 4096)
+                    .await
+                    .unwrap();
+            assert_eq!(answer.status, 200);
+        }
+    };
+    let log = dir.path().join("service.log");
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let reload = |count: usize| {
+        // SAFETY: a signal to our own child has no memory-safety preconditions.
+        unsafe { libc::kill(service.child.id() as i32, libc::SIGHUP) };
+        let log_text = &log_text;
+        async move {
+            let said = eventually(Duration::from_secs(10), || {
+                log_text().matches("SIGHUP: ").count() >= count
+            })
+            .await;
+            assert!(said, "{}", log_text());
+        }
+    };
+    let ledger = dir.path().join("ledger.sqlite3");
+    let work = |job_id: &str| -> Vec<(String, String)> {
+        let db = rusqlite::Connection::open(&ledger).unwrap();
+        let mut statement = db
+            .prepare("SELECT route, state FROM job_routes WHERE job_id = ?1 ORDER BY route")
+            .unwrap();
+        statement
+            .query_map([job_id], |row| Ok((row.get(0)?, row.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let on = |route: &str, state: &str| vec![(route.to_owned(), state.to_owned())];
+
+    deliver("c1", "job.completed").await;
+    deliver("f1", "job.failed").await;
+    assert!(
+        eventually(Duration::from_secs(10), || first.runs("c1") == 1
+            && failed.runs("f1") == 1)
+        .await
+    );
+    // f2's work waits on its paused route when the route is taken out.
+    let paused = cli(&config, &["jobs", "pause", "--route", "failed"]);
+    assert!(paused.status.success(), "{paused:?}");
+    // Another process's pause is seen within a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    deliver("f2", "job.failed").await;
+    assert_eq!(work("f2"), on("failed", "claimed"));
+
+    // completed's URL changed, failed taken out, canceled new; unmatched events are dead.
+    let canceled_route = route("canceled", r#"["job.canceled"]"#, &canceled.url(), "");
+    let reloaded = [completed_to(&second.url()), canceled_route.clone()].concat();
+    let reloaded = format!("{reloaded}[routing]\nunmatched = \"dead\"\n");
+    write_config(dir.path(), port, "", &reloaded);
+    reload(1).await;
+    let said = log_text();
+    assert!(
+        said.contains("started=canceled")
+            && said.contains("replaced=completed")
+            && said.contains("stopped=failed"),
+        "{said}"
+    );
+    let resumed = cli(&config, &["jobs", "resume", "--route", "failed"]);
+    assert!(resumed.status.success(), "{resumed:?}");
+    deliver("c2", "job.completed").await;
+    deliver("k1", "job.canceled").await;
+    assert!(
+        eventually(Duration::from_secs(10), || second.runs("c2") == 1
+            && canceled.runs("k1") == 1)
+        .await,
+        "c2 {:?}, k1 {:?}",
+        work("c2"),
+        work("k1")
+    );
+    assert_eq!(
+        first.runs("c2"),
+        0,
+        "the old URL got a job after the reload"
+    );
+    // The removed route's work is kept, not run, not dead; the log and /readyz say so.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(work("f2"), on("failed", "claimed"));
+    assert_eq!(failed.runs("f2"), 0);
+    assert!(
+        log_text().contains("work waits for a route not in the config"),
+        "{}",
+        log_text()
+    );
+    let readyz = hyper::Request::get(format!("http://127.0.0.1:{port}/readyz"))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let readyz = sume_receiver::http_client::send(&client, readyz, Duration::from_secs(10), 65536)
+        .await
+        .unwrap();
+    let readyz: serde_json::Value = serde_json::from_slice(&readyz.body).unwrap();
+    assert_eq!(readyz["not_in_config"]["failed"]["waiting"], 1, "{readyz}");
+    assert_eq!(readyz["routes"].as_object().unwrap().len(), 2, "{readyz}");
+
+    // A broken file: the routes in force stay.
+    std::fs::write(&config, "[[route]]\nname = \"completed\"\n").unwrap();
+    reload(2).await;
+    assert!(
+        log_text().contains("SIGHUP: reload failed"),
+        "{}",
+        log_text()
+    );
+    deliver("c3", "job.completed").await;
+    assert!(eventually(Duration::from_secs(10), || second.runs("c3") == 1).await);
+
+    // The route comes back: its kept work runs, once.
+    let back = [completed_to(&second.url()), canceled_route, failed_route].concat();
+    write_config(dir.path(), port, "", &back);
+    reload(3).await;
+    assert!(
+        eventually(Duration::from_secs(10), || work("f2")
+            == on("failed", "done"))
+        .await,
+        "{:?}",
+        work("f2")
+    );
+    assert_eq!((failed.runs("f2"), first.jobs(), failed.jobs()), (1, 1, 2));
+    service.stop_cleanly().await;
+}

@@ -190,7 +190,7 @@ fn sweeper_of(ledger: &Arc<ledger::Ledger>) -> (Worker, Queue, Sweeper) {
         Duration::from_secs(1),
     )
     .unwrap();
-    let queues = sume_receiver::worker::Queues::new(vec![(route, queue.clone())]);
+    let queues = sume_receiver::worker::Queues::new(Arc::default(), vec![(route, queue.clone())]);
     let sweeper = Sweeper::new(ledger.clone(), queues, Arc::new(|_: &str| 2));
     (worker, queue, sweeper)
 }

@@ -69,14 +69,7 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
         }
     }
     findings.notes.extend(route_notes(&config.routes));
-    for route in config.routes.list() {
-        if let HandlerKind::Command(argv) = &route.handler.kind {
-            if let Err(error) = executable(&argv[0]) {
-                let key = route.handler_key("command");
-                findings.errors.push(format!("{key}: {error}"));
-            }
-        }
-    }
+    findings.errors.extend(route_errors(config));
     // Last: a caveat on everything above.
     // SAFETY: geteuid has no preconditions.
     if unreadable == Unreadable::Warning && unsafe { libc::geteuid() } == 0 {
@@ -88,6 +81,20 @@ pub fn check(config: &Config, unreadable: Unreadable) -> Findings {
         );
     }
     findings
+}
+
+/// The routes' commands that cannot run: what a start refuses, and a reload too.
+pub fn route_errors(config: &Config) -> Vec<String> {
+    let mut errors = Vec::new();
+    for route in config.routes.list() {
+        if let HandlerKind::Command(argv) = &route.handler.kind {
+            if let Err(error) = executable(&argv[0]) {
+                let key = route.handler_key("command");
+                errors.push(format!("{key}: {error}"));
+            }
+        }
+    }
+    errors
 }
 
 /// Where the spans go (the endpoint's form was checked with the file), and a token that would

@@ -133,7 +133,7 @@ const MAN_SECTIONS: &[(&str, &[&str])] = &[
     (
         "SIGNALS",
         &[
-            "SIGHUP\tRe-read the signing secrets (systemctl reload); the other settings change at a restart.",
+            "SIGHUP\tRe-read the signing secrets and the routes (systemctl reload); the other settings change at a restart.",
             "SIGTERM, SIGINT\tStop accepting, finish in-flight requests, let running handlers finish for server.shutdown_grace; an attempt the stop interrupts does not count.",
         ],
     ),

@@ -9,7 +9,7 @@ use super::parsing::duration;
 use super::Secret;
 
 /// `[handler]`, resolved: what runs a job, and its limits.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(try_from = "RawHandlerConfig")]
 pub struct HandlerConfig {
     pub kind: HandlerKind,

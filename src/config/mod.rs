@@ -281,12 +281,12 @@ impl Config {
         }
     }
 
-    /// [`Config::signing_secrets`] from the file this config came from, read again (for a
-    /// reload); from this config as it is when it was not read from a file.
-    pub fn reload_signing_secrets(&self) -> anyhow::Result<Vec<Secret>> {
+    /// The config read again from the file it came from (for a reload); this config as it is
+    /// when it was not read from a file.
+    pub fn reload(&self) -> anyhow::Result<Config> {
         match &self.source {
-            Some(path) => Config::load(path)?.signing_secrets(),
-            None => self.signing_secrets(),
+            Some(path) => Config::load(path),
+            None => Ok(self.clone()),
         }
     }
 

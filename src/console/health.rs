@@ -73,7 +73,7 @@ impl HealthSource for ReceiverHealth {
     }
 
     fn routes_run(&self) -> Option<Vec<String>> {
-        let names: Vec<String> = self.queue.names().map(ToString::to_string).collect();
+        let names: Vec<String> = self.queue.names().iter().map(ToString::to_string).collect();
         (!names.is_empty()).then_some(names)
     }
 }

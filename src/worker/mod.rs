@@ -9,6 +9,7 @@
 //! back). It starts each through the ledger writer (`claimed`/`retrying` -> `running`, which also
 //! stops a second start), runs the handler, and records `done`, `retrying` or `dead`.
 
+mod crew;
 mod queue;
 
 use std::sync::atomic::Ordering;
@@ -33,7 +34,8 @@ use crate::metrics::{AttemptResult, METRICS};
 use crate::route_name::RouteName;
 use crate::throttle::Throttled;
 use crate::traces::{self, Span, Tracer, Within};
-pub use queue::{Queue, Queues};
+pub use crew::{Changes, Crew};
+pub use queue::{InForce, Queue, Queues};
 
 /// Most due jobs taken from the ledger at once when the in-memory queue runs dry.
 const PULL_BATCH: usize = 1_000;

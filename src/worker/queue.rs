@@ -3,10 +3,11 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::{mpsc, Notify};
 
+use crate::config::Routes;
 use crate::hold::Breaker;
 use crate::job_id::JobId;
 use crate::ledger::Hold;
@@ -117,23 +118,150 @@ impl Queue {
     }
 }
 
-/// Every route's [`Queue`], in the config's order: what the request path, the sweeper, the
-/// operators' actions and `/readyz` hold of the work side. Each route has a worker of its own.
+/// Every route's [`Queue`], in the config's order, with the routes they come from: what the
+/// request path, the sweeper, the operators' actions and `/readyz` hold of the work side. Each
+/// route has a worker of its own. Swapped whole when the routes change on SIGHUP (see
+/// [`super::Crew`]): a delivery chooses its routes and offers its work from one snapshot.
 #[derive(Clone, Default)]
 pub struct Queues {
-    routes: Arc<Vec<(RouteName, Queue)>>,
+    in_force: Arc<RwLock<Arc<InForce>>>,
+    /// Work waiting on routes not in force, by route, as last read from the ledger.
+    not_run: Arc<Mutex<Vec<(String, u64)>>>,
+}
+
+/// The routes in force and their queues, as one snapshot.
+#[derive(Default)]
+pub struct InForce {
+    /// What a new claim's routes are chosen by.
+    pub routes: Arc<Routes>,
+    queues: Vec<(RouteName, Queue)>,
 }
 
 impl Queues {
-    pub fn new(routes: Vec<(RouteName, Queue)>) -> Queues {
-        Queues {
-            routes: Arc::new(routes),
-        }
+    /// The queues of `routes`, each route's worker started beside it.
+    pub fn new(routes: Arc<Routes>, queues: Vec<(RouteName, Queue)>) -> Queues {
+        let made = Queues::default();
+        made.replace(routes, queues);
+        made
+    }
+
+    pub(super) fn replace(&self, routes: Arc<Routes>, queues: Vec<(RouteName, Queue)>) {
+        *self.in_force.write().expect("not poisoned") = Arc::new(InForce { routes, queues });
+    }
+
+    /// The routes in force and their queues, as one snapshot.
+    pub fn in_force(&self) -> Arc<InForce> {
+        self.in_force.read().expect("not poisoned").clone()
     }
 
     /// The route's queue, if this process runs the route.
+    pub fn route(&self, route: &str) -> Option<Queue> {
+        self.in_force().route(route).cloned()
+    }
+
+    /// Offers a claimed job to the queue of each route it takes; a route this process does
+    /// not run leaves the work in the ledger.
+    pub fn enqueue(&self, job_id: &JobId, routes: &[RouteName]) {
+        self.in_force().enqueue(job_id, routes);
+    }
+
+    /// Every worker looks in the ledger now.
+    pub fn look_in_ledger(&self) {
+        self.in_force().each().for_each(Queue::look_in_ledger);
+    }
+
+    /// Dispatch was paused or resumed (every route's).
+    pub fn dispatch_changed(&self, paused: bool) {
+        self.in_force()
+            .each()
+            .for_each(|queue| queue.dispatch_changed(paused));
+    }
+
+    /// Whether every route's dispatch is paused, as this process last knew it.
+    pub fn dispatch_paused(&self) -> bool {
+        let in_force = self.in_force();
+        !in_force.queues.is_empty() && in_force.each().all(Queue::dispatch_paused)
+    }
+
+    /// One route's pause or resume: its worker reads it again before its next start.
+    pub fn route_dispatch_changed(&self, route: &str, paused: bool) {
+        if let Some(queue) = self.route(route) {
+            queue.dispatch_changed(paused);
+        }
+    }
+
+    /// The routes' holds, as this process last read them from the ledger.
+    pub fn holds(&self) -> Vec<Hold> {
+        self.in_force().each().filter_map(Queue::hold).collect()
+    }
+
+    /// Whether nothing is queued or running here, on any route.
+    pub fn is_idle(&self) -> bool {
+        self.in_force().each().all(Queue::is_idle)
+    }
+
+    /// A lease may have been left behind (the sweeper's own step failed): it looks again.
+    pub fn lease_left_behind(&self) {
+        self.in_force().each().for_each(Queue::lease_left_behind);
+    }
+
+    /// Whether a lease was left behind on some route since the last call.
+    pub fn take_lease_left_behind(&self) -> bool {
+        // Every route's flag is taken, not only up to the first that was set.
+        let mut left_behind = false;
+        for queue in self.in_force().each() {
+            left_behind |= queue.take_lease_left_behind();
+        }
+        left_behind
+    }
+
+    /// Whether the job's work on `route` is queued or running in this process.
+    pub fn holds_work(&self, job_id: &str, route: &str) -> bool {
+        self.route(route).is_some_and(|queue| queue.holds(job_id))
+    }
+
+    /// The routes this process runs, in the config's order.
+    pub fn names(&self) -> Vec<RouteName> {
+        self.in_force().names().cloned().collect()
+    }
+
+    /// Takes each route's waiting work as just read from the ledger (route, waiting,
+    /// running); returns the work of routes not in force (taken out of the config), which
+    /// waits, unrun, until a route of its name comes back.
+    pub fn note_work(&self, work: &[(String, u64, u64)]) -> Vec<(String, u64)> {
+        let in_force = self.in_force();
+        let not_run: Vec<(String, u64)> = work
+            .iter()
+            .filter(|(route, waiting, _)| *waiting > 0 && in_force.route(route).is_none())
+            .map(|(route, waiting, _)| (route.clone(), *waiting))
+            .collect();
+        *self.not_run.lock().expect("not poisoned") = not_run.clone();
+        not_run
+    }
+
+    /// Work waiting on routes not in force, as last read (at the start, at each reload, at
+    /// each scrape of `/metrics`).
+    pub fn work_not_run(&self) -> Vec<(String, u64)> {
+        self.not_run.lock().expect("not poisoned").clone()
+    }
+
+    /// The most attempts the route's work gets. Unlimited for a route no longer in the config:
+    /// its work is kept (a lease taken back goes back to waiting), never made dead by a limit
+    /// that is no longer anybody's.
+    pub fn max_attempts(&self, route: &str) -> u32 {
+        self.in_force()
+            .routes
+            .list()
+            .iter()
+            .find(|known| known.name.as_str() == route)
+            .map_or(u32::MAX, |known| known.handler.max_attempts)
+    }
+}
+
+impl InForce {
+    /// The route's queue, if this process runs the route.
     pub fn route(&self, route: &str) -> Option<&Queue> {
-        self.routes
+        self.queues
             .iter()
             .find(|(name, _)| name.as_str() == route)
             .map(|(_, queue)| queue)
@@ -149,64 +277,12 @@ impl Queues {
         }
     }
 
-    /// Every worker looks in the ledger now.
-    pub fn look_in_ledger(&self) {
-        self.each().for_each(Queue::look_in_ledger);
-    }
-
-    /// Dispatch was paused or resumed (every route's).
-    pub fn dispatch_changed(&self, paused: bool) {
-        self.each().for_each(|queue| queue.dispatch_changed(paused));
-    }
-
-    /// Whether every route's dispatch is paused, as this process last knew it.
-    pub fn dispatch_paused(&self) -> bool {
-        self.names().count() > 0 && self.each().all(Queue::dispatch_paused)
-    }
-
-    /// One route's pause or resume: its worker reads it again before its next start.
-    pub fn route_dispatch_changed(&self, route: &str, paused: bool) {
-        if let Some(queue) = self.route(route) {
-            queue.dispatch_changed(paused);
-        }
-    }
-
-    /// The routes' holds, as this process last read them from the ledger.
-    pub fn holds(&self) -> Vec<Hold> {
-        self.each().filter_map(Queue::hold).collect()
-    }
-
-    /// Whether nothing is queued or running here, on any route.
-    pub fn is_idle(&self) -> bool {
-        self.each().all(Queue::is_idle)
-    }
-
-    /// A lease may have been left behind (the sweeper's own step failed): it looks again.
-    pub fn lease_left_behind(&self) {
-        self.each().for_each(Queue::lease_left_behind);
-    }
-
-    /// Whether a lease was left behind on some route since the last call.
-    pub fn take_lease_left_behind(&self) -> bool {
-        // Every route's flag is taken, not only up to the first that was set.
-        let mut left_behind = false;
-        for queue in self.each() {
-            left_behind |= queue.take_lease_left_behind();
-        }
-        left_behind
-    }
-
-    /// Whether the job's work on `route` is queued or running in this process.
-    pub fn holds_work(&self, job_id: &str, route: &str) -> bool {
-        self.route(route).is_some_and(|queue| queue.holds(job_id))
-    }
-
     /// The routes this process runs, in the config's order.
     pub fn names(&self) -> impl Iterator<Item = &RouteName> {
-        self.routes.iter().map(|(name, _)| name)
+        self.queues.iter().map(|(name, _)| name)
     }
 
     fn each(&self) -> impl Iterator<Item = &Queue> {
-        self.routes.iter().map(|(_, queue)| queue)
+        self.queues.iter().map(|(_, queue)| queue)
     }
 }
