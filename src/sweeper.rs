@@ -18,7 +18,7 @@ pub struct Sweeper {
     ledger: Arc<Ledger>,
     queue: Queues,
     /// Each route's `max_attempts`: a lease taken back on its last attempt makes its work dead.
-    /// A route no longer in the config keeps the default's: its work stays, due, unrun.
+    /// A route no longer in the config has no limit: its work stays, due, unrun.
     max_attempts: Arc<dyn Fn(&str) -> u32 + Send + Sync>,
     tracer: Tracer,
 }
