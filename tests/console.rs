@@ -798,3 +798,61 @@ async fn the_verdict_says_when_an_outage_holds_the_work() {
     assert_eq!(json["last_hold_ended"]["kind"], "hold", "{json}");
     server.stop().await.0.unwrap();
 }
+
+/// The overview shows each route: a held one with its hold, a running one, and one no longer in
+/// the config with the work it keeps.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_overview_shows_each_routes_dispatch_and_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_port = free_port();
+    let held = "[[route]]\nname = \"held\"\nevent_types = [\"job.failed\"]\n\
+                [route.handler]\ncommand = [\"sh\", \"-c\", \"exit 75\"]\nprobe_interval = \"1m\"\n";
+    let quick =
+        "[[route]]\nname = \"quick\"\nevent_types = [\"*\"]\n[route.handler]\ncommand = [\"true\"]\n";
+    let config = console_config(dir.path(), admin_port, false);
+    let admin = &config[config.find("[admin]").unwrap()..];
+    let server = TestServer::start_in(dir, &format!("{held}{quick}{admin}")).await;
+    let reader = Console::sign_in(admin_port, READ_TOKEN).await;
+    let failed = r#"{"job_id":"routed-1","type":"job.failed"}"#;
+    assert_eq!(server.deliver(failed).await.status, 200);
+    assert_eq!(server.deliver(&job_body("routed-2")).await.status, 200);
+    // Work written for a route since taken out of the config.
+    server.execute(
+        "INSERT INTO job_routes (job_id, route, state, next_attempt_at, updated_at) \
+         SELECT job_id, 'archive', 'claimed', received_at, received_at FROM jobs WHERE job_id = 'routed-2'",
+        &[],
+    );
+    let mut routes = serde_json::Value::Null;
+    for _ in 0..40 {
+        let overview = json(&reader.get("/console/api/").await);
+        routes = overview["routes"].clone();
+        if routes[0]["dispatch"] == "held" && routes.as_array().unwrap().len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let row = |at: usize| {
+        (
+            routes[at]["route"].as_str().unwrap_or_default().to_owned(),
+            routes[at]["dispatch"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            routes[at]["waiting"].as_u64().unwrap_or_default(),
+        )
+    };
+    assert_eq!(row(0), ("held".into(), "held".into(), 1), "{routes}");
+    assert!(routes[0]["held_since"].is_i64(), "{routes}");
+    assert_eq!(row(1), ("quick".into(), "running".into(), 0), "{routes}");
+    assert_eq!(
+        row(2),
+        ("archive".into(), "not in the config".into(), 1),
+        "{routes}"
+    );
+    let page = html(&reader.get("/console/").await);
+    assert!(
+        page.contains("<h2>Routes</h2>") && page.contains("not in the config"),
+        "{page}"
+    );
+    server.stop().await.0.unwrap();
+}

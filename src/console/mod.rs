@@ -13,6 +13,7 @@ mod fresh;
 mod health;
 mod http;
 mod pages;
+mod routes;
 mod session;
 mod settings;
 mod show;

@@ -119,6 +119,7 @@ pub struct Overview {
     pub free_disk: Option<u64>,
     /// The last hold that ended in the last hour, if any.
     pub last_hold: Option<DispatchStop>,
+    pub routes: Vec<super::routes::RouteRow>,
 }
 
 fn bytes(value: u64) -> String {
@@ -200,6 +201,7 @@ pub fn overview(viewer: &Viewer, data: &Overview) -> Markup {
                 (card("free disk", bytes(free), if free < 1 << 30 { "bad" } else { "" }))
             }
         }
+        (super::routes::table(&data.routes))
         h2 { "Deliveries" }
         (charts::counts(&data.hour, &["claimed", "duplicate", "refused", "unavailable"], "Deliveries"))
         p.muted { "Since start: " (data.totals.0) " claimed, " (plural(data.totals.1, "duplicate", "duplicates")) ", " (data.totals.2) " refused or unavailable." }

@@ -207,6 +207,10 @@ impl Console {
             disk,
             due_limit: self.due_limit,
         });
+        let routes = super::routes::rows(
+            &self.queue,
+            ledger.as_ref().map_or(&[], |facts| &facts.snapshot.work),
+        );
         let data = pages::Overview {
             verdict: verdict::verdict(&facts),
             readiness,
@@ -218,6 +222,7 @@ impl Console {
             hour,
             refusals: self.refusals.recent().len(),
             last_hold,
+            routes,
         };
         let json = serde_json::json!({
             "verdict": data.verdict.to_json(),
@@ -228,6 +233,7 @@ impl Console {
             "oldest_unfinished_age_seconds": data.snapshot.as_ref().map(|s| s.oldest_unfinished_age_seconds),
             "last_hour": data.hour,
             "last_hold_ended": data.last_hold,
+            "routes": data.routes,
         });
         Ok((pages::overview(viewer, &data), json))
     }
