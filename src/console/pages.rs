@@ -5,6 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
+use super::routes::RouteRow;
 use super::verdict::{plural, Level, Verdict};
 use super::Role;
 use super::{assets, charts};
@@ -119,7 +120,7 @@ pub struct Overview {
     pub free_disk: Option<u64>,
     /// The last hold that ended in the last hour, if any.
     pub last_hold: Option<DispatchStop>,
-    pub routes: Vec<super::routes::RouteRow>,
+    pub routes: Vec<RouteRow>,
 }
 
 fn bytes(value: u64) -> String {
@@ -201,7 +202,7 @@ pub fn overview(viewer: &Viewer, data: &Overview) -> Markup {
                 (card("free disk", bytes(free), if free < 1 << 30 { "bad" } else { "" }))
             }
         }
-        (super::routes::table(&data.routes))
+        (routes_table(&data.routes))
         h2 { "Deliveries" }
         (charts::counts(&data.hour, &["claimed", "duplicate", "refused", "unavailable"], "Deliveries"))
         p.muted { "Since start: " (data.totals.0) " claimed, " (plural(data.totals.1, "duplicate", "duplicates")) ", " (data.totals.2) " refused or unavailable." }
@@ -218,6 +219,34 @@ pub fn overview(viewer: &Viewer, data: &Overview) -> Markup {
         h2 { "Run latency" }
         p.muted { "Handler attempts, start to end." }
         (charts::timing(&data.hour, "run", "Run latency"))
+    }
+}
+
+/// The routes' table; nothing for the one default route running (the cards say it all).
+fn routes_table(rows: &[RouteRow]) -> Markup {
+    let only_default = matches!(rows, [row] if row.route == crate::route_name::RouteName::DEFAULT && row.dispatch == "running");
+    if rows.is_empty() || only_default {
+        return html! {};
+    }
+    html! {
+        h2 { "Routes" }
+        table {
+            thead { tr { th { "route" } th { "dispatch" } th.num { "waiting" } th.num { "running" } th { "held since" } } }
+            tbody {
+                @for row in rows {
+                    tr {
+                        td.mono { (row.route) }
+                        td class=(match row.dispatch { "running" => "", "paused" => "warn", _ => "bad" }) { (row.dispatch) }
+                        td.num { (row.waiting) }
+                        td.num { (row.running) }
+                        td { (time(row.held_since)) }
+                    }
+                }
+            }
+        }
+        @if rows.iter().any(|row| row.dispatch == "not in the config") {
+            p.muted { "A route not in the config keeps its work in the ledger, unrun, until a route of its name comes back (a reload puts it back)." }
+        }
     }
 }
 

@@ -1,9 +1,7 @@
 //! The overview's routes: each route's dispatch and work, and the work of routes not in force.
 
-use maud::{html, Markup};
 use serde::Serialize;
 
-use super::pages::time;
 use crate::worker::Queues;
 
 /// One route as the overview shows it.
@@ -63,32 +61,4 @@ pub fn rows(queues: &Queues, work: &[(String, u64, u64)]) -> Vec<RouteRow> {
             }),
     );
     rows
-}
-
-/// The routes' table; nothing for the one default route running (the cards say it all).
-pub fn table(rows: &[RouteRow]) -> Markup {
-    let only_default = matches!(rows, [row] if row.route == crate::route_name::RouteName::DEFAULT && row.dispatch == "running");
-    if rows.is_empty() || only_default {
-        return html! {};
-    }
-    html! {
-        h2 { "Routes" }
-        table {
-            thead { tr { th { "route" } th { "dispatch" } th.num { "waiting" } th.num { "running" } th { "held since" } } }
-            tbody {
-                @for row in rows {
-                    tr {
-                        td.mono { (row.route) }
-                        td class=(match row.dispatch { "running" => "", "paused" => "warn", _ => "bad" }) { (row.dispatch) }
-                        td.num { (row.waiting) }
-                        td.num { (row.running) }
-                        td { (time(row.held_since)) }
-                    }
-                }
-            }
-        }
-        @if rows.iter().any(|row| row.dispatch == "not in the config") {
-            p.muted { "A route not in the config keeps its work in the ledger, unrun, until a route of its name comes back (a reload puts it back)." }
-        }
-    }
 }
