@@ -52,12 +52,6 @@ pub struct Changes {
     pub stopped: Vec<RouteName>,
 }
 
-impl Changes {
-    pub fn is_empty(&self) -> bool {
-        self.started.is_empty() && self.replaced.is_empty() && self.stopped.is_empty()
-    }
-}
-
 impl Crew {
     /// `routes` in force with no worker yet: the sweeper's recovery at start comes first, then
     /// [`Crew::apply`] starts them.
@@ -90,41 +84,46 @@ impl Crew {
     /// anything changes, so a route that cannot run (its CA file unreadable) leaves every route
     /// as it was.
     pub fn apply(&mut self, routes: Arc<Routes>) -> anyhow::Result<Changes> {
-        let mut made = Vec::new();
-        for route in routes.list() {
-            let unchanged = self
-                .working
-                .iter()
-                .any(|working| working.route == route.name && working.handler == route.handler);
-            if !unchanged {
+        // Per route, in the config's order: none where its worker runs on unchanged.
+        let made = routes
+            .list()
+            .iter()
+            .map(|route| {
+                let unchanged = self
+                    .working
+                    .iter()
+                    .any(|working| working.route == route.name && working.handler == route.handler);
+                if unchanged {
+                    return Ok(None);
+                }
                 let (worker, queue) = Worker::new(
                     route.name.clone(),
                     self.ledger.clone(),
                     route.handler.clone(),
                     self.lease_slack,
                 )?;
-                made.push((worker.traced_by(self.tracer.clone()), queue));
-            }
-        }
+                Ok(Some((worker.traced_by(self.tracer.clone()), queue)))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let mut changes = Changes::default();
         let mut before = std::mem::take(&mut self.working);
-        let mut made = made.into_iter();
-        for route in routes.list() {
-            let kept = before
+        for (route, made) in routes.list().iter().zip(made) {
+            let at = before
                 .iter()
                 .position(|working| working.route == route.name);
-            match kept.map(|at| before.remove(at)) {
-                Some(working) if working.handler == route.handler => {
-                    self.working.push(working);
-                    continue;
-                }
+            let previous = at.map(|at| before.remove(at));
+            let Some((worker, queue)) = made else {
+                self.working
+                    .push(previous.expect("an unchanged route's worker runs"));
+                continue;
+            };
+            match previous {
                 Some(replaced) => {
                     replaced.retire.cancel();
                     changes.replaced.push(route.name.clone());
                 }
                 None => changes.started.push(route.name.clone()),
             }
-            let (worker, queue) = made.next().expect("a worker was made for each change");
             let retire = self.stop.child_token();
             self.tasks.spawn(worker.run(retire.clone(), self.grace));
             self.working.push(Working {
