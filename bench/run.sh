@@ -125,8 +125,8 @@ SELECT lower(hex(randomblob(8))) || '-backlog', 'claimed', 'webhook', 'job.compl
        '{"job_id":"backlog-' || i || '","type":"job.completed","result":{"pad":"' || hex(zeroblob(450)) || '"}}',
        now, now, now
 FROM n, (SELECT $NOW_MS_SQL AS now);
-INSERT INTO job_routes (job_id, route, state, next_attempt_at, updated_at)
-SELECT job_id, 'default', 'claimed', next_attempt_at, updated_at FROM jobs;
+INSERT INTO job_routes (job, route, state, next_attempt_at, updated_at)
+SELECT id, 'default', 'claimed', next_attempt_at, updated_at FROM jobs;
 COMMIT;
 SQL
   start_receiver "$dir"

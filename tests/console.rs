@@ -818,8 +818,8 @@ async fn the_overview_shows_each_routes_dispatch_and_work() {
     assert_eq!(server.deliver(&job_body("routed-2")).await.status, 200);
     // Work written for a route since taken out of the config.
     server.execute(
-        "INSERT INTO job_routes (job_id, route, state, next_attempt_at, updated_at) \
-         SELECT job_id, 'archive', 'claimed', received_at, received_at FROM jobs WHERE job_id = 'routed-2'",
+        "INSERT INTO job_routes (job, route, state, next_attempt_at, updated_at) \
+         SELECT id, 'archive', 'claimed', received_at, received_at FROM jobs WHERE job_id = 'routed-2'",
         &[],
     );
     let mut routes = serde_json::Value::Null;

@@ -554,6 +554,88 @@ async fn a_schema_2_ledger_migrates_with_its_jobs() {
     ledger.close().await;
 }
 
+/// A ledger of schema 10 (work keyed by job_id) migrates to work keyed by the job's number:
+/// every job keeps each of its routes' work, and a VACUUM afterwards (which renumbers a plain
+/// rowid, and which a backup's VACUUM INTO does as well) leaves each route's work with its job.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_schema_10_ledger_keeps_each_jobs_work_through_the_migration_and_a_vacuum() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(&config_text(dir.path(), ""), dir.path()).unwrap();
+    let path = sqlite_path(&config);
+    let mut migrations: Vec<_> =
+        std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite"))
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .collect();
+    migrations.sort();
+    // A connection each: 0005 edits the schema in place, which a connection that read the
+    // schema before does not see.
+    for migration in &migrations[..10] {
+        rusqlite::Connection::open(path)
+            .unwrap()
+            .execute_batch(&std::fs::read_to_string(migration).unwrap())
+            .unwrap();
+    }
+    {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        // Jobs with gaps between their rowids (the deleted ones), so that a VACUUM of a plain
+        // rowid table would renumber those after the gaps.
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             INSERT INTO jobs (job_id, state, body, received_at, next_attempt_at, updated_at)
+             VALUES ('gone-1', 'claimed', '{}', 1, 1, 1), ('kept-a', 'claimed', '{}', 2, 2, 2),
+                    ('gone-2', 'claimed', '{}', 3, 3, 3), ('kept-b', 'claimed', '{}', 4, 4, 4);
+             INSERT INTO job_routes (job_id, route, state, next_attempt_at, updated_at)
+             VALUES ('kept-a', 'default', 'claimed', 2, 2), ('kept-a', 'pager', 'claimed', 2, 2),
+                    ('kept-b', 'archive', 'claimed', 4, 4);
+             DELETE FROM jobs WHERE job_id LIKE 'gone-%';
+             PRAGMA user_version = 10;",
+        )
+        .unwrap();
+    }
+    let ledger = Ledger::open(&config.database).await.unwrap();
+    ledger.close().await;
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .execute_batch("VACUUM")
+        .unwrap();
+
+    let ledger = Ledger::open(&config.database).await.unwrap();
+    let due_on = |route: &str| {
+        let route = sume_receiver::route_name::RouteName::parse(route).unwrap();
+        let ledger = &ledger;
+        async move {
+            let due = ledger.due_jobs(&route, 10, 10).await.unwrap();
+            let ids: Vec<String> = due.runnable.iter().map(|id| id.to_string()).collect();
+            ids
+        }
+    };
+    assert_eq!(due_on("default").await, ["kept-a"]);
+    assert_eq!(due_on("pager").await, ["kept-a"]);
+    assert_eq!(due_on("archive").await, ["kept-b"]);
+    let attempt = ledger
+        .start_attempt(
+            &JobId::parse("kept-b").unwrap(),
+            &sume_receiver::route_name::RouteName::parse("archive").unwrap(),
+            10,
+            i64::MAX,
+        )
+        .await
+        .unwrap()
+        .expect("kept-b's archive work starts");
+    assert_eq!(attempt.number, 1);
+    // The trigger sums the job's own routes' work into its row, and no other job's.
+    for (job_id, state) in [("kept-a", "claimed"), ("kept-b", "running")] {
+        let job = ledger
+            .show_job(&JobId::parse(job_id).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(job.summary.state, state, "{job_id}");
+    }
+    ledger.close().await;
+}
+
 /// Regression: a claim's future was 2.2 KB, sized by a path no delivery takes (the command
 /// line's batch of one on PostgreSQL), and every delivery copied it several times over as it
 /// was built and moved into place (about 37 KB of copies per delivery, 16 KB now). The rare

@@ -111,7 +111,10 @@ fn route(name: &str, event_types: &str, url: &str, extra: &str) -> String {
 fn work_of(server: &TestServer, job_id: &str) -> Vec<(String, String, i64)> {
     server
         .rows(
-            "SELECT route, state, attempts FROM job_routes WHERE job_id = ?1 ORDER BY route",
+            &format!(
+                "SELECT route, state, attempts FROM job_routes WHERE {} ORDER BY route",
+                work_of_job(&server.config, "?1")
+            ),
             &[job_id],
         )
         .into_iter()
@@ -354,7 +357,8 @@ async fn a_fan_out_job_killed_between_its_routes_finishes_each_route_once() {
         let db = rusqlite::Connection::open(&ledger).unwrap();
         let mut statement = db
             .prepare(
-                "SELECT route, state FROM job_routes WHERE job_id = 'fan-out-1' ORDER BY route",
+                "SELECT route, state FROM job_routes_readable WHERE job_id = 'fan-out-1' \
+                 ORDER BY route",
             )
             .unwrap();
         statement
@@ -440,7 +444,9 @@ async fn a_reload_changes_the_routes_and_keeps_a_removed_routes_work() {
     let work = |job_id: &str| -> Vec<(String, String)> {
         let db = rusqlite::Connection::open(&ledger).unwrap();
         let mut statement = db
-            .prepare("SELECT route, state FROM job_routes WHERE job_id = ?1 ORDER BY route")
+            .prepare(
+                "SELECT route, state FROM job_routes_readable WHERE job_id = ?1 ORDER BY route",
+            )
             .unwrap();
         statement
             .query_map([job_id], |row| Ok((row.get(0)?, row.get(1)?)))
@@ -513,6 +519,13 @@ async fn a_reload_changes_the_routes_and_keeps_a_removed_routes_work() {
     let readyz: serde_json::Value = serde_json::from_slice(&readyz.body).unwrap();
     assert_eq!(readyz["not_in_config"]["failed"]["waiting"], 1, "{readyz}");
     assert_eq!(readyz["routes"].as_object().unwrap().len(), 2, "{readyz}");
+    // `check-config` reads it in the ledger, a warning that fails nothing.
+    let check = cli(&config, &["check-config"]);
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success() && said.contains("keeps 1 job(s)' work for route failed,"),
+        "{said}"
+    );
 
     // A broken file: the routes in force stay.
     std::fs::write(&config, "[[route]]\nname = \"completed\"\n").unwrap();

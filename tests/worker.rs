@@ -372,7 +372,11 @@ async fn sweep_once_takes_back_expired_leases() {
     ] {
         ledger_execute(
             &config,
-            &format!("UPDATE job_routes SET state = '{state}', attempts = {attempts}, {column} = {at} WHERE job_id = ?1"),
+            &format!(
+                "UPDATE job_routes SET state = '{state}', attempts = {attempts}, {column} = {at} \
+                 WHERE {}",
+                work_of_job(&config, "?1")
+            ),
             &[job_id],
         );
     }
@@ -450,8 +454,9 @@ async fn the_sweeper_skips_an_idle_ledger_of_its_own() {
     ledger_execute(
         &config,
         &format!(
-            "UPDATE job_routes SET state = 'running', attempts = 1, lease_expires_at = {} WHERE job_id = ?1",
-            ledger::now_ms() - 1000
+            "UPDATE job_routes SET state = 'running', attempts = 1, lease_expires_at = {} WHERE {}",
+            ledger::now_ms() - 1000,
+            work_of_job(&config, "?1")
         ),
         &["left-running"],
     );
@@ -482,8 +487,9 @@ async fn the_sweeper_skips_an_idle_ledger_of_its_own() {
     };
     ledger.claim(claim).await.unwrap();
     let running = format!(
-        "UPDATE job_routes SET state = 'running', attempts = 1, lease_expires_at = {} WHERE job_id = ?1",
-        ledger::now_ms() + 600_000
+        "UPDATE job_routes SET state = 'running', attempts = 1, lease_expires_at = {} WHERE {}",
+        ledger::now_ms() + 600_000,
+        work_of_job(&config, "?1")
     );
     ledger_execute(&config, &running, &["started-unseen"]);
     if let LedgerConfig::Postgres(postgres) = &config.database {
@@ -545,7 +551,10 @@ async fn a_running_job_is_not_taken_back_by_a_wall_clock_jump() {
     server.deliver(&job_body("job-clock")).await;
     wait_for_state(&server, "job-clock", "running").await;
     server.execute(
-        "UPDATE job_routes SET lease_expires_at = 0 WHERE job_id = 'job-clock'",
+        &format!(
+            "UPDATE job_routes SET lease_expires_at = 0 WHERE {}",
+            work_of_job(&server.config, "'job-clock'")
+        ),
         &[],
     );
     wait_for_state(&server, "job-clock", "done").await;

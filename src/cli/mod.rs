@@ -95,7 +95,7 @@ pub enum Generate {
 pub async fn execute(command: Command, config: &Config) -> anyhow::Result<()> {
     match command {
         Command::Serve { .. } | Command::Generate(_) => unreachable!("started by main"),
-        Command::CheckConfig { strict } => check_config(config, strict),
+        Command::CheckConfig { strict } => check_config(config, strict).await,
         Command::Jobs(jobs) => jobs::execute(jobs, config).await,
         Command::Vacuum => vacuum(config).await,
         Command::Backup { path } => backup(config, &path).await,

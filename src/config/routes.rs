@@ -165,6 +165,17 @@ impl Routes {
         &self.field_names
     }
 
+    /// The work the ledger keeps for routes not in this list, from its count of each route's
+    /// work (route, waiting, running): it waits, unrun, until a route of its name comes back.
+    pub fn work_not_here(&self, work: &[(String, u64, u64)]) -> Vec<(String, u64)> {
+        work.iter()
+            .filter(|(route, waiting, _)| {
+                *waiting > 0 && !self.list.iter().any(|known| known.name.as_str() == route)
+            })
+            .map(|(route, waiting, _)| (route.clone(), *waiting))
+            .collect()
+    }
+
     /// The routes the event takes: the walk goes over the routes once, in file order, and
     /// stops at the first match without `continue`. `event_type` is the delivery's type as
     /// the claim path read it (`None` without one); `body` its top-level fields as read there.

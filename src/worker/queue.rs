@@ -229,12 +229,7 @@ impl Queues {
     /// running); returns the work of routes not in force (taken out of the config), which
     /// waits, unrun, until a route of its name comes back.
     pub fn note_work(&self, work: &[(String, u64, u64)]) -> Vec<(String, u64)> {
-        let in_force = self.in_force();
-        let not_run: Vec<(String, u64)> = work
-            .iter()
-            .filter(|(route, waiting, _)| *waiting > 0 && in_force.route(route).is_none())
-            .map(|(route, waiting, _)| (route.clone(), *waiting))
-            .collect();
+        let not_run = self.in_force().routes.work_not_here(work);
         *self.not_run.lock().expect("not poisoned") = not_run.clone();
         not_run
     }

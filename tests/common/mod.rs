@@ -623,13 +623,31 @@ pub fn insert_jobs(
         &[],
     );
     // Each job's work on the default route, as a claim writes it.
+    let (key, job) = if config.database.sqlite_path().is_some() {
+        ("job", "id")
+    } else {
+        ("job_id", "job_id")
+    };
     ledger_execute(
         config,
-        "INSERT INTO job_routes (job_id, route, state, next_attempt_at, finished_at, updated_at)
-         SELECT job_id, 'default', state, next_attempt_at, finished_at, updated_at FROM jobs
-         WHERE NOT EXISTS (SELECT 1 FROM job_routes AS r WHERE r.job_id = jobs.job_id)",
+        &format!(
+            "INSERT INTO job_routes ({key}, route, state, next_attempt_at, finished_at, updated_at)
+             SELECT {job}, 'default', state, next_attempt_at, finished_at, updated_at FROM jobs
+             WHERE NOT EXISTS (SELECT 1 FROM job_routes AS r WHERE r.{key} = jobs.{job})"
+        ),
         &[],
     );
+}
+
+/// The condition that picks a job's work rows in `job_routes`, the job's job_id given as the
+/// parameter `param` (`?1`, or a quoted literal): SQLite keys them by the job's number in the
+/// ledger (`jobs.id`), PostgreSQL by its job_id.
+pub fn work_of_job(config: &Config, param: &str) -> String {
+    if config.database.sqlite_path().is_some() {
+        format!("job = (SELECT id FROM jobs WHERE job_id = {param})")
+    } else {
+        format!("job_id = {param}")
+    }
 }
 
 /// The URL of a test's PostgreSQL ledger.

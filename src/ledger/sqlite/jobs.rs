@@ -25,12 +25,14 @@ use crate::route_name::RouteName;
 
 // The statements that must stay cheap however large the ledger grows; tests check that each
 // reads only its partial index (EXPLAIN QUERY PLAN).
-pub const EXPIRED_LEASES_SQL: &str = "SELECT job_id, route, attempts FROM job_routes
-         WHERE state = 'running' AND lease_expires_at <= ?1";
+pub const EXPIRED_LEASES_SQL: &str = "SELECT jobs.job_id, r.route, r.attempts
+         FROM job_routes AS r JOIN jobs ON jobs.id = r.job
+         WHERE r.state = 'running' AND r.lease_expires_at <= ?1";
 /// Parameters: now, limit, route.
-pub const DUE_JOBS_SQL: &str = "SELECT job_id FROM job_routes
-         WHERE route = ?3 AND state IN ('claimed', 'retrying') AND next_attempt_at <= ?1
-         ORDER BY next_attempt_at LIMIT ?2";
+pub const DUE_JOBS_SQL: &str = "SELECT jobs.job_id
+         FROM job_routes AS r JOIN jobs ON jobs.id = r.job
+         WHERE r.route = ?3 AND r.state IN ('claimed', 'retrying') AND r.next_attempt_at <= ?1
+         ORDER BY r.next_attempt_at LIMIT ?2";
 /// Parameters: route.
 pub const NEXT_DUE_ON_ROUTE_SQL: &str = "SELECT min(next_attempt_at) FROM job_routes
          WHERE route = ?1 AND state IN ('claimed', 'retrying')";
@@ -51,13 +53,15 @@ pub const FINISH_ATTEMPT_SQL: &str =
     "UPDATE job_routes SET state = ?3, last_error = coalesce(?4, last_error),
                      next_attempt_at = ?5, finished_at = ?6, lease_expires_at = NULL,
                      updated_at = ?7, next_attempt_cause = 'backoff'
-     WHERE job_id = ?1 AND route = ?8 AND attempts = ?2 AND state = 'running'";
+     WHERE job = (SELECT id FROM jobs WHERE job_id = ?1) AND route = ?8 AND attempts = ?2
+       AND state = 'running'";
 /// Parameters: job_id, attempt number, now, the next attempt's cause, route.
 pub const RELEASE_ATTEMPT_SQL: &str =
     "UPDATE job_routes SET state = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'claimed' END,
                      attempts = attempts - 1, next_attempt_at = ?3,
                      lease_expires_at = NULL, updated_at = ?3, next_attempt_cause = ?4
-     WHERE job_id = ?1 AND route = ?5 AND attempts = ?2 AND state = 'running'";
+     WHERE job = (SELECT id FROM jobs WHERE job_id = ?1) AND route = ?5 AND attempts = ?2
+       AND state = 'running'";
 /// Parameters: job_id, now, max_attempts, error, cutoff, attempt number, route. The lease and
 /// the attempt are checked again: the lease may have been taken back since it was read.
 pub const TAKE_BACK_LEASE_SQL: &str = "UPDATE job_routes SET
@@ -66,14 +70,16 @@ pub const TAKE_BACK_LEASE_SQL: &str = "UPDATE job_routes SET
              finished_at = CASE WHEN attempts >= ?3 THEN CAST(?2 AS BIGINT) ELSE NULL END,
              lease_expires_at = NULL, last_error = ?4, updated_at = ?2,
              next_attempt_cause = 'take_back'
-         WHERE job_id = ?1 AND route = ?7 AND state = 'running' AND lease_expires_at <= ?5
+         WHERE job = (SELECT id FROM jobs WHERE job_id = ?1) AND route = ?7 AND state = 'running'
+           AND lease_expires_at <= ?5
            AND attempts = ?6
          RETURNING state";
 /// Parameters: job_id, now, error, route. The route's waiting work, or every route's (NULL).
 pub const GIVE_UP_SQL: &str =
     "UPDATE job_routes SET state = 'dead', next_attempt_at = NULL, finished_at = ?2,
                      last_error = ?3, updated_at = ?2
-     WHERE job_id = ?1 AND state IN ('claimed', 'retrying') AND (?4 IS NULL OR route = ?4)";
+     WHERE job = (SELECT id FROM jobs WHERE job_id = ?1) AND state IN ('claimed', 'retrying')
+       AND (?4 IS NULL OR route = ?4)";
 pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attempts, received_at,
          next_attempt_at, finished_at, last_error, lease_expires_at, updated_at, body,
          body_purged_at, next_attempt_cause,
@@ -85,14 +91,15 @@ pub const SHOW_JOB_SQL: &str = "SELECT job_id, state, source, event_type, attemp
 pub const RETRY_JOB_SQL: &str =
     "UPDATE job_routes SET state = 'claimed', attempts = 0, next_attempt_at = ?2,
                      finished_at = NULL, updated_at = ?2, next_attempt_cause = 'manual_retry'
-     WHERE job_id = ?1 AND state IN ('done', 'dead')
-       AND EXISTS (SELECT 1 FROM jobs WHERE job_id = ?1 AND body IS NOT NULL)
+     WHERE job = (SELECT id FROM jobs WHERE job_id = ?1 AND body IS NOT NULL)
+       AND state IN ('done', 'dead')
        AND CASE WHEN ?3 IS NULL THEN state = (SELECT state FROM jobs WHERE job_id = ?1)
                 ELSE route = ?3 END";
 /// Parameters: job_id, now, route (NULL: every route).
 pub const RUN_NOW_SQL: &str = "UPDATE job_routes SET next_attempt_at = ?2, updated_at = ?2,
                      next_attempt_cause = 'run_now'
-     WHERE job_id = ?1 AND state = 'retrying' AND (?3 IS NULL OR route = ?3)";
+     WHERE job = (SELECT id FROM jobs WHERE job_id = ?1) AND state = 'retrying'
+       AND (?3 IS NULL OR route = ?3)";
 /// The finished jobs a bulk retry takes, oldest finished first (the state's own index, in
 /// order). Parameters: state, finished since, finished before, error text or NULL, limit.
 pub const RETRY_MATCHING_SQL: &str = "SELECT job_id FROM jobs
@@ -111,10 +118,10 @@ pub const JOB_IDS_LIKE_SQL: &str = "SELECT job_id FROM jobs WHERE job_id LIKE ?1
 /// why [`RETRY_JOB_SQL`] changed nothing: the job's state, or its route's (the second
 /// parameter, when given).
 pub const RETRY_REFUSAL_SQL: &str = "SELECT coalesce(
-             (SELECT state FROM job_routes WHERE job_id = ?1 AND route = ?2), state),
+             (SELECT state FROM job_routes WHERE job = jobs.id AND route = ?2), state),
          body IS NULL
      FROM jobs WHERE job_id = ?1 AND (?2 IS NULL OR EXISTS (
-         SELECT 1 FROM job_routes WHERE job_id = ?1 AND route = ?2))";
+         SELECT 1 FROM job_routes WHERE job = jobs.id AND route = ?2))";
 
 /// A claim: the job's row unless its job_id is already known.
 ///
@@ -135,11 +142,12 @@ pub const CLAIM_SQL: &str = "INSERT OR FAIL INTO jobs (job_id, state, source, ev
      VALUES (?1, ?6, ?2, ?3, ?4, ?5, CASE WHEN ?6 = 'claimed' THEN ?5 END, ?5,
              ?7, CASE WHEN ?6 = 'claimed' THEN NULL ELSE ?5 END, ?8)
      ON CONFLICT (job_id) DO NOTHING";
-/// A claimed job's work on one route. Parameters: job_id, route, now. `OR IGNORE`: the only
-/// conflict there can be is a route named twice, which is one route's work; no other
-/// constraint can fail (every value is given), so the job's row never stands without its work.
+/// A claimed job's work on one route. Parameters: the job's number (`jobs.id`), route, now.
+/// `OR IGNORE`: the only conflict there can be is a route named twice, which is one route's
+/// work; no other constraint can fail (every value is given), so the job's row never stands
+/// without its work.
 pub const CLAIM_ROUTE_SQL: &str = "INSERT OR IGNORE INTO job_routes
-         (job_id, route, state, next_attempt_at, updated_at)
+         (job, route, state, next_attempt_at, updated_at)
      VALUES (?1, ?2, 'claimed', ?3, ?3)";
 
 /// Records a job, and its work on each route it takes, unless its job_id is already known.
@@ -163,9 +171,11 @@ pub fn insert_claim(
     if inserted != 1 {
         return Ok(ClaimOutcome::Duplicate);
     }
+    // The row just inserted: the triggers it fired (job_counts) insert nothing.
+    let job = conn.last_insert_rowid();
     let mut statement = conn.prepare_cached(CLAIM_ROUTE_SQL)?;
     for route in claim.routing.routes() {
-        statement.execute(params![claim.job_id, route, now])?;
+        statement.execute(params![job, route, now])?;
     }
     Ok(ClaimOutcome::Claimed)
 }
@@ -179,15 +189,16 @@ pub fn start_attempt(
     now: i64,
     lease_expires_at: i64,
 ) -> rusqlite::Result<Option<Attempt>> {
-    let Some((event_type, source, body)) = conn
+    let Some((job, event_type, source, body)) = conn
         .prepare_cached(
-            "SELECT event_type, source, body FROM jobs WHERE job_id = ?1 AND body IS NOT NULL",
+            "SELECT id, event_type, source, body FROM jobs WHERE job_id = ?1 AND body IS NOT NULL",
         )?
         .query_row([job_id], |row| {
             Ok((
-                row.get::<_, Option<String>>(0)?,
-                row.get::<_, String>(1)?,
+                row.get::<_, i64>(0)?,
+                row.get::<_, Option<String>>(1)?,
                 row.get::<_, String>(2)?,
+                row.get::<_, String>(3)?,
             ))
         })
         .optional()?
@@ -198,10 +209,10 @@ pub fn start_attempt(
         .prepare_cached(
             "UPDATE job_routes SET state = 'running', attempts = attempts + 1,
                                    lease_expires_at = ?3, next_attempt_at = NULL, updated_at = ?4
-             WHERE job_id = ?1 AND route = ?2 AND state IN ('claimed', 'retrying')
+             WHERE job = ?1 AND route = ?2 AND state IN ('claimed', 'retrying')
              RETURNING attempts, next_attempt_cause",
         )?
-        .query_row(params![job_id, route, lease_expires_at, now], |row| {
+        .query_row(params![job, route, lease_expires_at, now], |row| {
             Ok((row.get::<_, u32>(0)?, row.get::<_, String>(1)?))
         })
         .optional()?;
@@ -488,8 +499,8 @@ pub fn jobs_on_route(
 ) -> rusqlite::Result<Vec<String>> {
     let ids = serde_json::to_string(job_ids).expect("strings serialize");
     conn.prepare_cached(
-        "SELECT job_id FROM job_routes
-         WHERE route = ?1 AND job_id IN (SELECT value FROM json_each(?2))",
+        "SELECT jobs.job_id FROM jobs JOIN job_routes AS r ON r.job = jobs.id
+         WHERE r.route = ?1 AND jobs.job_id IN (SELECT value FROM json_each(?2))",
     )?
     .query_map(params![route, ids], |row| row.get(0))?
     .collect()

@@ -23,6 +23,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0008_minute_rollups.sql"),
     include_str!("../../../migrations/sqlite/0009_routes.sql"),
     include_str!("../../../migrations/sqlite/0010_trace_context.sql"),
+    include_str!("../../../migrations/sqlite/0011_job_routes_by_job_number.sql"),
 ];
 
 /// The writer's connection: the file created if needed, checked to be ours (and whole, when the

@@ -5,7 +5,8 @@
 //! Makes DB from the receiver's migrations (every `*.sql` of MIGRATIONS_DIR, in name order),
 //! in WAL mode with `synchronous = FULL`, then claims CLAIMS jobs of ~700 B bodies in
 //! transactions of 64 with the receiver's claim statement (`INSERT ... ON CONFLICT (job_id) DO
-//! NOTHING`) and, for a new job, its work on one route (`job_routes`). DUP_RATIO of them repeat an earlier job_id; at 1, every claim repeats one of a
+//! NOTHING`) and, for a new job, its work on one route (`job_routes`, keyed by the job's
+//! number). DUP_RATIO of them repeat an earlier job_id; at 1, every claim repeats one of a
 //! set claimed before the measure starts. Prints one JSON line: the process's CPU (user +
 //! system) per claim over the claims alone, and claims per second.
 
@@ -25,7 +26,7 @@ const CLAIM: &str = "INSERT OR FAIL INTO jobs (job_id, state, source, event_type
      ON CONFLICT (job_id) DO NOTHING";
 /// A new job's work on its one route (`CLAIM_ROUTE_SQL`).
 const CLAIM_ROUTE: &str = "INSERT OR IGNORE INTO job_routes
-         (job_id, route, state, next_attempt_at, updated_at)
+         (job, route, state, next_attempt_at, updated_at)
      VALUES (?1, 'default', 'claimed', ?2, ?2)";
 
 fn main() -> Result<(), Error> {
@@ -114,7 +115,7 @@ fn claim_all(conn: &mut Connection, ids: &[String]) -> Result<(), Error> {
                 body.extend(std::iter::repeat_n('x', 560));
                 body.push_str("\"}}");
                 if claim.execute(params![id, body, now])? == 1 {
-                    route.execute(params![id, now])?;
+                    route.execute(params![tx.last_insert_rowid(), now])?;
                 }
             }
         }
