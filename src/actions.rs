@@ -209,12 +209,15 @@ impl Actions<'_> {
         paused: bool,
         actor: &Actor,
     ) -> Result<bool, Refused> {
+        let mut span = self.span(if paused { "pause" } else { "resume" }, &actor.by);
+        span.set("sume.route", route.as_str());
         let reason = said(actor.reason())?.filter(|_| paused);
         let actor = Actor::because(&actor.by, reason);
         let changed = self
             .ledger
             .set_route_dispatch(route, paused, &actor, now_ms())
             .await?;
+        span.set("sume.changed", changed);
         if let Some(queue) = self.queue {
             queue.route_dispatch_changed(route.as_str(), paused);
         }

@@ -1,5 +1,6 @@
 //! `jobs cancel`: a waiting job made dead without running, with a reason.
 
+use sume_receiver::actions::JobAction;
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::Ledger;
 use sume_receiver::route_name::RouteName;
@@ -23,8 +24,9 @@ pub struct Cancel {
 impl Cancel {
     pub(super) async fn run(self, ledger: &Ledger) -> anyhow::Result<()> {
         let job_id = self.job_id;
+        let actor = actor(Some(&self.reason));
         actions(ledger)
-            .cancel(&job_id, self.route.as_ref(), &actor(Some(&self.reason)))
+            .on_job(JobAction::Cancel, &job_id, self.route.as_ref(), &actor)
             .await
             .map_err(|refusal| refused(&job_id, refusal))?;
         println!("job {job_id} is dead (cancelled); `jobs retry {job_id}` would run it again");

@@ -13,13 +13,24 @@ mod run_now;
 mod show;
 mod stats;
 
+use std::sync::OnceLock;
+use std::time::Duration;
+
 use clap::Subcommand;
 use sume_receiver::actions::{Actions, Refused};
 use sume_receiver::config::Config;
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::Ledger;
 use sume_receiver::logging::Escaped;
-use sume_receiver::traces::Tracer;
+use sume_receiver::traces::{Exporter, Tracer};
+
+/// How long a command waits, once done, to hand its spans to the collector: a collector that is
+/// down costs the operator this much at most, and the spans.
+const FLUSH_WAIT: Duration = Duration::from_secs(3);
+
+/// The tracer of this process's one command: its actions are spans with their actor, as the
+/// service's are (`[tracing]`); off without it.
+static TRACER: OnceLock<Tracer> = OnceLock::new();
 
 #[derive(Debug, Subcommand)]
 pub enum JobsCommand {
@@ -65,9 +76,40 @@ pub(super) async fn execute(command: JobsCommand, config: &Config) -> anyhow::Re
         return redeliver.run(config).await;
     }
     let ledger = Ledger::open_existing(&config.database).await?;
+    let exporter = start_tracing(config);
     let done = on_ledger(command, config, &ledger).await;
     ledger.close().await;
+    if let Some(mut exporter) = exporter {
+        let flushed = tokio::time::timeout(FLUSH_WAIT, async {
+            while exporter.export_once().await > 0 {}
+        });
+        if flushed.await.is_err() {
+            eprintln!(
+                "warning: the OTLP collector took more than {}s: this command's spans are lost",
+                FLUSH_WAIT.as_secs()
+            );
+        }
+    }
     done
+}
+
+/// With `[tracing]`, the command's tracer and the exporter to flush once it is done. A trace
+/// setting that cannot be used costs the spans, never the command.
+fn start_tracing(config: &Config) -> Option<Exporter> {
+    let tracing = config.tracing.as_ref()?;
+    let started = tracing
+        .headers()
+        .and_then(|headers| sume_receiver::traces::start(Some(tracing), &headers));
+    match started {
+        Ok((tracer, exporter)) => {
+            let _ = TRACER.set(tracer);
+            exporter
+        }
+        Err(error) => {
+            eprintln!("warning: this command's spans are not exported: {error:#}");
+            None
+        }
+    }
 }
 
 async fn on_ledger(command: JobsCommand, config: &Config, ledger: &Ledger) -> anyhow::Result<()> {
@@ -93,7 +135,7 @@ fn actions(ledger: &Ledger) -> Actions<'_> {
     Actions {
         ledger,
         queue: None,
-        tracer: Tracer::off(),
+        tracer: TRACER.get().unwrap_or(Tracer::off()),
     }
 }
 

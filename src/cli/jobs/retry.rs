@@ -2,6 +2,7 @@
 //! counted first, then retried a batch at a time.
 
 use anyhow::{bail, Context};
+use sume_receiver::actions::JobAction;
 use sume_receiver::config::Config;
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::{self, Ledger, State};
@@ -43,7 +44,7 @@ impl Retry {
     pub(super) async fn run(self, config: &Config, ledger: &Ledger) -> anyhow::Result<()> {
         if let Some(job_id) = self.job_id {
             actions(ledger)
-                .retry(&job_id, self.route.as_ref(), &actor(None))
+                .on_job(JobAction::Retry, &job_id, self.route.as_ref(), &actor(None))
                 .await
                 .map_err(|refusal| refused(&job_id, refusal))?;
             println!(

@@ -1,6 +1,6 @@
 //! `jobs run-now`: a retrying job due now instead of at the end of its backoff.
 
-use sume_receiver::actions::Refused;
+use sume_receiver::actions::{JobAction, Refused};
 use sume_receiver::config::Config;
 use sume_receiver::job_id::JobId;
 use sume_receiver::ledger::Ledger;
@@ -23,7 +23,12 @@ impl RunNow {
     pub(super) async fn run(self, config: &Config, ledger: &Ledger) -> anyhow::Result<()> {
         let job_id = self.job_id;
         if let Err(refusal) = actions(ledger)
-            .run_now(&job_id, self.route.as_ref(), &actor(None))
+            .on_job(
+                JobAction::RunNow,
+                &job_id,
+                self.route.as_ref(),
+                &actor(None),
+            )
             .await
         {
             let finished = matches!(&refusal, Refused::NotApplicable { state, .. } if state == "done" || state == "dead");
