@@ -109,6 +109,21 @@ FROM n, (SELECT $NOW_MS_SQL - 86400000 AS now);
 SQL
 }
 
+# jobs_per_second DIR: "done|rate": the ledger's done jobs, and the rate they finished at (from
+# the first finish to the last).
+jobs_per_second() {
+  sqlite3 "$1/ledger.sqlite3" "SELECT count(*), count(*) * 1000.0 / max(1, max(finished_at) - min(finished_at)) FROM jobs WHERE state = 'done'"
+}
+
+# wait_until_done DIR COUNT: until the ledger holds COUNT done jobs (10 minutes at most).
+wait_until_done() {
+  for _ in $(seq 3000); do
+    [ "$(sqlite3 "$1/ledger.sqlite3" "SELECT count(*) FROM jobs WHERE state = 'done'")" -ge "$2" ] && return 0
+    sleep 0.2
+  done
+  echo "only $(sqlite3 "$1/ledger.sqlite3" "SELECT count(*) FROM jobs WHERE state = 'done'") of $2 jobs done" >&2; exit 1
+}
+
 # metric NAME: its value on the running receiver (the config must expose /metrics).
 metric() {
   curl -s "http://127.0.0.1:$port/metrics" | awk -v name="$1" '$1 == name { print $2 }'

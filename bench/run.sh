@@ -83,18 +83,6 @@ run_alone() {
 
 # Jobs a trivial handler (`true`) finished per second: the span from the first to the last
 # finished_at, so both cases below are measured alike.
-jobs_per_second() {
-  sqlite3 "$1/ledger.sqlite3" "SELECT count(*), count(*) * 1000.0 / max(1, max(finished_at) - min(finished_at)) FROM jobs WHERE state = 'done'"
-}
-
-wait_until_done() {  # DIR COUNT
-  for _ in $(seq 3000); do
-    [ "$(sqlite3 "$1/ledger.sqlite3" "SELECT count(*) FROM jobs WHERE state = 'done'")" -ge "$2" ] && return 0
-    sleep 0.2
-  done
-  echo "only $(sqlite3 "$1/ledger.sqlite3" "SELECT count(*) FROM jobs WHERE state = 'done'") of $2 jobs done" >&2; exit 1
-}
-
 handler_toml() {
   printf '\n[handler]\ncommand = ["true"]\nconcurrency = %s\n' "$1"
 }

@@ -53,4 +53,6 @@ pub mod traces;
 pub mod vacuum;
 pub mod worker;
 
+/// For `main`, before its first thread: handlers then hold none of the unit's capabilities.
+pub use process::clear_ambient_capabilities;
 pub use service::{run, run_on};

@@ -23,6 +23,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    // Before the process's first thread, which every later one takes its ambient set from:
+    // no handler inherits the unit's capability, and a handler's spawn needs no step between
+    // fork and exec (handler.rs).
+    sume_receiver::clear_ambient_capabilities().context("cannot clear the ambient capabilities")?;
     if let Command::Generate(what) = cli.command {
         return cli::generate(what);
     }

@@ -50,8 +50,10 @@ pub fn return_freed_memory() {
 }
 
 /// Clears the calling thread's ambient capabilities (the unit's CAP_NET_BIND_SERVICE, for
-/// port 443): run in a handler's process between fork and exec, so that no handler holds it.
-/// Async-signal-safe (one prctl); no error where there were none.
+/// port 443), which a program it starts would hold. The effective set keeps it: the thread
+/// may still bind port 443. A thread takes its ambient set from the thread that creates it,
+/// so `main` runs this before the process has a second thread, and no handler holds it. No
+/// error where there were none.
 pub fn clear_ambient_capabilities() -> std::io::Result<()> {
     // SAFETY: prctl with these arguments only clears this thread's ambient set.
     let cleared = unsafe {

@@ -13,8 +13,7 @@
 use std::time::Instant;
 
 use rusqlite::{params, Connection};
-
-type Error = Box<dyn std::error::Error>;
+use sume_floors::{cpu_us, now_ms, open_ledger, Error};
 
 const BATCH: usize = 64;
 /// The job_ids the duplicates-only case repeats, claimed before its measure.
@@ -39,7 +38,7 @@ fn main() -> Result<(), Error> {
     if !(0.0..=1.0).contains(&dup_ratio) {
         return Err(format!("DUP_RATIO {dup_ratio}: between 0 and 1").into());
     }
-    let mut conn = open(db, migrations)?;
+    let mut conn = open_ledger(db, migrations)?;
     let mut random = XorShift(0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id()));
     let ids = if dup_ratio >= 1.0 {
         let set: Vec<String> = (0..DUPLICATE_SET).map(|_| job_id(&mut random)).collect();
@@ -71,33 +70,6 @@ fn main() -> Result<(), Error> {
     Ok(())
 }
 
-/// A new ledger file as the receiver makes one (its pragmas, then its migrations).
-fn open(db: &str, migrations: &str) -> Result<Connection, Error> {
-    let conn = Connection::open(db)?;
-    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(format!("{db}: journal_mode stayed {mode}").into());
-    }
-    conn.execute_batch(
-        "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;
-         PRAGMA auto_vacuum = INCREMENTAL; VACUUM;",
-    )?;
-    let mut files: Vec<_> = std::fs::read_dir(migrations)?
-        .map(|entry| entry.map(|entry| entry.path()))
-        .collect::<Result<_, _>>()?;
-    files.retain(|path| path.extension().is_some_and(|ext| ext == "sql"));
-    files.sort();
-    if files.is_empty() {
-        return Err(format!("no *.sql in {migrations}").into());
-    }
-    for file in &files {
-        conn.execute_batch(&std::fs::read_to_string(file)?)?;
-    }
-    // One migration edits sqlite_schema in place: a new connection reads the schema it wrote.
-    drop(conn);
-    Ok(Connection::open(db)?)
-}
-
 fn claim_all(conn: &mut Connection, ids: &[String]) -> Result<(), Error> {
     conn.execute_batch("PRAGMA synchronous = FULL")?;
     let mut body = String::with_capacity(1024);
@@ -126,25 +98,6 @@ fn claim_all(conn: &mut Connection, ids: &[String]) -> Result<(), Error> {
 
 fn job_id(random: &mut XorShift) -> String {
     format!("{:016x}-floor", random.next())
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as i64)
-}
-
-/// This process's CPU time so far (user + system, every thread), in microseconds.
-fn cpu_us() -> Result<f64, Error> {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: initialised by the successful call above.
-    let usage = unsafe { usage.assume_init() };
-    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
-    Ok(us(usage.ru_utime) + us(usage.ru_stime))
 }
 
 /// A small deterministic generator: the ids and which claims repeat need no crate.
