@@ -353,3 +353,77 @@ async fn operator_actions_are_spans_with_their_actor() {
     );
     server.stop().await.0.unwrap();
 }
+
+/// The reconciler's poll of Sume is a span, and the job it recovers keeps the poll's trace: its
+/// attempt joins it. The sweeper's take-back of a lease left by the run before is a span of its
+/// own.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_reconcilers_polls_and_the_sweepers_take_backs_are_spans() {
+    use common::sume::{MockSume, StatusAnswer, API_KEY};
+    use sume_receiver::ledger::{NewClaim, Routing, Source};
+    use sume_receiver::route_name::RouteName;
+    let dir = tempfile::tempdir().unwrap();
+    // The run before: a job started, its receiver killed before it ended.
+    let (_, ledger) = open_ledger(dir.path()).await;
+    let left_behind = sume_receiver::job_id::JobId::parse("left-behind").unwrap();
+    let claim = NewClaim {
+        job_id: left_behind.clone(),
+        event_type: None,
+        body: job_body("left-behind").into(),
+        source: Source::Webhook,
+        trace_context: None,
+        routing: Routing::default_route(),
+    };
+    ledger.claim(claim).await.unwrap();
+    let now = sume_receiver::ledger::now_ms();
+    let route = RouteName::default_route();
+    let started = ledger.start_attempt(&left_behind, &route, now, now + 600_000);
+    assert!(started.await.unwrap().is_some());
+    ledger.close().await;
+
+    let collector = Collector::start().await;
+    // Nothing is delivered: the expected job reaches the receiver by polling alone.
+    let sume = MockSume::start("http://127.0.0.1:9/", &[SECRET], Duration::from_millis(20)).await;
+    std::fs::write(dir.path().join("api_key"), API_KEY).unwrap();
+    let sume_api = format!(
+        "[sume_api]\nbase_url = \"{}\"\napi_key_file = \"api_key\"\nreconcile_after = \"100ms\"\n\
+         poll_backoff = \"100ms\"\nmax_poll_backoff = \"400ms\"\n",
+        sume.base_url()
+    );
+    let config = format!(
+        "{}\n[handler]\ncommand = [\"true\"]\n\n{sume_api}",
+        collector.config()
+    );
+    let server = TestServer::start_in(dir, &config).await;
+    let spans = spans_when(&collector, "left-behind", |spans| {
+        !named(spans, "attempt").is_empty()
+    })
+    .await;
+    let taken_back = collector
+        .spans()
+        .into_iter()
+        .find(|span| span.name == "take back leases")
+        .expect("a span of the take-back at the start");
+    assert_eq!(
+        attribute(&taken_back, "sume.leases_taken_back").as_deref(),
+        Some("1")
+    );
+    assert_eq!(named(&spans, "attempt").len(), 1, "the job ran again, once");
+
+    sume.set_answers("polled", vec![StatusAnswer::status("polled", "completed")]);
+    let cli_config = server.dir.path().join("cli.toml");
+    std::fs::write(&cli_config, config_text(server.dir.path(), &sume_api)).unwrap();
+    let expected = common::service::cli(&cli_config, &["jobs", "expect", "polled"]);
+    assert!(expected.status.success(), "{expected:?}");
+    let spans = spans_when(&collector, "polled", |spans| {
+        !named(spans, "poll Sume").is_empty() && !named(spans, "attempt").is_empty()
+    })
+    .await;
+    let poll = named(&spans, "poll Sume")[0];
+    assert_eq!(
+        attribute(poll, "sume.poll_result").as_deref(),
+        Some("recovered")
+    );
+    assert_eq!(named(&spans, "attempt")[0].trace_id, poll.trace_id);
+    server.stop().await.0.unwrap();
+}
