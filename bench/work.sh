@@ -17,13 +17,13 @@
 # The downstream is Debian's Caddy answering 200 from memory (keep-alive); the command is `true`.
 # A floor that moved more than FLOOR_SPREAD (1.3) between rounds (its slowest over its fastest)
 # means the machine was not quiet: the results are printed, marked refused, and the exit status
-# is 3. Needs caddy and sqlite3 (apt-get install caddy sqlite3).
+# is 3. Needs caddy, sqlite3 and curl (apt-get install caddy sqlite3 curl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}; HANDLERS=${HANDLERS:-"http command"}; CONCURRENCY=${CONCURRENCY:-"4 32"}
 JOBS=${JOBS:-20000}; COMMAND_JOBS=${COMMAND_JOBS:-4000}; FLOOR_SPREAD=${FLOOR_SPREAD:-1.3}
 export ACCESS_LOG=false
-for tool in caddy sqlite3; do
+for tool in caddy sqlite3 curl; do
   command -v "$tool" >/dev/null || { echo "bench/work.sh needs $tool" >&2; exit 1; }
 done
 source bench/lib.sh

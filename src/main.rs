@@ -37,7 +37,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
+    let done = runtime.block_on(async move {
         match cli.command {
             Command::Serve { listen } => {
                 if let Some(listen) = listen {
@@ -47,7 +47,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             command => cli::execute(command, &config).await,
         }
-    })
+    });
+    // A command's time limits (check-config's wait for the ledger, the flush of its spans) end
+    // its wait, not a blocking read or name lookup under it, which dropping the runtime would
+    // wait for: the process exits with what it has.
+    if !serving {
+        runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    }
+    done
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {

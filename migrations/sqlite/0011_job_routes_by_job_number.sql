@@ -7,8 +7,10 @@
 --
 -- The number is an INTEGER PRIMARY KEY, which no VACUUM (nor a backup's VACUUM INTO) may
 -- renumber as it may a plain rowid. The tables are rebuilt with it: this step copies `jobs`
--- once, so the first start after the upgrade takes about as long as copying the ledger, and
--- needs that much free disk for the copy. The job_id stays the one idempotency key (unique).
+-- once, through the WAL, so the first start after the upgrade takes about as long as copying
+-- the ledger twice, and needs free disk of up to three times the ledger's size while it runs
+-- (the file keeps twice its size until retention frees pages). The job_id stays the one
+-- idempotency key (unique).
 
 DROP VIEW jobs_readable;
 DROP VIEW job_routes_readable;

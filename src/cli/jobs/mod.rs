@@ -69,6 +69,21 @@ pub enum JobsCommand {
     Redeliver(redeliver::Redeliver),
 }
 
+impl JobsCommand {
+    /// Whether it is an operator's action on the ledger's jobs or dispatch: a span of its own
+    /// when `[tracing]` is on. The reads (`list`, `show`, `stats`...) start no tracer.
+    fn acts(&self) -> bool {
+        matches!(
+            self,
+            JobsCommand::Retry(_)
+                | JobsCommand::RunNow(_)
+                | JobsCommand::Cancel(_)
+                | JobsCommand::Pause(_)
+                | JobsCommand::Resume(_)
+        )
+    }
+}
+
 /// Runs a `jobs` command: on the ledger, opened for it and closed after.
 pub(super) async fn execute(command: JobsCommand, config: &Config) -> anyhow::Result<()> {
     // `redeliver` talks to Sume and needs no ledger.
@@ -76,7 +91,7 @@ pub(super) async fn execute(command: JobsCommand, config: &Config) -> anyhow::Re
         return redeliver.run(config).await;
     }
     let ledger = Ledger::open_existing(&config.database).await?;
-    let exporter = start_tracing(config);
+    let exporter = command.acts().then(|| start_tracing(config)).flatten();
     let done = on_ledger(command, config, &ledger).await;
     ledger.close().await;
     if let Some(mut exporter) = exporter {

@@ -27,7 +27,7 @@ use crate::ledger::error::LedgerDamaged;
 /// How often a check before serving tells systemd it is still going, and by how much it moves
 /// the start's timeout each time: well past the next report, so that only a check that stopped
 /// reading (stuck on the disk) lets the start time out, a minute later.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+pub(super) const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 const EXTEND_START_BY: Duration = Duration::from_secs(60);
 /// Pages between two looks at the clock and the stop flag during a check (its steps are pages).
 const STEPS_BETWEEN_LOOKS: std::os::raw::c_int = 1_000;
@@ -259,10 +259,17 @@ fn report_progress(read: u64, size: u64, elapsed: Duration) {
         elapsed_s = elapsed.as_secs(),
         "checking the ledger before serving"
     );
+    still_starting(&status);
+}
+
+/// Tells systemd what a long step before serving is doing (`status`), and moves the start's
+/// timeout [`EXTEND_START_BY`] later: a step that goes on is never killed for the time it
+/// takes. A no-op outside systemd.
+pub(super) fn still_starting(status: &str) {
     let extend = u32::try_from(EXTEND_START_BY.as_micros()).unwrap_or(u32::MAX);
     let _ = sd_notify::notify(&[
         sd_notify::NotifyState::ExtendTimeoutUsec(extend),
-        sd_notify::NotifyState::Status(&status),
+        sd_notify::NotifyState::Status(status),
     ]);
 }
 

@@ -1,6 +1,7 @@
 //! Opening a SQLite ledger: the file made private, checked to be ours and whole, migrated, tuned.
 
 use std::path::Path;
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 use rusqlite::{Connection, OpenFlags};
@@ -10,6 +11,9 @@ use super::integrity;
 use super::wal_sync::WalFile;
 use super::writer::Durability;
 use crate::config::{SqliteConfig, Synchronous};
+
+/// SQLite's virtual machine steps between two looks at the clock while a migration runs.
+const STEPS_BETWEEN_REPORTS: std::os::raw::c_int = 100_000;
 
 /// Schema migrations, applied in order; `PRAGMA user_version` counts how many have run.
 const MIGRATIONS: &[&str] = &[
@@ -198,6 +202,24 @@ fn migrate(conn: &mut Connection, path: &Path, version: usize) -> anyhow::Result
         conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")?;
     }
     for (index, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+        // A migration that copies a table (0011) takes as long as the ledger is large: systemd
+        // hears that it goes on, and the start's timeout moves with it.
+        let (started, mut last_report) = (Instant::now(), Instant::now());
+        conn.progress_handler(
+            STEPS_BETWEEN_REPORTS,
+            Some(move || {
+                if last_report.elapsed() >= integrity::PROGRESS_EVERY {
+                    last_report = Instant::now();
+                    let elapsed_s = started.elapsed().as_secs();
+                    tracing::info!(version = index + 1, elapsed_s, "migrating the ledger");
+                    integrity::still_starting(&format!(
+                        "migrating the ledger to schema version {}: {elapsed_s} s",
+                        index + 1
+                    ));
+                }
+                false
+            }),
+        )?;
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         tx.execute_batch(sql)
             .with_context(|| format!("migration {} failed on {}", index + 1, path.display()))?;
@@ -209,6 +231,7 @@ fn migrate(conn: &mut Connection, path: &Path, version: usize) -> anyhow::Result
         tx.pragma_update(None, "schema_version", schema_version + 1)?;
         tx.pragma_update(None, "user_version", (index + 1) as i64)?;
         tx.commit()?;
+        conn.progress_handler(0, None::<fn() -> bool>)?;
         tracing::info!(version = index + 1, "applied schema migration");
     }
     Ok(())
