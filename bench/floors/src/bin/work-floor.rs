@@ -191,16 +191,17 @@ fn run_jobs(conn: &mut Connection, batch: usize) -> Result<(), Error> {
                 "INSERT INTO job_attempts (job_id, number, cause, started_at, route)
                  VALUES (?1, ?2, 'first', ?3, 'default')",
             )?;
+            // The body is read as a run reads it, to hand it to the handler.
             let rows: Vec<(i64, String, String)> = due
                 .query_map(params![now, batch as i64], |row| {
                     Ok((row.get(0)?, row.get(1)?, row.get(2)?))
                 })?
                 .collect::<Result<_, _>>()?;
-            for (job, job_id, body) in rows {
+            for (job, job_id, _body) in rows {
                 let number: i64 =
                     lease.query_row(params![job, now + 60_000, now], |row| row.get(0))?;
                 record.execute(params![job_id, number, now])?;
-                started.push((job, number, tx.last_insert_rowid(), body.len()));
+                started.push((job, number, tx.last_insert_rowid()));
             }
         }
         tx.commit()?;
@@ -218,7 +219,7 @@ fn run_jobs(conn: &mut Connection, batch: usize) -> Result<(), Error> {
                 "UPDATE job_attempts SET ended_at = ?2, outcome = 'done' WHERE id = ?1",
             )?;
             let now = now_ms();
-            for (job, number, attempt, _) in &started {
+            for (job, number, attempt) in &started {
                 if finish.execute(params![job, number, now])? != 1 {
                     return Err(format!("job {job}: its run's end changed nothing").into());
                 }
