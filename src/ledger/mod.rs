@@ -35,11 +35,11 @@ pub use error::{
     STORAGE_LOST_EXIT_STATUS,
 };
 pub use model::{
-    duration_ms, now_ms, ActionRecord, Attempt, AttemptEnd, AttemptRecord, ClaimOutcome, Cursor,
-    DeadGroup, Dispatch, DispatchStop, DueExpectation, DueJobs, Expectation, Failure,
-    FinishedState, Hold, JobDetail, JobFilter, JobPage, JobStats, JobSummary, LeasedAttempt,
-    Leases, NewClaim, PollResult, Release, RetentionStep, RetryCount, RetryError, RetryFilter,
-    Routing, Source, State, StopKind, HISTORY_PER_JOB,
+    duration_ms, now_ms, ActionRecord, Attempt, AttemptEnd, AttemptRecord, AttemptRows,
+    ClaimOutcome, Cursor, DeadGroup, Dispatch, DispatchStop, DueExpectation, DueJobs, Expectation,
+    Failure, FinishedState, Hold, JobDetail, JobFilter, JobPage, JobStats, JobSummary,
+    LeasedAttempt, Leases, NewClaim, PollResult, Release, RetentionStep, RetryCount, RetryError,
+    RetryFilter, Routing, Source, State, StopKind, HISTORY_PER_JOB,
 };
 pub use params::{ActionTaken, Actor, ProbeMove};
 pub use stops::{waiting_spans, STOPS_PER_JOB};

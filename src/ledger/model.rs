@@ -203,6 +203,20 @@ pub struct Attempt {
     pub event_type: Option<String>,
     pub source: Source,
     pub body: String,
+    /// Where the start wrote the attempt, for the ledger that wrote it (see [`AttemptRows`]).
+    pub rows: Option<AttemptRows>,
+}
+
+/// The rows an attempt's start wrote, kept for its end: the ledger then changes them by their
+/// numbers instead of looking the job up again by its job_id, a random key. Only the ledger
+/// that made them reads them; `None` where it keeps no such numbers (PostgreSQL) and for an
+/// attempt made elsewhere (a replay), whose end finds its rows by job_id, route and number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptRows {
+    /// The job's row (SQLite: `jobs.id`).
+    pub job: i64,
+    /// The attempt's entry in the job's history (SQLite: `job_attempts.id`).
+    pub history: i64,
 }
 
 /// How an attempt failed, as the handler saw it.

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -138,10 +138,7 @@ impl Worker {
                 breaker: self.breaker.clone(),
                 tracer: self.tracer.clone(),
             };
-            running.spawn(async move {
-                job.run(job_id, ticket).await;
-                drop(slot);
-            });
+            running.spawn(job.run(job_id, ticket, slot));
             while running.try_join_next().is_some() {}
         }
         while running.try_join_next().is_some() {}
@@ -373,9 +370,10 @@ struct Started {
 }
 
 impl JobRun {
-    /// Runs the job's attempt under the hold's `ticket` (see [`Worker::wait_for_turn`]).
-    async fn run(self, job_id: JobId, ticket: Ticket) {
-        let after = self.attempt(&job_id, ticket).await;
+    /// Runs the job's attempt under the hold's `ticket` (see [`Worker::wait_for_turn`]) in
+    /// `slot`, one of the route's `concurrency`.
+    async fn run(self, job_id: JobId, ticket: Ticket, slot: OwnedSemaphorePermit) {
+        let after = self.attempt(&job_id, ticket, slot).await;
         self.queue.release(&job_id);
         match after {
             // The ledger holds the retry's due time; the worker may be waiting past it.
@@ -389,7 +387,12 @@ impl JobRun {
     }
 
     /// Runs one attempt: start, run the handler, record; what it leaves to do for its job.
-    async fn attempt(&self, job_id: &JobId, ticket: Ticket) -> AfterAttempt {
+    async fn attempt(
+        &self,
+        job_id: &JobId,
+        ticket: Ticket,
+        slot: OwnedSemaphorePermit,
+    ) -> AfterAttempt {
         let started = match self.start(job_id, ticket).await {
             Ok(started) => started,
             Err(after) => return after,
@@ -401,7 +404,9 @@ impl JobRun {
         span.set("sume.route", self.route.as_str());
         let log_span = span.log_span();
         async {
-            tracing::info!(job_id = %job_id, route = %self.route, attempt = started.attempt.number, probe = started.ticket.is_probe(), "running handler");
+            // Debug, not info: at thousands of jobs a second a line per start doubles the
+            // journal's lines (and their cost); the end's line says the attempt's number and time.
+            tracing::debug!(job_id = %job_id, route = %self.route, attempt = started.attempt.number, probe = started.ticket.is_probe(), "running handler");
             let within = Within {
                 tracer: &self.tracer,
                 parent: span.context(),
@@ -411,7 +416,7 @@ impl JobRun {
                 .run(&started.attempt, timeout, &self.stop_handlers, within)
                 .await;
             record_outcome(&mut span, &outcome);
-            self.record(started, outcome).await
+            self.record(started, outcome, slot).await
         }
         .instrument(log_span)
         .await
@@ -462,7 +467,12 @@ impl JobRun {
 
     /// Settles the handler's outcome with the hold, then records the attempt's end: counted
     /// (done, a retry, or dead), or given back uncounted.
-    async fn record(&self, started: Started, outcome: Result<(), AttemptError>) -> AfterAttempt {
+    async fn record(
+        &self,
+        started: Started,
+        outcome: Result<(), AttemptError>,
+        slot: OwnedSemaphorePermit,
+    ) -> AfterAttempt {
         let Started {
             attempt,
             ticket,
@@ -479,6 +489,11 @@ impl JobRun {
             .breaker
             .settle(&self.ledger, &attempt.job_id, ticket, read)
             .await;
+        // The handler is done and the hold knows: the slot takes the next job now, whose start
+        // then goes to the ledger writer with this end, in the same commit (a job's end and the
+        // next one's start in one commit instead of two: bench/work.sh). The job stays held in
+        // the queue, and `running` in the ledger, until its end is recorded.
+        drop(slot);
         let failure = match outcome {
             Err(AttemptError::Interrupted) => {
                 return self.release(attempt, Release::Shutdown).await

@@ -29,32 +29,27 @@ fn backoff_doubles_with_jitter_and_is_capped() {
     }
 }
 
-/// Regression (the failover suite, under load): a start whose outcome is unknown was said
-/// to the sweeper while its job was still held here, for the second its slot waits; a
-/// sweep in that second passed the job over (it leaves jobs held here alone) and spent
-/// the news, and the job stayed `running` until its lease ended.
-#[tokio::test]
-async fn a_failed_start_is_left_to_the_sweeper_once_its_job_is_no_longer_held() {
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = Ledger::open(&crate::config::LedgerConfig::Sqlite(
+/// A ledger of its own in `dir`.
+async fn sqlite_ledger(dir: &tempfile::TempDir) -> Arc<Ledger> {
+    Ledger::open(&crate::config::LedgerConfig::Sqlite(
         crate::config::SqliteConfig {
             path: dir.path().join("ledger.sqlite3"),
             ..Default::default()
         },
     ))
     .await
-    .unwrap();
-    // Every start fails now.
-    ledger.close().await;
-    let config = config();
+    .unwrap()
+}
+
+/// A run of `config`'s handler on the default route, and the queue that holds `job_id` for it.
+fn job_run(ledger: Arc<Ledger>, config: HandlerConfig, job_id: &JobId) -> (JobRun, Queue) {
     let breaker = Breaker::new(
         crate::route_name::RouteName::default_route(),
         &config,
         Duration::ZERO,
     );
     let (queue, _receiver) = Queue::new(breaker.clone());
-    let job_id = JobId::parse("unconfirmed").unwrap();
-    assert!(queue.enqueue(&job_id));
+    assert!(queue.enqueue(job_id));
     let run = JobRun {
         route: crate::route_name::RouteName::default_route(),
         ledger,
@@ -67,9 +62,27 @@ async fn a_failed_start_is_left_to_the_sweeper_once_its_job_is_no_longer_held() 
         breaker,
         tracer: Tracer::default(),
     };
-    let running = tokio::spawn(run.run(job_id, crate::hold::Ticket::Attempt));
+    (run, queue)
+}
+
+/// Regression (the failover suite, under load): a start whose outcome is unknown was said
+/// to the sweeper while its job was still held here, for the second its slot waits; a
+/// sweep in that second passed the job over (it leaves jobs held here alone) and spent
+/// the news, and the job stayed `running` until its lease ended.
+#[tokio::test]
+async fn a_failed_start_is_left_to_the_sweeper_once_its_job_is_no_longer_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = sqlite_ledger(&dir).await;
+    // Every start fails now.
+    ledger.close().await;
+    let job_id = JobId::parse("unconfirmed").unwrap();
+    let (run, queue) = job_run(ledger, config(), &job_id);
+    let slots = Arc::new(Semaphore::new(1));
+    let slot = slots.clone().acquire_owned().await.unwrap();
+    let running = tokio::spawn(run.run(job_id, crate::hold::Ticket::Attempt, slot));
     tokio::time::sleep(IDLE_LOOK / 2).await;
-    assert!(queue.holds("unconfirmed"), "the slot waits a while");
+    assert!(queue.holds("unconfirmed"), "the job waits a while");
+    assert_eq!(slots.available_permits(), 0, "and its slot with it");
     assert!(
         !queue.take_lease_left_behind(),
         "said while the job was still held"
@@ -77,6 +90,66 @@ async fn a_failed_start_is_left_to_the_sweeper_once_its_job_is_no_longer_held() 
     running.await.unwrap();
     assert!(!queue.holds("unconfirmed"));
     assert!(queue.take_lease_left_behind(), "never said");
+}
+
+/// The slot is given back once the handler is done, before the end is recorded: the next
+/// job's start then goes to the writer with this end and shares its commit. The job stays
+/// held (and `running` in the ledger) until its end is recorded.
+#[tokio::test]
+async fn a_slot_takes_the_next_job_while_the_end_of_the_last_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = sqlite_ledger(&dir).await;
+    let job_id = JobId::parse("ends-later").unwrap();
+    let claim = crate::ledger::NewClaim {
+        job_id: job_id.clone(),
+        event_type: None,
+        body: "{}".into(),
+        source: crate::ledger::Source::Webhook,
+        trace_context: None,
+        routing: crate::ledger::Routing::default_route(),
+    };
+    ledger.claim(claim).await.unwrap();
+    // A handler that runs until the test has closed the ledger under it; its end can then not
+    // be recorded, and is tried again every IDLE_LOOK while its lease lasts.
+    let config = HandlerConfig {
+        kind: HandlerKind::Command(vec!["sleep".into(), "0.5".into()]),
+        timeout: Duration::from_secs(10),
+        ..config()
+    };
+    let (run, queue) = job_run(ledger.clone(), config, &job_id);
+    let slots = Arc::new(Semaphore::new(1));
+    let slot = slots.clone().acquire_owned().await.unwrap();
+    let running = tokio::spawn(run.run(job_id.clone(), crate::hold::Ticket::Attempt, slot));
+    let started = async {
+        while ledger
+            .show_job(&job_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .summary
+            .state
+            != "running"
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), started)
+        .await
+        .expect("never started");
+    assert_eq!(slots.available_permits(), 0, "the handler runs in the slot");
+    ledger.close().await;
+    let given_back = slots.clone().acquire_owned();
+    let slot = tokio::time::timeout(Duration::from_secs(10), given_back).await;
+    assert!(
+        slot.is_ok(),
+        "the slot was not given back once the handler was done"
+    );
+    assert!(!running.is_finished(), "the end is still being tried");
+    assert!(
+        queue.holds("ends-later"),
+        "the job stays held until its end is recorded"
+    );
+    running.abort();
 }
 
 #[test]

@@ -90,6 +90,7 @@ async fn stored_attempt(ledger: &Ledger, job_id: &JobId) -> anyhow::Result<ledge
         event_type: job.summary.event_type,
         source: ledger::Source::parse(&job.summary.source),
         body,
+        rows: None,
     })
 }
 

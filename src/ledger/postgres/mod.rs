@@ -136,6 +136,7 @@ impl Backend for PostgresLedger {
             event_type: row.get(1),
             source: Source::parse(row.get(2)),
             body: row.get(3),
+            rows: None,
         }))
     }
 

@@ -18,7 +18,7 @@ pub const ATTEMPTS_OF_JOB_SQL: &str = "SELECT route, number, cause, receiver, st
 pub const ACTIONS_OF_JOB_SQL: &str =
     "SELECT at, action, actor, reason FROM job_actions WHERE job_id = ?1 ORDER BY id";
 
-/// Records the start of attempt `number` of the job's work on `route`.
+/// Records the start of attempt `number` of the job's work on `route`; the entry's row.
 pub fn record_start(
     conn: &Connection,
     job_id: &str,
@@ -26,12 +26,13 @@ pub fn record_start(
     number: u32,
     cause: &str,
     now: i64,
-) -> rusqlite::Result<()> {
+) -> rusqlite::Result<i64> {
     conn.prepare_cached(
         "INSERT INTO job_attempts (job_id, route, number, cause, started_at)
          VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
     .execute(params![job_id, route, number, cause, now])?;
+    let row = conn.last_insert_rowid();
     // Trimmed at every start but a route's first (cause `first`: every later one has a cause
     // of its own), which most jobs' only start is: the job's history then passes its bound by
     // at most one row per route until its next start trims it. Spares those jobs a look into
@@ -40,14 +41,23 @@ pub fn record_start(
         conn.prepare_cached(TRIM_ATTEMPTS_SQL)?
             .execute(params![job_id, HISTORY_PER_JOB])?;
     }
-    Ok(())
+    Ok(row)
 }
 
-/// Records how the running attempt `number` of a job's work on a route ended.
+/// A running attempt's entry in its job's history: attempt `number` of the job's work on
+/// `route`, at `row` when its start's row is known.
+pub struct HistoryEntry<'a> {
+    pub job_id: &'a str,
+    pub route: &'a str,
+    pub number: i64,
+    pub row: Option<i64>,
+}
+
+/// Records how a running attempt ended. With its row known, the entry is read by that number
+/// (the job's other columns still checked), not looked for by the job's random job_id.
 pub fn record_end(
     conn: &Connection,
-    (job_id, route): (&str, &str),
-    number: i64,
+    entry: HistoryEntry<'_>,
     outcome: &str,
     failure: Option<&Failure>,
     now: i64,
@@ -55,17 +65,21 @@ pub fn record_end(
     conn.prepare_cached(
         "UPDATE job_attempts SET ended_at = ?3, outcome = ?4, exit_status = ?5,
                                  http_status = ?6, error = ?7
-         WHERE job_id = ?1 AND route = ?8 AND number = ?2 AND ended_at IS NULL",
+         WHERE id = coalesce(?9, (SELECT id FROM job_attempts
+                                  WHERE job_id = ?1 AND route = ?8 AND number = ?2
+                                    AND ended_at IS NULL ORDER BY id DESC LIMIT 1))
+           AND job_id = ?1 AND route = ?8 AND number = ?2 AND ended_at IS NULL",
     )?
     .execute(params![
-        job_id,
-        number,
+        entry.job_id,
+        entry.number,
         now,
         outcome,
         failure.and_then(|f| f.exit_status),
         failure.and_then(|f| f.http_status),
         failure.map(|f| f.error.as_str()),
-        route,
+        entry.route,
+        entry.row,
     ])?;
     Ok(())
 }

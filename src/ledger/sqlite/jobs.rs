@@ -6,16 +6,16 @@ use std::str::FromStr;
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::history::{history_of, record_action, record_end, record_start};
+use super::history::{history_of, record_action, record_end, record_start, HistoryEntry};
 use super::hold;
 use crate::event_type::EventType;
 use crate::job_id::JobId;
 use crate::ledger::model::Dispatch;
 use crate::ledger::model::StopKind;
 use crate::ledger::model::{
-    state_counts, Attempt, AttemptEnd, ClaimOutcome, Cursor, DueJobs, JobDetail, JobPage, JobStats,
-    JobSummary, LeasedAttempt, NewClaim, Release, RetryCount, RetryError, RetryFilter, Source,
-    State,
+    state_counts, Attempt, AttemptEnd, AttemptRows, ClaimOutcome, Cursor, DueJobs, JobDetail,
+    JobPage, JobStats, JobSummary, LeasedAttempt, NewClaim, Release, RetryCount, RetryError,
+    RetryFilter, Source, State,
 };
 use crate::ledger::params::Actor;
 use crate::ledger::portable_sql::{
@@ -48,20 +48,23 @@ pub const PURGE_BODIES_SQL: &str = "UPDATE jobs
 pub const DELETE_FINISHED_SQL: &str = "DELETE FROM jobs WHERE rowid IN (
     SELECT rowid FROM jobs WHERE state IN ('done', 'dead') AND finished_at < ?1 LIMIT ?2)";
 
-/// Parameters: job_id, attempt number, state, error, retry at, finished at, now, route.
+/// Parameters: job_id, attempt number, state, error, retry at, finished at, now, route, the
+/// job's row when the start's is known (else it is looked up by job_id: `coalesce` evaluates
+/// its second argument only when the first is NULL).
 pub const FINISH_ATTEMPT_SQL: &str =
     "UPDATE job_routes SET state = ?3, last_error = coalesce(?4, last_error),
                      next_attempt_at = ?5, finished_at = ?6, lease_expires_at = NULL,
                      updated_at = ?7, next_attempt_cause = 'backoff'
-     WHERE job = (SELECT id FROM jobs WHERE job_id = ?1) AND route = ?8 AND attempts = ?2
-       AND state = 'running'";
-/// Parameters: job_id, attempt number, now, the next attempt's cause, route.
+     WHERE job = coalesce(?9, (SELECT id FROM jobs WHERE job_id = ?1)) AND route = ?8
+       AND attempts = ?2 AND state = 'running'";
+/// Parameters: job_id, attempt number, now, the next attempt's cause, route, the job's row
+/// (as in [`FINISH_ATTEMPT_SQL`]).
 pub const RELEASE_ATTEMPT_SQL: &str =
     "UPDATE job_routes SET state = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'claimed' END,
                      attempts = attempts - 1, next_attempt_at = ?3,
                      lease_expires_at = NULL, updated_at = ?3, next_attempt_cause = ?4
-     WHERE job = (SELECT id FROM jobs WHERE job_id = ?1) AND route = ?5 AND attempts = ?2
-       AND state = 'running'";
+     WHERE job = coalesce(?6, (SELECT id FROM jobs WHERE job_id = ?1)) AND route = ?5
+       AND attempts = ?2 AND state = 'running'";
 /// Parameters: job_id, now, max_attempts, error, cutoff, attempt number, route. The lease and
 /// the attempt are checked again: the lease may have been taken back since it was read.
 pub const TAKE_BACK_LEASE_SQL: &str = "UPDATE job_routes SET
@@ -219,7 +222,7 @@ pub fn start_attempt(
     let Some((number, cause)) = started else {
         return Ok(None);
     };
-    record_start(conn, job_id.as_str(), route.as_str(), number, &cause, now)?;
+    let history = record_start(conn, job_id.as_str(), route.as_str(), number, &cause, now)?;
     Ok(Some(Attempt {
         job_id: job_id.clone(),
         route: route.clone(),
@@ -227,6 +230,7 @@ pub fn start_attempt(
         event_type,
         source: Source::parse(&source),
         body,
+        rows: Some(AttemptRows { job, history }),
     }))
 }
 
@@ -249,20 +253,13 @@ pub fn finish_attempt(
         retry_at,
         finished_at,
         now,
-        attempt.route
+        attempt.route,
+        attempt.rows.map(|rows| rows.job)
     ])?;
     if changed != 1 {
         return Ok(None);
     }
-    let number = i64::from(attempt.number);
-    record_end(
-        conn,
-        (attempt.job_id.as_str(), attempt.route.as_str()),
-        number,
-        end.history_outcome(),
-        failure,
-        now,
-    )?;
+    record_end(conn, entry_of(attempt), end.history_outcome(), failure, now)?;
     Ok(Some(state))
 }
 
@@ -279,21 +276,24 @@ pub fn release_attempt(
         attempt.number,
         now,
         release.next_cause(),
-        attempt.route
+        attempt.route,
+        attempt.rows.map(|rows| rows.job)
     ])?;
     if changed == 1 {
-        let number = i64::from(attempt.number);
         let why = release.recorded();
-        record_end(
-            conn,
-            (attempt.job_id.as_str(), attempt.route.as_str()),
-            number,
-            "released",
-            Some(&why),
-            now,
-        )?;
+        record_end(conn, entry_of(attempt), "released", Some(&why), now)?;
     }
     Ok(changed == 1)
+}
+
+/// The attempt's entry in its job's history: by the row its start wrote, when known.
+fn entry_of(attempt: &Attempt) -> HistoryEntry<'_> {
+    HistoryEntry {
+        job_id: attempt.job_id.as_str(),
+        route: attempt.route.as_str(),
+        number: i64::from(attempt.number),
+        row: attempt.rows.map(|rows| rows.history),
+    }
 }
 
 /// Running jobs whose lease expired before `cutoff`: candidates for [`take_back_lease`] once
@@ -339,14 +339,13 @@ pub fn take_back_lease(
         .optional()?;
     if state.is_some() {
         let failure = crate::ledger::model::Failure::new(error);
-        record_end(
-            conn,
-            (&lease.job_id, &lease.route),
-            lease.number,
-            "taken_back",
-            Some(&failure),
-            now,
-        )?;
+        let entry = HistoryEntry {
+            job_id: &lease.job_id,
+            route: &lease.route,
+            number: lease.number,
+            row: None,
+        };
+        record_end(conn, entry, "taken_back", Some(&failure), now)?;
     }
     Ok(state.map(|state| State::from_str(&state).unwrap_or(State::Retrying)))
 }
