@@ -109,10 +109,10 @@ async fn a_slot_takes_the_next_job_while_the_end_of_the_last_is_recorded() {
         routing: crate::ledger::Routing::default_route(),
     };
     ledger.claim(claim).await.unwrap();
-    // A handler that runs until the test has closed the ledger under it; its end can then not
-    // be recorded, and is tried again every IDLE_LOOK while its lease lasts.
+    // A handler that runs on (2 s) while the test closes the ledger under it; its end can then
+    // not be recorded, and is tried again every IDLE_LOOK while its lease lasts.
     let config = HandlerConfig {
-        kind: HandlerKind::Command(vec!["sleep".into(), "0.5".into()]),
+        kind: HandlerKind::Command(vec!["sleep".into(), "2".into()]),
         timeout: Duration::from_secs(10),
         ..config()
     };
