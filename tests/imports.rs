@@ -471,7 +471,7 @@ fn no_file_of_src_imports_a_file_that_imports_it() {
     );
     let ledger_mod = PathBuf::from("src/ledger/mod.rs");
     assert!(graph[&PathBuf::from("src/service.rs")].contains(&ledger_mod));
-    assert!(graph[&PathBuf::from("src/ledger/sqlite/writer.rs")]
+    assert!(graph[&PathBuf::from("src/ledger/sqlite/writer/mod.rs")]
         .contains(&PathBuf::from("src/ledger/sqlite/jobs.rs")));
     let circles = circles(&graph);
     println!(

@@ -128,6 +128,7 @@ impl Worker {
             };
             let job = JobRun {
                 route: self.route.clone(),
+                slots: slots.clone(),
                 ledger: self.ledger.clone(),
                 handler: self.handler.clone(),
                 config: self.config.clone(),
@@ -350,6 +351,8 @@ enum AfterAttempt {
 /// Everything one job's run needs, detached from the worker loop.
 struct JobRun {
     route: RouteName,
+    /// The route's `concurrency` slots.
+    slots: Arc<Semaphore>,
     ledger: Arc<Ledger>,
     handler: Arc<Handler>,
     config: HandlerConfig,
@@ -555,6 +558,9 @@ impl JobRun {
         end: &AttemptEnd,
         lease_until: i64,
     ) -> Result<Option<State>, StorageError> {
+        // An end the ledger refuses waits in a slot again, as its attempt did: such ends never
+        // outnumber the slots, beside the one end per slot being written.
+        let mut waiting_in = None;
         loop {
             let result = self.ledger.finish_attempt(attempt, end, now_ms()).await;
             let Err(error) = &result else { return result };
@@ -563,6 +569,10 @@ impl JobRun {
                 return result;
             }
             tracing::debug!(job_id = %attempt.job_id, %error, "could not record the attempt's end yet; trying again");
+            if waiting_in.is_none() {
+                let slot = self.slots.clone().acquire_owned().await;
+                waiting_in = Some(slot.expect("semaphore never closes"));
+            }
             tokio::time::sleep(IDLE_LOOK).await;
         }
     }

@@ -10,7 +10,9 @@
 //!
 //! The queue is bounded. A claim that finds it full fails at once ([`StorageError::Overloaded`],
 //! so the delivery gets a 503 and Sume retries) instead of waiting behind a stalled disk; the
-//! service's own changes (attempt starts and ends, retention) wait for room instead.
+//! service's own changes (attempt starts and ends, retention) wait for room instead, and take
+//! at most [`OWN_CHANGES`] places of it however many handler slots the routes have: claims
+//! always find the rest.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,6 +34,11 @@ use crate::throttle::Throttled;
 /// Far more than the connection limit lets in at a time, far less than a stalled disk would
 /// otherwise pile up.
 pub const QUEUE_CAPACITY: usize = 1024;
+/// The most of the service's own changes queued or waiting for their commit at once. Each
+/// handler slot may have two (its last job's end, its next job's start), so without this
+/// bound routes of a few hundred slots between them could fill the queue and turn deliveries
+/// away while their work waits for a slow disk.
+pub const OWN_CHANGES: usize = QUEUE_CAPACITY / 2;
 
 /// One caller's change, run inside the open transaction by [`BatchItem::run`].
 enum BatchItem {
@@ -65,6 +72,8 @@ impl BatchItem {
 
 pub(super) struct Writer {
     queue: mpsc::Sender<BatchItem>,
+    /// [`OWN_CHANGES`] places, each held by a change from its queueing to its answer.
+    own_changes: Arc<tokio::sync::Semaphore>,
     stopping: Arc<AtomicBool>,
     /// Whether the last batch that changed anything (or failed) committed, and the lock.
     commits: Arc<CommitState>,
@@ -115,6 +124,7 @@ impl Writer {
         Ok((
             Writer {
                 queue,
+                own_changes: Arc::new(tokio::sync::Semaphore::new(OWN_CHANGES)),
                 stopping,
                 commits,
                 failure,
@@ -129,6 +139,11 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
+        let _place = self
+            .own_changes
+            .acquire()
+            .await
+            .map_err(|_| StorageError::Closed)?;
         let (item, answer) = change_item(op);
         self.queue
             .send(item)
@@ -456,278 +471,4 @@ fn commit_batch(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::mpsc as std_mpsc;
-    use std::time::Duration;
-
-    use super::super::jobs::CLAIM_SQL;
-    use super::super::wal_sync::held_sync;
-    use super::*;
-    use crate::config::SqliteConfig;
-    use crate::job_id::JobId;
-    use crate::ledger::model::Source;
-
-    fn ledger(dir: &tempfile::TempDir) -> (Connection, Connection) {
-        let config = SqliteConfig {
-            path: dir.path().join("ledger.sqlite3"),
-            ..SqliteConfig::default()
-        };
-        let (conn, _) = super::super::open_for_writing(&config).unwrap();
-        (conn, Connection::open(&config.path).unwrap())
-    }
-
-    fn claim(job_id: &str) -> NewClaim {
-        NewClaim {
-            job_id: JobId::parse(job_id).unwrap(),
-            event_type: None,
-            body: "{}".into(),
-            source: Source::Webhook,
-            trace_context: None,
-            routing: crate::ledger::model::Routing::default_route(),
-        }
-    }
-
-    /// Regression: every claim made SQLite copy the pages it was about to change into a
-    /// statement journal (`CLAIM_SQL` says why). A statement may abort midway when its program
-    /// checks a constraint with ABORT (`Halt`/`HaltIfNull` with P2 = 2); the claim's checks are
-    /// FAIL (3), and still refuse what they refused, leaving nothing behind.
-    #[test]
-    fn a_claim_may_not_abort_midway_so_sqlite_journals_none_of_its_pages() {
-        let dir = tempfile::tempdir().unwrap();
-        let (writer, reader) = ledger(&dir);
-        let mut explain = writer.prepare(&format!("EXPLAIN {CLAIM_SQL}")).unwrap();
-        let checks: Vec<(String, i64)> = explain
-            .query_map([rusqlite::types::Null; 8], |row| {
-                Ok((row.get(1)?, row.get(2)?, row.get(3)?))
-            })
-            .unwrap()
-            .map(Result::unwrap)
-            .filter(|(opcode, code, _): &(String, i64, i64)| {
-                opcode.starts_with("Halt") && *code != 0
-            })
-            .map(|(opcode, _, on_error)| (opcode, on_error))
-            .collect();
-        assert!(!checks.is_empty());
-        assert!(
-            checks.iter().all(|(_, on_error)| *on_error == 3),
-            "{checks:?}"
-        );
-
-        writer.execute_batch("BEGIN").unwrap();
-        let no_time = rusqlite::params![
-            "j1",
-            "webhook",
-            None::<String>,
-            "{}",
-            None::<i64>,
-            "claimed",
-            None::<String>,
-            None::<String>
-        ];
-        let refused = writer.execute(CLAIM_SQL, no_time).unwrap_err().to_string();
-        assert!(refused.contains("NOT NULL constraint failed"), "{refused}");
-        writer.execute_batch("COMMIT").unwrap();
-        assert!(!stored(&reader, "j1"));
-    }
-
-    fn stored(reader: &Connection, job_id: &str) -> bool {
-        reader
-            .query_row(
-                "SELECT count(*) FROM jobs WHERE job_id = ?1",
-                [job_id],
-                |row| row.get::<_, i64>(0),
-            )
-            .unwrap()
-            == 1
-    }
-
-    /// A writer thread whose WAL syncs wait for the test.
-    struct HeldWriter {
-        writer: Arc<Writer>,
-        thread: std::thread::JoinHandle<()>,
-        syncing: std_mpsc::Receiver<String>,
-        release: std_mpsc::Sender<()>,
-        reader: Connection,
-        _dir: tempfile::TempDir,
-    }
-
-    impl HeldWriter {
-        fn start() -> HeldWriter {
-            let dir = tempfile::tempdir().unwrap();
-            let (conn, reader) = ledger(&dir);
-            let (sync, syncing, release) = held_sync();
-            let durability = Durability::AfterWalSync(sync);
-            let (writer, thread) =
-                Writer::start(conn, 64, durability, Arc::default(), || ()).unwrap();
-            HeldWriter {
-                writer: Arc::new(writer),
-                thread,
-                syncing,
-                release,
-                reader,
-                _dir: dir,
-            }
-        }
-
-        fn claim(
-            &self,
-            job_id: &'static str,
-        ) -> tokio::task::JoinHandle<Result<ClaimOutcome, StorageError>> {
-            let writer = self.writer.clone();
-            tokio::spawn(async move { writer.try_claim(claim(job_id)).await })
-        }
-
-        /// The name of the thread that runs it.
-        fn wait_for_a_sync_to_begin(&self) -> String {
-            tokio::task::block_in_place(|| self.syncing.recv().unwrap())
-        }
-
-        fn stored(&self, job_id: &str) -> bool {
-            stored(&self.reader, job_id)
-        }
-
-        fn stop(self) {
-            self.writer.stop();
-            drop(self.release);
-            self.thread.join().unwrap();
-        }
-    }
-
-    /// On a fast disk the writer syncs the WAL itself: a hand-off to the syncer's thread would
-    /// cost both threads a wake-up per batch.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_claim_is_answered_after_the_wal_sync_on_the_writers_thread() {
-        let held = HeldWriter::start();
-        let answer = held.claim("job-a");
-        assert_eq!(held.wait_for_a_sync_to_begin(), "ledger-writer");
-        assert!(held.stored("job-a"), "committed before its sync");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!answer.is_finished(), "answered before the WAL was synced");
-
-        held.release.send(()).unwrap();
-        assert_eq!(answer.await.unwrap().unwrap(), ClaimOutcome::Claimed);
-        held.stop();
-    }
-
-    #[test]
-    fn syncs_are_handed_over_only_for_a_slow_disk_or_a_backlog() {
-        let fast = Duration::from_micros(400);
-        let slow = Duration::from_micros(800);
-        assert!(
-            !overlap_pays(0, (1, 0), Duration::ZERO),
-            "nothing synced yet"
-        );
-        assert!(!overlap_pays(5, (20, 18), fast));
-        assert!(overlap_pays(0, (1, 1), slow));
-        // A backlog: as many queued as the last two batches had.
-        assert!(overlap_pays(20, (20, 18), fast));
-        assert!(
-            !overlap_pays(5, (3, 20), fast),
-            "one small batch is no backlog"
-        );
-    }
-
-    #[test]
-    fn a_failed_sync_on_the_writers_thread_fails_the_claim_and_the_ledger() {
-        let dir = tempfile::tempdir().unwrap();
-        let (conn, _reader) = ledger(&dir);
-        let failing: super::super::wal_sync::SyncWal =
-            Box::new(|| Err(std::io::Error::other("EIO")));
-        let failure = Arc::new(Failure::default());
-        let answering = Answering::start(
-            Durability::AfterWalSync(failing),
-            failure.clone(),
-            Answerer::inline(),
-        )
-        .unwrap();
-        let answers = [
-            commit_claim_alone(&conn, "job-a", &answering),
-            commit_claim_alone(&conn, "job-b", &answering),
-        ];
-        answering.finish();
-        assert_eq!(failure.cause(), Some(Cause::StorageLost));
-        for mut answer in answers {
-            let error = answer.try_recv().unwrap().unwrap_err().to_string();
-            assert!(error.contains("fsync of the WAL failed: EIO"), "{error}");
-        }
-    }
-
-    /// One claim committed as the writer thread commits it with nothing else queued: its sync
-    /// runs on this thread.
-    fn commit_claim_alone(
-        conn: &Connection,
-        job_id: &str,
-        answering: &Answering,
-    ) -> oneshot::Receiver<Result<ClaimOutcome, StorageError>> {
-        let (item, answer) = claim_item(claim(job_id));
-        let settled = commit_batch(
-            conn,
-            std::iter::once(item),
-            &mut Throttled::new("claims failed"),
-            &answering.failure,
-        );
-        answering.answer(settled, answering.overlap_pays(0, (1, 1)));
-        answer
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_slow_disks_syncs_run_on_the_syncer_thread_while_the_next_batch_commits() {
-        let held = HeldWriter::start();
-        let first = held.claim("job-a");
-        assert_eq!(held.wait_for_a_sync_to_begin(), "ledger-writer");
-        // A slow disk: this sync takes far longer than SLOW_SYNC.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        held.release.send(()).unwrap();
-        first.await.unwrap().unwrap();
-
-        let second = held.claim("job-b");
-        assert_eq!(held.wait_for_a_sync_to_begin(), "ledger-wal-sync");
-        let third = held.claim("job-c");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(
-            held.stored("job-c"),
-            "on a slow disk, the next commit does not wait for the running sync"
-        );
-        assert!(!third.is_finished(), "answered before its own sync");
-
-        held.release.send(()).unwrap();
-        second.await.unwrap().unwrap();
-        held.wait_for_a_sync_to_begin();
-        held.release.send(()).unwrap();
-        assert_eq!(third.await.unwrap().unwrap(), ClaimOutcome::Claimed);
-        held.stop();
-    }
-
-    #[test]
-    fn the_next_batch_commits_while_the_last_one_is_synced() {
-        let dir = tempfile::tempdir().unwrap();
-        let (conn, reader) = ledger(&dir);
-        let (sync, syncing, release) = held_sync();
-        let answering = Answering::start(
-            Durability::AfterWalSync(sync),
-            Arc::default(),
-            Answerer::inline(),
-        )
-        .unwrap();
-        let first = commit_claims(&conn, vec![claim("job-a")], &answering);
-        syncing.recv().unwrap();
-        let second = commit_claims(&conn, vec![claim("job-b"), claim("job-a")], &answering);
-        assert!(stored(&reader, "job-b"), "committed during the first sync");
-
-        release.send(()).unwrap();
-        syncing.recv().unwrap();
-        release.send(()).unwrap();
-        answering.finish();
-        let outcomes = |answers: Vec<oneshot::Receiver<Result<ClaimOutcome, StorageError>>>| {
-            answers
-                .into_iter()
-                .map(|mut answer| answer.try_recv().unwrap().unwrap())
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(outcomes(first), [ClaimOutcome::Claimed]);
-        assert_eq!(
-            outcomes(second),
-            [ClaimOutcome::Claimed, ClaimOutcome::Duplicate]
-        );
-    }
-}
+mod tests;
