@@ -111,6 +111,7 @@ impl Worker {
     /// stopping them (they stay `running` in the ledger, and the next start recovers them).
     pub async fn run(mut self, shutdown: CancellationToken, grace: Duration) {
         let slots = Arc::new(Semaphore::new(self.config.concurrency));
+        let ends = Arc::new(Semaphore::new(self.config.concurrency));
         let stop_handlers = CancellationToken::new();
         let mut running = JoinSet::new();
         loop {
@@ -128,7 +129,7 @@ impl Worker {
             };
             let job = JobRun {
                 route: self.route.clone(),
-                slots: slots.clone(),
+                ends: ends.clone(),
                 ledger: self.ledger.clone(),
                 handler: self.handler.clone(),
                 config: self.config.clone(),
@@ -351,8 +352,10 @@ enum AfterAttempt {
 /// Everything one job's run needs, detached from the worker loop.
 struct JobRun {
     route: RouteName,
-    /// The route's `concurrency` slots.
-    slots: Arc<Semaphore>,
+    /// As many places as the route has slots, one held by each end being written: while the
+    /// ledger is slow to take ends (or refuses them), the handlers whose ends wait keep their
+    /// slots, and no more jobs start than before.
+    ends: Arc<Semaphore>,
     ledger: Arc<Ledger>,
     handler: Arc<Handler>,
     config: HandlerConfig,
@@ -495,7 +498,9 @@ impl JobRun {
         // The handler is done and the hold knows: the slot takes the next job now, whose start
         // then goes to the ledger writer with this end, in the same commit (a job's end and the
         // next one's start in one commit instead of two: bench/work.sh). The job stays held in
-        // the queue, and `running` in the ledger, until its end is recorded.
+        // the queue, and `running` in the ledger, until its end is recorded; so the ledger
+        // shows at most twice `concurrency` jobs running.
+        let _end_place = self.ends.clone().acquire_owned().await;
         drop(slot);
         let failure = match outcome {
             Err(AttemptError::Interrupted) => {
@@ -558,9 +563,6 @@ impl JobRun {
         end: &AttemptEnd,
         lease_until: i64,
     ) -> Result<Option<State>, StorageError> {
-        // An end the ledger refuses waits in a slot again, as its attempt did: such ends never
-        // outnumber the slots, beside the one end per slot being written.
-        let mut waiting_in = None;
         loop {
             let result = self.ledger.finish_attempt(attempt, end, now_ms()).await;
             let Err(error) = &result else { return result };
@@ -569,10 +571,6 @@ impl JobRun {
                 return result;
             }
             tracing::debug!(job_id = %attempt.job_id, %error, "could not record the attempt's end yet; trying again");
-            if waiting_in.is_none() {
-                let slot = self.slots.clone().acquire_owned().await;
-                waiting_in = Some(slot.expect("semaphore never closes"));
-            }
             tokio::time::sleep(IDLE_LOOK).await;
         }
     }
