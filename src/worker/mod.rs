@@ -411,7 +411,7 @@ impl JobRun {
         let log_span = span.log_span();
         async {
             // Debug, not info: at thousands of jobs a second a line per start doubles the
-            // journal's lines (and their cost); the end's line says the attempt's number and time.
+            // journal's lines (and their cost); the end's line names the job, route and attempt.
             tracing::debug!(job_id = %job_id, route = %self.route, attempt = started.attempt.number, probe = started.ticket.is_probe(), "running handler");
             let within = Within {
                 tracer: &self.tracer,
@@ -500,7 +500,12 @@ impl JobRun {
         // next one's start in one commit instead of two: bench/work.sh). The job stays held in
         // the queue, and `running` in the ledger, until its end is recorded; so the ledger
         // shows at most twice `concurrency` jobs running.
-        let _end_place = self.ends.clone().acquire_owned().await;
+        let _end_place = self
+            .ends
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("semaphore never closes");
         drop(slot);
         let failure = match outcome {
             Err(AttemptError::Interrupted) => {
