@@ -215,6 +215,21 @@ impl Rig {
     fn acknowledged(&self) -> usize {
         self.acknowledged.lock().unwrap().len()
     }
+
+    /// Waits until more than `before` deliveries are acknowledged: a round's random wait before
+    /// its cut counts from the first acknowledgement, not from the receiver's start, which a
+    /// loaded machine may not have finished (a cut before the schema was committed left no
+    /// `jobs` table to check).
+    async fn until_acknowledged_beyond(&self, before: usize) {
+        let started = Instant::now();
+        while self.acknowledged() <= before {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no delivery acknowledged in 30 s after the receiver started"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 async fn deliver(client: &sume_receiver::http_client::HttpClient, port: u16, job_id: &str) -> bool {
@@ -294,7 +309,9 @@ async fn cut_rounds(rig: &Rig, rounds: usize, also: &[Also]) -> (usize, usize) {
             Also::LongReader => Some(long_reader(&rig.model, &rig.ledger)),
         };
         let stop = Arc::new(AtomicBool::new(false));
+        let before = rig.acknowledged();
         let senders = rig.load(round, round % 2 == 1, stop.clone());
+        rig.until_acknowledged_beyond(before).await;
         tokio::time::sleep(Duration::from_millis(fastrand::u64(300..1200))).await;
 
         let mut processes: Vec<&mut Child> = vec![&mut service.child];
@@ -391,7 +408,9 @@ async fn a_retry_after_a_crash_is_acknowledged_only_once_durable() {
         // snapshot, so they sync nothing for the restarted receiver either.
         let mut reader = long_reader(&rig.model, &rig.ledger);
         let stop = Arc::new(AtomicBool::new(false));
+        let before = rig.acknowledged();
         let senders = rig.load(round, false, stop.clone());
+        rig.until_acknowledged_beyond(before).await;
         tokio::time::sleep(Duration::from_millis(fastrand::u64(300..800))).await;
         service.kill_9();
         stop.store(true, Ordering::Relaxed);
@@ -728,7 +747,9 @@ async fn no_acknowledged_job_is_lost_when_postgres_loses_power() {
     for round in 0..rounds {
         let mut service = rig.start().await;
         let stop = Arc::new(AtomicBool::new(false));
+        let before = rig.acknowledged();
         let senders = rig.load(round, round % 2 == 1, stop.clone());
+        rig.until_acknowledged_beyond(before).await;
         let checkpointer = (round % 2 == 0).then(|| {
             let (url, stop) = (url.clone(), stop.clone());
             std::thread::spawn(move || checkpoints(&url, &stop))
