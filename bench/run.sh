@@ -152,35 +152,6 @@ claim_first() {
   stop_receiver >/dev/null
 }
 
-# The PostgreSQL cases: a fresh database each, on the server of BENCH_POSTGRES_URL.
-BENCH_POSTGRES_URL=${BENCH_POSTGRES_URL:-${SUME_TEST_POSTGRES_URL:-}}
-new_postgres_database() {
-  local name="sume_bench_$(date +%s%N)"
-  psql "$BENCH_POSTGRES_URL" -qc "CREATE DATABASE $name" >/dev/null
-  echo "$name" >> "$work/postgres-databases"
-  echo "${BENCH_POSTGRES_URL%/*}/$name"
-}
-
-# postgres_case CASE-FUNCTION ARGS...: runs the case, then drops its database (a 15 s case
-# leaves about 450 MB).
-postgres_case() {
-  "$@"
-  local name
-  while read -r name; do drop_postgres_database "$name"; done < "$work/postgres-databases"
-  : > "$work/postgres-databases"
-}
-
-# FORCE ends the database's other sessions, but only its own role's: an autovacuum worker still
-# on the database after a case (a superuser's) makes the DROP fail until it is done.
-drop_postgres_database() {
-  local try
-  for try in $(seq 30); do
-    psql "$BENCH_POSTGRES_URL" -qc "DROP DATABASE $1 WITH (FORCE)" >/dev/null 2>&1 && return
-    sleep 1
-  done
-  psql "$BENCH_POSTGRES_URL" -qc "DROP DATABASE $1 WITH (FORCE)" >/dev/null
-}
-
 # run_postgres_alone NAME -- LOADGEN_ARGS...: the PostgreSQL ledger's claim batcher, no HTTP.
 run_postgres_alone() {
   local name=$1; shift 2

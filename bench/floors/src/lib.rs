@@ -14,6 +14,18 @@ pub fn open_ledger(db: &str, migrations: &str) -> Result<Connection, Error> {
     }
     conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")?;
     drop(conn);
+    for file in migration_files(migrations)? {
+        // One migration edits sqlite_schema in place: each on a connection of its own, which
+        // reads the schema the one before wrote.
+        Connection::open(db)?.execute_batch(&std::fs::read_to_string(file)?)?;
+    }
+    let conn = Connection::open(db)?;
+    conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")?;
+    Ok(conn)
+}
+
+/// Every `*.sql` of `migrations`, in name order: the order the receiver applies them in.
+pub fn migration_files(migrations: &str) -> Result<Vec<std::path::PathBuf>, Error> {
     let mut files: Vec<_> = std::fs::read_dir(migrations)?
         .map(|entry| entry.map(|entry| entry.path()))
         .collect::<Result<_, _>>()?;
@@ -22,14 +34,7 @@ pub fn open_ledger(db: &str, migrations: &str) -> Result<Connection, Error> {
     if files.is_empty() {
         return Err(format!("no *.sql in {migrations}").into());
     }
-    for file in &files {
-        // One migration edits sqlite_schema in place: each on a connection of its own, which
-        // reads the schema the one before wrote.
-        Connection::open(db)?.execute_batch(&std::fs::read_to_string(file)?)?;
-    }
-    let conn = Connection::open(db)?;
-    conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")?;
-    Ok(conn)
+    Ok(files)
 }
 
 pub fn now_ms() -> i64 {
@@ -51,3 +56,32 @@ pub fn cpu_us() -> Result<f64, Error> {
     let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
     Ok(us(usage.ru_utime) + us(usage.ru_stime))
 }
+
+/// The PostgreSQL server's CPU time so far, in microseconds: the user + system time of every
+/// process named `postgres` on this machine, and of the processes each has reaped (a backend
+/// that ended is counted by the postmaster that waited for it).
+pub fn postgres_server_cpu_us() -> Result<f64, Error> {
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let mut ticks = 0u64;
+    for entry in std::fs::read_dir("/proc")? {
+        let path = entry?.path().join("stat");
+        // A process that ended since the directory was read has no stat to read.
+        let Ok(stat) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let Some((name, rest)) = stat.split_once(") ") else {
+            continue;
+        };
+        if !name.ends_with("(postgres") {
+            continue;
+        }
+        // After the name: state (field 3), ..., utime (14), stime, cutime, cstime (17).
+        let fields: Vec<&str> = rest.split(' ').collect();
+        for field in fields.get(11..15).ok_or("a stat line too short")? {
+            ticks += field.parse::<u64>()?;
+        }
+    }
+    Ok(ticks as f64 * 1e6 / ticks_per_second)
+}
+

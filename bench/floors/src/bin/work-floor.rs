@@ -12,9 +12,19 @@
 //!                                               run needs: taken due with its lease and its
 //!                                               attempt's start recorded, then its end; BATCH
 //!                                               starts, then BATCH ends, a transaction each
+//!     work-floor postgres URL MIGRATIONS_DIR JOBS CONNECTIONS BATCH  the same on PostgreSQL
+//!                                               (URL: an empty database, given the receiver's
+//!                                               schema): CONNECTIONS connections, each taking
+//!                                               BATCH due jobs with their leases and their
+//!                                               attempts' starts in one statement (one commit),
+//!                                               then their ends in another. 1 BATCH is the
+//!                                               floor, batched as SQLite's; BATCH 1 is the
+//!                                               receiver's own shape there, a commit per change
+//!     work-floor postgres-server-cpu            the PostgreSQL server's CPU so far, in µs
 //!
 //! Prints one JSON line: this process's CPU (user + system, every thread, not its children's)
-//! per job over the jobs alone, and jobs per second.
+//! per job over the jobs alone, and jobs per second; on PostgreSQL also the server's CPU per job
+//! over the same span (every `postgres` process on this machine: a quiet server of its own).
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -22,12 +32,18 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use rusqlite::{params, Connection};
-use sume_floors::{cpu_us, now_ms, open_ledger, Error};
+use sume_floors::{cpu_us, now_ms, open_ledger, postgres_server_cpu_us, Error};
 
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: work-floor http URL CONCURRENCY JOBS | spawn CONCURRENCY JOBS PROGRAM... \
-                 | sqlite DB MIGRATIONS_DIR JOBS BATCH";
+                 | sqlite DB MIGRATIONS_DIR JOBS BATCH \
+                 | postgres URL MIGRATIONS_DIR JOBS CONNECTIONS BATCH | postgres-server-cpu";
+    if args == ["postgres-server-cpu"] {
+        println!("{:.0}", postgres_server_cpu_us()?);
+        return Ok(());
+    }
+    let on_postgres = args.first().is_some_and(|mode| mode == "postgres");
     let (jobs, measure): (usize, Box<dyn FnOnce() -> Result<(), Error>>) = match args.as_slice() {
         [mode, url, concurrency, jobs] if mode == "http" => {
             let (url, concurrency, jobs) = (url.clone(), concurrency.parse()?, jobs.parse()?);
@@ -44,14 +60,34 @@ fn main() -> Result<(), Error> {
             claim(&mut conn, jobs)?;
             (jobs, Box::new(move || run_jobs(&mut conn, batch.max(1))))
         }
+        [mode, url, migrations, jobs, connections, batch] if mode == "postgres" => {
+            let (jobs, connections, batch): (usize, usize, i64) =
+                (jobs.parse()?, connections.parse()?, batch.parse()?);
+            let url = url.clone();
+            postgres_claim(&url, migrations, jobs)?;
+            (
+                jobs,
+                Box::new(move || postgres_run_jobs(&url, connections.max(1), batch.max(1))),
+            )
+        }
         _ => return Err(usage.into()),
     };
-    let (cpu_before, started) = (cpu_us()?, Instant::now());
+    let server_cpu = || {
+        if on_postgres {
+            postgres_server_cpu_us()
+        } else {
+            Ok(0.0)
+        }
+    };
+    let (cpu_before, server_before, started) = (cpu_us()?, server_cpu()?, Instant::now());
     measure()?;
-    let (cpu, elapsed) = (cpu_us()? - cpu_before, started.elapsed().as_secs_f64());
+    let elapsed = started.elapsed().as_secs_f64();
+    let (cpu, server) = (cpu_us()? - cpu_before, server_cpu()? - server_before);
     println!(
-        "{{\"jobs\":{jobs},\"cpu_us_per_job\":{:.2},\"jobs_per_second\":{:.0}}}",
+        "{{\"jobs\":{jobs},\"cpu_us_per_job\":{:.2},\"server_cpu_us_per_job\":{:.2},\
+         \"jobs_per_second\":{:.0}}}",
         cpu / jobs as f64,
+        server / jobs as f64,
         jobs as f64 / elapsed
     );
     Ok(())
@@ -228,4 +264,99 @@ fn run_jobs(conn: &mut Connection, batch: usize) -> Result<(), Error> {
         }
         tx.commit()?;
     }
+}
+
+/// The receiver's PostgreSQL schema (every `*.sql` of `migrations`, in name order), then JOBS
+/// claimed jobs with their work on the default route, as the claims would leave them.
+fn postgres_claim(url: &str, migrations: &str, jobs: usize) -> Result<(), Error> {
+    let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+    for file in sume_floors::migration_files(migrations)? {
+        client.batch_execute(&std::fs::read_to_string(file)?)?;
+    }
+    let job_ids: Vec<String> = (0..jobs).map(|n| format!("{n:016x}-work-floor")).collect();
+    let bodies: Vec<String> = (0..jobs).map(body).collect();
+    let mut tx = client.transaction()?;
+    tx.execute(
+        "INSERT INTO jobs (job_id, state, source, event_type, body, received_at, next_attempt_at,
+                           updated_at, routed)
+         SELECT job_id, 'claimed', 'webhook', 'job.completed', body, $3, $3, $3, true
+         FROM unnest($1::text[], $2::text[]) AS claim (job_id, body)",
+        &[&job_ids, &bodies, &now_ms()],
+    )?;
+    tx.execute(
+        "INSERT INTO job_routes (job_id, route, state, next_attempt_at, updated_at)
+         SELECT job_id, 'default', 'claimed', $2, $2 FROM unnest($1::text[]) AS claim (job_id)",
+        &[&job_ids, &now_ms()],
+    )?;
+    tx.commit()?;
+    client.batch_execute("VACUUM ANALYZE")?;
+    Ok(())
+}
+
+/// Each job run in two statements, each its own commit: taken due (its body read), leased and
+/// its attempt's start recorded, BATCH jobs at once; then their ends and their work done.
+/// CONNECTIONS connections, each going on until none is due.
+fn postgres_run_jobs(url: &str, connections: usize, batch: i64) -> Result<(), Error> {
+    const START: &str = "WITH due AS (
+            SELECT job_id, route FROM job_routes
+            WHERE route = 'default' AND state IN ('claimed', 'retrying') AND next_attempt_at <= $1
+            ORDER BY next_attempt_at LIMIT $3 FOR UPDATE SKIP LOCKED),
+        started AS (
+            UPDATE job_routes AS r SET state = 'running', attempts = r.attempts + 1,
+                lease_expires_at = $2, next_attempt_at = NULL, updated_at = $1
+            FROM due WHERE r.job_id = due.job_id AND r.route = due.route
+            RETURNING r.job_id, r.attempts),
+        recorded AS (
+            INSERT INTO job_attempts (job_id, route, number, cause, started_at)
+            SELECT job_id, 'default', attempts, 'first', $1 FROM started RETURNING id, job_id)
+        SELECT started.job_id, started.attempts, recorded.id, jobs.body
+        FROM started JOIN recorded USING (job_id) JOIN jobs USING (job_id)";
+    const END: &str = "WITH ended AS (
+            SELECT * FROM unnest($1::text[], $2::integer[], $3::bigint[])
+                AS ended (job_id, number, attempt)),
+        finished AS (
+            UPDATE job_routes AS r SET state = 'done', finished_at = $4, lease_expires_at = NULL,
+                updated_at = $4, next_attempt_cause = 'backoff'
+            FROM ended WHERE r.job_id = ended.job_id AND r.route = 'default'
+              AND r.attempts = ended.number AND r.state = 'running'
+            RETURNING r.job_id),
+        recorded AS (
+            UPDATE job_attempts AS a SET ended_at = $4, outcome = 'done'
+            FROM ended WHERE a.id = ended.attempt
+              AND ended.job_id IN (SELECT job_id FROM finished))
+        SELECT count(*) FROM finished";
+    std::thread::scope(|scope| {
+        let connections: Vec<_> = (0..connections)
+            .map(|_| {
+                scope.spawn(move || -> Result<(), Error> {
+                    let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+                    let (start, end) = (client.prepare(START)?, client.prepare(END)?);
+                    loop {
+                        let now = now_ms();
+                        let rows = client.query(&start, &[&now, &(now + 60_000), &batch])?;
+                        if rows.is_empty() {
+                            return Ok(());
+                        }
+                        let (mut job_ids, mut numbers, mut attempts) = (vec![], vec![], vec![]);
+                        for row in &rows {
+                            job_ids.push(row.get::<_, String>(0));
+                            numbers.push(row.get::<_, i32>(1));
+                            attempts.push(row.get::<_, i64>(2));
+                            // The body is read as a run reads it, to hand it to the handler.
+                            let _body: String = row.get(3);
+                        }
+                        let ended: i64 = client
+                            .query_one(&end, &[&job_ids, &numbers, &attempts, &now_ms()])?
+                            .get(0);
+                        if ended != rows.len() as i64 {
+                            return Err(format!("{} runs ended, of {}", ended, rows.len()).into());
+                        }
+                    }
+                })
+            })
+            .collect();
+        connections
+            .into_iter()
+            .try_for_each(|connection| connection.join().expect("no panic"))
+    })
 }
