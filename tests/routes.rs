@@ -147,9 +147,9 @@ fn claim_to_done(server: &TestServer, job_ids: &[String]) -> Vec<Duration> {
         .collect()
 }
 
-fn p99(mut times: Vec<Duration>) -> Duration {
+fn p90(mut times: Vec<Duration>) -> Duration {
     times.sort();
-    times[(times.len() * 99).div_ceil(100) - 1]
+    times[(times.len() * 90).div_ceil(100) - 1]
 }
 
 /// Sends `count` deliveries of `event_type` at `per_second`; their job ids.
@@ -224,8 +224,10 @@ on_both_ledgers! {
 
     /// Route A's downstream is down for a while (SUME_TEST_OUTAGE_SECS, 6 s unless set): A's
     /// route holds and its jobs wait, while route B's jobs keep arriving and finish at the pace
-    /// they had without the outage (claim-to-done p99 within 2x, or 100 ms at the least). When
-    /// A comes back every job is done once on each, none dead.
+    /// they had without the outage (claim-to-done p90 within 2x, or 100 ms at the least). When
+    /// A comes back every job is done once on each, none dead. Not the p99: of B's 60 jobs that
+    /// is the slowest one, which one stall of a loaded machine made 150 ms (3 runs of about
+    /// 30); a route held up by A's would slow most of its jobs.
     #[tokio::test(flavor = "multi_thread")]
     async fn one_downstreams_outage_holds_its_route_alone() {
         let outage = std::env::var("SUME_TEST_OUTAGE_SECS")
@@ -279,11 +281,11 @@ on_both_ledgers! {
         for job_id in before.iter().chain(&during_b) {
             assert_eq!(b.runs(job_id), 1, "{job_id}");
         }
-        let (base, during) = (p99(claim_to_done(&server, &before)), p99(claim_to_done(&server, &during_b)));
-        eprintln!("B's claim-to-done p99: {base:?} without the outage, {during:?} during A's {outage} s outage");
+        let (base, during) = (p90(claim_to_done(&server, &before)), p90(claim_to_done(&server, &during_b)));
+        eprintln!("B's claim-to-done p90: {base:?} without the outage, {during:?} during A's {outage} s outage");
         assert!(
             during <= 2 * base.max(Duration::from_millis(50)),
-            "B's p99 went from {base:?} to {during:?} during A's outage"
+            "B's p90 went from {base:?} to {during:?} during A's outage"
         );
         server.stop().await.0.unwrap();
     }

@@ -171,12 +171,12 @@ impl SqliteLedger {
         })
     }
 
-    /// Runs `op` inside a transaction: the service's on the writer thread (group commit),
-    /// resolved once committed and durable.
+    /// Runs `op` inside a transaction: the service's on the writer thread (group commit, where
+    /// `op` may run twice: see writer.rs), resolved once committed and durable.
     async fn write<T, F>(&self, op: F) -> Result<T, StorageError>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+        F: Fn(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
         match &self.connections {
             Connections::Service { writer, .. } => writer.submit(op).await,

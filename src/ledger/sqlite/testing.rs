@@ -25,7 +25,7 @@ impl SqliteLedger {
     pub async fn write_for_test<T, F>(&self, op: F) -> Result<T, StorageError>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+        F: Fn(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
         self.write(op).await
     }

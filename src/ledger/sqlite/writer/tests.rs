@@ -312,3 +312,61 @@ fn the_next_batch_commits_while_the_last_one_is_synced() {
         [ClaimOutcome::Claimed, ClaimOutcome::Duplicate]
     );
 }
+
+/// A batch's changes run bare, once, when none fails. When one fails, the batch runs again
+/// with each change in its savepoint: the failed change's statements are undone, and only
+/// those; every caller hears its own result.
+#[test]
+fn a_failed_change_undoes_its_own_statements_and_no_others() {
+    use std::sync::atomic::AtomicUsize;
+    let dir = tempfile::tempdir().unwrap();
+    let (conn, reader) = ledger(&dir);
+    let runs = Arc::new(AtomicUsize::new(0));
+    // A change that stores `job_id`, then fails if asked to: its insert is the part a failure
+    // must take back.
+    let change = |job_id: &'static str, fails: bool| {
+        let runs = runs.clone();
+        change_item(move |conn| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            insert_claim(conn, &claim(job_id), now_ms())?;
+            if fails {
+                return Err(rusqlite::Error::QueryReturnedNoRows);
+            }
+            Ok(job_id)
+        })
+    };
+    let commit = |items: Vec<BatchItem>| {
+        let settled = commit_batch(
+            &conn,
+            items.into_iter(),
+            &mut Throttled::new("test batch failed"),
+            &Failure::default(),
+        );
+        for completion in settled.completions {
+            completion.complete(settled.outcome.clone());
+        }
+    };
+
+    let (a, mut a_answer) = change("job-a", false);
+    let (b, mut b_answer) = change("job-b", false);
+    commit(vec![a, b]);
+    assert_eq!(a_answer.try_recv().unwrap(), Ok("job-a"));
+    assert_eq!(b_answer.try_recv().unwrap(), Ok("job-b"));
+    assert_eq!(runs.swap(0, Ordering::SeqCst), 2, "each change runs once");
+
+    let (c, mut c_answer) = change("job-c", false);
+    let (failing, mut failing_answer) = change("job-failing", true);
+    let (claimed, mut claimed_answer) = claim_item(claim("job-claimed"));
+    let (d, mut d_answer) = change("job-d", false);
+    commit(vec![c, failing, claimed, d]);
+    assert_eq!(c_answer.try_recv().unwrap(), Ok("job-c"));
+    assert!(failing_answer.try_recv().unwrap().is_err());
+    assert_eq!(claimed_answer.try_recv().unwrap(), Ok(ClaimOutcome::Claimed));
+    assert_eq!(d_answer.try_recv().unwrap(), Ok("job-d"));
+    // Bare: the change before the failure, and the failure; then, isolated: all three.
+    assert_eq!(runs.load(Ordering::SeqCst), 2 + 3);
+    for job_id in ["job-a", "job-b", "job-c", "job-claimed", "job-d"] {
+        assert!(stored(&reader, job_id), "{job_id}");
+    }
+    assert!(!stored(&reader, "job-failing"));
+}
