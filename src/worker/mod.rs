@@ -141,8 +141,8 @@ impl Worker {
                 tracer: self.tracer.clone(),
             };
             // Boxed: tokio copies a task's future whole when it spawns it and again when it
-            // ends (the run's is a few KB), where a box is a pointer (bench/work.sh: 3 % of a
-            // job's CPU went to those copies).
+            // ends (the run's is a few KB), where a box is a pointer (perf, bench/work.sh: 3 %
+            // of a drain's CPU went to those copies).
             running.spawn(Box::pin(job.run(job_id, ticket, slot)));
             while running.try_join_next().is_some() {}
         }

@@ -462,10 +462,10 @@ struct Settled {
 ///
 /// The changes run bare first. In a savepoint each, SQLite copied every page a change wrote
 /// that the batch had written before into the savepoint's journal, to undo that change alone:
-/// 15 % of a job's CPU with an HTTP handler (bench/work.sh). A change that fails bare may leave
-/// part of its statements in the transaction, so then the batch is rolled back and run again
-/// from its start, each change in its savepoint: the failure undoes only its own statements,
-/// and the others commit. Every item's answer is its last run's.
+/// 5 % of the CPU of a drain with an HTTP handler (perf, bench/work.sh). A change that fails
+/// bare may leave part of its statements in the transaction, so then the batch is rolled back
+/// and run again from its start, each change in its savepoint: the failure undoes only its own
+/// statements, and the others commit. Every item's answer is its last run's.
 fn commit_batch(
     conn: &Connection,
     batch: impl ExactSizeIterator<Item = BatchItem>,
