@@ -84,4 +84,3 @@ pub fn postgres_server_cpu_us() -> Result<f64, Error> {
     }
     Ok(ticks as f64 * 1e6 / ticks_per_second)
 }
-

@@ -361,7 +361,10 @@ fn a_failed_change_undoes_its_own_statements_and_no_others() {
     commit(vec![c, failing, claimed, d]);
     assert_eq!(c_answer.try_recv().unwrap(), Ok("job-c"));
     assert!(failing_answer.try_recv().unwrap().is_err());
-    assert_eq!(claimed_answer.try_recv().unwrap(), Ok(ClaimOutcome::Claimed));
+    assert_eq!(
+        claimed_answer.try_recv().unwrap(),
+        Ok(ClaimOutcome::Claimed)
+    );
     assert_eq!(d_answer.try_recv().unwrap(), Ok("job-d"));
     // Bare: the change before the failure, and the failure; then, isolated: all three.
     assert_eq!(runs.load(Ordering::SeqCst), 2 + 3);
