@@ -141,8 +141,9 @@ impl Worker {
                 tracer: self.tracer.clone(),
             };
             // Boxed: tokio copies a task's future whole when it spawns it and again when it
-            // ends (the run's is a few KB), where a box is a pointer (perf, bench/work.sh: 3 %
-            // of a drain's CPU went to those copies).
+            // ends (the run's is a few KB); boxed, it is copied once, into the box, and the
+            // task holds a pointer (perf, bench/work.sh: 3 % of a drain's CPU went to those
+            // copies).
             running.spawn(Box::pin(job.run(job_id, ticket, slot)));
             while running.try_join_next().is_some() {}
         }

@@ -172,7 +172,7 @@ impl SqliteLedger {
     }
 
     /// Runs `op` inside a transaction: the service's on the writer thread (group commit, where
-    /// `op` may run twice: see writer.rs), resolved once committed and durable.
+    /// `op` may run twice: see writer/mod.rs), resolved once committed and durable.
     async fn write<T, F>(&self, op: F) -> Result<T, StorageError>
     where
         T: Send + 'static,

@@ -66,8 +66,10 @@ impl BatchItem {
     /// statements in the transaction (a change run without its savepoint).
     fn run(&mut self, conn: &Connection, isolated: bool) -> bool {
         match self {
-            // One `INSERT ... ON CONFLICT DO NOTHING`, which SQLite applies all or nothing by
-            // itself: a savepoint would only cost time, and its failure leaves nothing behind.
+            // Its statements (the job's row, then its work on each route) fail only as a whole:
+            // a check refuses the job's row before it writes anything, and what fails midway
+            // rolls back the whole transaction (`CLAIM_SQL` says why). A savepoint would only
+            // cost time.
             BatchItem::Claim { claim, outcome, .. } => {
                 *outcome = Some(insert_claim(conn, claim, now_ms()).map_err(StorageError::from));
                 true
@@ -269,7 +271,7 @@ fn run_in_savepoint<T>(
         }
         Err(error) => {
             // If SQLite already rolled the whole transaction back (disk full, I/O error), this
-            // fails too; commit_batch sees it and fails the rest of the batch.
+            // fails too; run_batch sees it and fails the rest of the batch.
             let _ = conn.execute_batch("ROLLBACK TO item; RELEASE item");
             Err(error.into())
         }
@@ -477,12 +479,16 @@ fn commit_batch(
     let changes_before = conn.total_changes();
     let (mut outcome, mut busy) = run_batch(conn, &mut items, false, failure);
     if let Err(NotCommitted::ChangeFailedBare) = outcome {
+        // Its caller hears its error; this says why the batch cost twice its usual work. The
+        // lock is taken again for it: another process's write (the command line's) may come
+        // in between, and this run then waits for it as any batch would.
+        tracing::debug!(
+            size,
+            "a change failed: the batch runs again, a savepoint per change"
+        );
         (outcome, busy) = run_batch(conn, &mut items, true, failure);
     }
-    let committed = outcome.map_err(|not| match not {
-        NotCommitted::Failed(error) => error,
-        NotCommitted::ChangeFailedBare => unreachable!("isolated changes fail alone"),
-    });
+    let committed = outcome.map_err(NotCommitted::into_error);
     match &committed {
         Err(error) => failures.warn(&format!("{error} (batch of {size})")),
         Ok(()) => failures.recovered(),
@@ -503,6 +509,20 @@ enum NotCommitted {
     Failed(StorageError),
 }
 
+impl NotCommitted {
+    /// What the batch's callers hear. A run with a savepoint per change goes on past a failed
+    /// change, so only a bare run says `ChangeFailedBare`; a batch that ended there committed
+    /// nothing.
+    fn into_error(self) -> StorageError {
+        match self {
+            NotCommitted::Failed(error) => error,
+            NotCommitted::ChangeFailedBare => StorageError::Unavailable(
+                crate::ledger::error::Cause::message("a change of the batch failed"),
+            ),
+        }
+    }
+}
+
 /// One run of a batch's items in a transaction of their own (in a savepoint each if
 /// `isolated`), and its commit; whether it failed for want of the write lock.
 fn run_batch(
@@ -520,9 +540,10 @@ fn run_batch(
     }
     for item in items.iter_mut() {
         // After an error SQLite may have rolled the whole transaction back on its own
-        // (SQLITE_FULL, SQLITE_IOERR). The next item's SAVEPOINT would then open a transaction
-        // of its own and its RELEASE commit it, while the batch is reported as failed: so once
-        // we are out of the transaction, nothing else runs.
+        // (SQLITE_FULL, SQLITE_IOERR). The next item's statements would then each commit on
+        // their own (or its SAVEPOINT open a transaction that its RELEASE commits), while the
+        // batch is reported as failed: so once we are out of the transaction, nothing else
+        // runs.
         if conn.is_autocommit() {
             break;
         }

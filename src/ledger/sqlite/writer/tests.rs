@@ -315,24 +315,24 @@ fn the_next_batch_commits_while_the_last_one_is_synced() {
 
 /// A batch's changes run bare, once, when none fails. When one fails, the batch runs again
 /// with each change in its savepoint: the failed change's statements are undone, and only
-/// those; every caller hears its own result.
+/// those; every caller hears the result of its change's last run.
 #[test]
 fn a_failed_change_undoes_its_own_statements_and_no_others() {
     use std::sync::atomic::AtomicUsize;
     let dir = tempfile::tempdir().unwrap();
     let (conn, reader) = ledger(&dir);
     let runs = Arc::new(AtomicUsize::new(0));
-    // A change that stores `job_id`, then fails if asked to: its insert is the part a failure
-    // must take back.
+    // A change that stores `job_id`, then fails if asked to (its insert is the part a failure
+    // must take back); it answers which run of all the changes' runs it was.
     let change = |job_id: &'static str, fails: bool| {
         let runs = runs.clone();
         change_item(move |conn| {
-            runs.fetch_add(1, Ordering::SeqCst);
+            let run = runs.fetch_add(1, Ordering::SeqCst);
             insert_claim(conn, &claim(job_id), now_ms())?;
             if fails {
                 return Err(rusqlite::Error::QueryReturnedNoRows);
             }
-            Ok(job_id)
+            Ok(run)
         })
     };
     let commit = |items: Vec<BatchItem>| {
@@ -350,26 +350,47 @@ fn a_failed_change_undoes_its_own_statements_and_no_others() {
     let (a, mut a_answer) = change("job-a", false);
     let (b, mut b_answer) = change("job-b", false);
     commit(vec![a, b]);
-    assert_eq!(a_answer.try_recv().unwrap(), Ok("job-a"));
-    assert_eq!(b_answer.try_recv().unwrap(), Ok("job-b"));
-    assert_eq!(runs.swap(0, Ordering::SeqCst), 2, "each change runs once");
+    assert_eq!(a_answer.try_recv().unwrap(), Ok(0));
+    assert_eq!(b_answer.try_recv().unwrap(), Ok(1));
+    runs.store(0, Ordering::SeqCst);
 
     let (c, mut c_answer) = change("job-c", false);
     let (failing, mut failing_answer) = change("job-failing", true);
     let (claimed, mut claimed_answer) = claim_item(claim("job-claimed"));
     let (d, mut d_answer) = change("job-d", false);
     commit(vec![c, failing, claimed, d]);
-    assert_eq!(c_answer.try_recv().unwrap(), Ok("job-c"));
-    assert!(failing_answer.try_recv().unwrap().is_err());
+    // Bare: runs 0 (c) and 1 (the failure); then, each in its savepoint: 2, 3 and 4.
+    assert_eq!(c_answer.try_recv().unwrap(), Ok(2));
+    assert_eq!(
+        failing_answer.try_recv().unwrap(),
+        Err(StorageError::from(rusqlite::Error::QueryReturnedNoRows))
+    );
     assert_eq!(
         claimed_answer.try_recv().unwrap(),
         Ok(ClaimOutcome::Claimed)
     );
-    assert_eq!(d_answer.try_recv().unwrap(), Ok("job-d"));
-    // Bare: the change before the failure, and the failure; then, isolated: all three.
-    assert_eq!(runs.load(Ordering::SeqCst), 2 + 3);
+    assert_eq!(d_answer.try_recv().unwrap(), Ok(4));
     for job_id in ["job-a", "job-b", "job-c", "job-claimed", "job-d"] {
         assert!(stored(&reader, job_id), "{job_id}");
     }
     assert!(!stored(&reader, "job-failing"));
+
+    // A change after which SQLite has rolled the transaction back itself (as after a full
+    // disk): the batch fails, runs no further and not again, and commits nothing.
+    runs.store(0, Ordering::SeqCst);
+    let (e, mut e_answer) = change("job-e", false);
+    let (lost, _) = change_item(|conn| {
+        conn.execute_batch("ROLLBACK")?;
+        Err::<(), _>(rusqlite::Error::QueryReturnedNoRows)
+    });
+    let (f, mut f_answer) = change("job-f", false);
+    commit(vec![e, lost, f]);
+    assert!(e_answer.try_recv().unwrap().is_err());
+    assert!(f_answer.try_recv().unwrap().is_err());
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "only the change before it ran"
+    );
+    assert!(!stored(&reader, "job-e") && !stored(&reader, "job-f"));
 }
