@@ -173,7 +173,6 @@ drop_postgres_database() {
   psql "$BENCH_POSTGRES_URL" -qc "DROP DATABASE $1 WITH (FORCE)" >/dev/null
 }
 
-
 # metric NAME: its value on the running receiver (the config must expose /metrics).
 metric() {
   curl -s "http://127.0.0.1:$port/metrics" | awk -v name="$1" '$1 == name { print $2 }'

@@ -504,12 +504,7 @@ impl JobRun {
         // next one's start in one commit instead of two: bench/work.sh). The job stays held in
         // the queue, and `running` in the ledger, until its end is recorded; so the ledger
         // shows at most twice `concurrency` jobs running.
-        let _end_place = self
-            .ends
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("semaphore never closes");
+        let _end_place = self.ends.acquire().await.expect("semaphore never closes");
         drop(slot);
         let failure = match outcome {
             Err(AttemptError::Interrupted) => {

@@ -66,7 +66,7 @@ pub(super) fn open_for_writing(config: &SqliteConfig) -> anyhow::Result<(Connect
     let durability = match config.synchronous {
         Synchronous::Normal => Durability::AtCommit,
         // The same fsync of the WAL as FULL's inside COMMIT, made after it by the writer or the
-        // WAL syncer's thread (wal_sync.rs says why that is as safe, writer/ which thread).
+        // WAL syncer's thread (wal_sync.rs says why that is as safe, writer/mod.rs which thread).
         Synchronous::Full => {
             conn.execute_batch("PRAGMA synchronous = NORMAL")?;
             Durability::AfterWalSync(wal.into_sync())

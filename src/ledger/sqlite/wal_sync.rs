@@ -3,7 +3,7 @@
 //!
 //! With `synchronous = "full"` the writer's connection runs SQLite's NORMAL mode (COMMIT writes
 //! the WAL frames but does not fsync them). After a commit the writer fdatasyncs the WAL file
-//! itself and then answers the batch; or, where that pays (a slow disk, a backlog: writer/),
+//! itself and then answers the batch; or, where that pays (a slow disk, a backlog: writer/mod.rs),
 //! it hands the batch's answers to the syncer's thread, which fdatasyncs the WAL and only then
 //! answers every batch that committed before the sync began, while the writer commits the next
 //! batch; one fsync covers every batch committed meanwhile. One sync runs at a time.
